@@ -1,0 +1,48 @@
+"""embedtriton: NVIDIA Triton Inference Server inside your Python process.
+
+Bind plain Python callables as Triton models and call them in-process::
+
+    server = Server()
+    server.bind("AddSub", add_sub, inputs=[...], outputs=[...], config=ModelConfig(max_batch_size=8))
+    with server:
+        out = server.model("AddSub").infer({"a": a, "b": b})
+"""
+
+from .binding import Request, batch
+from .config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor, TimeoutAction
+from .errors import (
+    AlreadyExistsError,
+    CancelledError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    TritonError,
+    UnavailableError,
+    UnknownError,
+    UnsupportedError,
+)
+from .server import Model, Server, ServerConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExistsError",
+    "CancelledError",
+    "DynamicBatcher",
+    "InternalError",
+    "InvalidArgumentError",
+    "Model",
+    "ModelConfig",
+    "NotFoundError",
+    "QueuePolicy",
+    "Request",
+    "Server",
+    "ServerConfig",
+    "Tensor",
+    "TimeoutAction",
+    "TritonError",
+    "UnavailableError",
+    "UnknownError",
+    "UnsupportedError",
+    "batch",
+]

@@ -1,0 +1,100 @@
+"""The glue between a batch that Triton hands the backend and a Python callable.
+
+The native backend builds one :class:`Request` per Triton request (a dict of
+input name -> numpy array, plus ``.parameters``) and calls
+:meth:`Binding.execute` once per batch with the list of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig, Tensor
+from .tensors import DATATYPE_VALUE, triton_dtype
+
+log = logging.getLogger("embedtriton")
+
+InferFunc = Callable[[list["Request"]], Sequence[Mapping[str, Any]]]
+
+
+class Request(dict):
+    """One inference request as the callable sees it: input name -> array.
+
+    Arrays are read-only views of the request's memory while the callable runs
+    (a view the callable keeps gets its own copy afterwards). ``parameters`` holds the
+    request's parameters (str, int, float or bool values).
+    """
+
+    __slots__ = ("parameters",)
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) for k, v in self.items()}
+        return f"Request({shapes}, parameters={getattr(self, 'parameters', {})})"
+
+
+def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
+    """Decorate ``func(**inputs) -> outputs`` to serve a whole batch in one call.
+
+    The requests' inputs are concatenated along the batch axis (axis 0) and passed as
+    keyword arguments; the returned dict of batched outputs is split back into one dict
+    per request, by each request's batch size.
+    """
+
+    @functools.wraps(func)
+    def run(requests: list[Request]) -> list[dict[str, Any]]:
+        if len(requests) == 1:
+            outputs = func(**requests[0])
+            return [dict(outputs)]
+        names = requests[0].keys()
+        inputs = {name: np.concatenate([r[name] for r in requests]) for name in names}
+        outputs = func(**inputs)
+        sizes = [len(next(iter(r.values()))) if r else 1 for r in requests]
+        bounds = np.cumsum(sizes)[:-1]
+        split = {name: np.split(np.asarray(value), bounds) for name, value in outputs.items()}
+        return [{name: parts[i] for name, parts in split.items()} for i in range(len(requests))]
+
+    run.__embedtriton_batch__ = True  # type: ignore[attr-defined]
+    return run
+
+
+class Binding:
+    """A bound model: what the native backend reads at load time and calls per batch."""
+
+    def __init__(
+        self,
+        name: str,
+        infer_func: InferFunc,
+        inputs: list[Tensor],
+        outputs: list[Tensor],
+        config: ModelConfig,
+    ) -> None:
+        self.name = name
+        self.infer_func = infer_func
+        self.inputs = inputs
+        self.outputs = outputs
+        self.config = config
+        self.max_batch_size = config.max_batch_size if config.batching else 0
+        # (name, TRITONSERVER_DataType value, dims) per output, read by the backend.
+        self.output_specs = [(t.name, DATATYPE_VALUE[triton_dtype(t.dtype)], t.shape) for t in outputs]
+
+    def execute(self, requests: list[Request]) -> list[Any] | str:
+        """Run the callable on one batch; an error message (str) when it raised."""
+        try:
+            result = self.infer_func(requests)
+        except Exception as exc:
+            log.debug("model %r raised:\n%s", self.name, traceback.format_exc())
+            return f"model '{self.name}' raised {type(exc).__name__}: {exc}"
+        if type(result) is list:
+            return result
+        if isinstance(result, (tuple, list)):
+            return list(result)
+        return (
+            f"model '{self.name}' must return a list with one dict of outputs per request; "
+            f"it returned {type(result).__name__} (use @batch for a function of batched arrays)"
+        )

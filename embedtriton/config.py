@@ -1,0 +1,196 @@
+"""User-facing configuration and its translation to Triton's model-config JSON.
+
+The classes follow the names, fields and defaults of PyTriton's binding
+configuration. Everything is validated here, with messages that say what to
+fix, before Triton sees anything; :func:`model_config_json` is the one place
+that writes Triton's config.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError, UnsupportedError
+from .tensors import triton_dtype
+
+
+class TimeoutAction(enum.Enum):
+    """What Triton does with a request whose queue timeout expires."""
+
+    REJECT = "REJECT"  # fail it with UNAVAILABLE
+    DELAY = "DELAY"  # keep it, behind requests that did not time out
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """A dynamic-batcher queue's policy (Triton's ModelQueuePolicy)."""
+
+    timeout_action: TimeoutAction = TimeoutAction.REJECT
+    default_timeout_microseconds: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.timeout_action, TimeoutAction):
+            raise InvalidArgumentError(
+                f"QueuePolicy.timeout_action must be TimeoutAction.REJECT or DELAY, not {self.timeout_action!r}"
+            )
+        _non_negative("QueuePolicy.default_timeout_microseconds", self.default_timeout_microseconds)
+        _non_negative("QueuePolicy.max_queue_size", self.max_queue_size)
+
+    def to_triton(self) -> dict[str, Any]:
+        return {
+            "timeout_action": self.timeout_action.value,
+            "default_timeout_microseconds": self.default_timeout_microseconds,
+            "allow_timeout_override": self.allow_timeout_override,
+            "max_queue_size": self.max_queue_size,
+        }
+
+
+@dataclass(frozen=True)
+class DynamicBatcher:
+    """Triton's dynamic batcher settings (ModelDynamicBatching)."""
+
+    max_queue_delay_microseconds: int = 0
+    preferred_batch_size: list[int] | None = None
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy | None = None
+    priority_queue_policy: dict[int, QueuePolicy] | None = None
+
+    def __post_init__(self) -> None:
+        _non_negative("DynamicBatcher.max_queue_delay_microseconds", self.max_queue_delay_microseconds)
+        _non_negative("DynamicBatcher.priority_levels", self.priority_levels)
+        if self.priority_levels and not 0 <= self.default_priority_level <= self.priority_levels:
+            raise InvalidArgumentError(
+                f"DynamicBatcher.default_priority_level={self.default_priority_level} must be "
+                f"between 1 and priority_levels={self.priority_levels}"
+            )
+        for level in self.priority_queue_policy or {}:
+            if not 1 <= level <= self.priority_levels:
+                raise InvalidArgumentError(
+                    f"DynamicBatcher.priority_queue_policy has level {level}; levels go from 1 "
+                    f"to priority_levels={self.priority_levels}"
+                )
+
+    def to_triton(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "max_queue_delay_microseconds": self.max_queue_delay_microseconds,
+            "preserve_ordering": self.preserve_ordering,
+        }
+        if self.preferred_batch_size:
+            out["preferred_batch_size"] = list(self.preferred_batch_size)
+        if self.priority_levels:
+            out["priority_levels"] = self.priority_levels
+            out["default_priority_level"] = self.default_priority_level or self.priority_levels
+        if self.default_queue_policy is not None:
+            out["default_queue_policy"] = self.default_queue_policy.to_triton()
+        if self.priority_queue_policy:
+            out["priority_queue_policy"] = {
+                str(level): policy.to_triton() for level, policy in self.priority_queue_policy.items()
+            }
+        return out
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How Triton serves a bound callable. Fields and defaults follow PyTriton's ModelConfig."""
+
+    batching: bool = True
+    max_batch_size: int = 4
+    batcher: DynamicBatcher = field(default_factory=DynamicBatcher)
+    response_cache: bool = False
+    decoupled: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batching and (not isinstance(self.max_batch_size, int) or self.max_batch_size < 1):
+            raise InvalidArgumentError(
+                f"ModelConfig.max_batch_size must be >= 1 when batching (got {self.max_batch_size!r}); "
+                "pass batching=False for a model without a batch axis"
+            )
+        if not isinstance(self.batcher, DynamicBatcher):
+            raise InvalidArgumentError(f"ModelConfig.batcher must be a DynamicBatcher, not {self.batcher!r}")
+        if self.decoupled:
+            raise UnsupportedError("decoupled (streaming) models are not available in this version yet")
+
+
+@dataclass(frozen=True, init=False)
+class Tensor:
+    """An input or output of a model: ``Tensor(name=None, dtype, shape)``.
+
+    ``shape`` excludes the batch axis; ``-1`` marks a variable dimension. ``dtype`` is a
+    numpy dtype; ``np.bytes_`` or ``object`` means Triton BYTES. Unnamed inputs are named
+    ``INPUT_1``, ``INPUT_2``, ...; unnamed outputs ``OUTPUT_1``, ...
+    """
+
+    name: str | None
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    def __init__(self, name: str | None = None, dtype: Any = None, shape: Sequence[int] | None = None):
+        if dtype is None or shape is None:
+            raise InvalidArgumentError("Tensor needs a dtype and a shape, e.g. Tensor(dtype=np.float32, shape=(1,))")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise InvalidArgumentError(f"Tensor name must be a non-empty string, not {name!r}")
+        try:
+            dims = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"Tensor shape must be a sequence of ints, not {shape!r}") from None
+        if any(d < -1 or d == 0 for d in dims):
+            raise InvalidArgumentError(f"Tensor shape {dims}: dimensions must be positive or -1 (variable)")
+        np_dtype = np.dtype(object) if dtype in (bytes, np.bytes_, object, str) else np.dtype(dtype)
+        triton_dtype(np_dtype, f"tensor {name or '(unnamed)'}")  # raises for dtypes Triton lacks
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "dtype", np_dtype)
+        object.__setattr__(self, "shape", dims)
+
+
+def _non_negative(what: str, value: int) -> None:
+    if not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(f"{what} must be a non-negative int, not {value!r}")
+
+
+def name_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
+    """Give unnamed tensors their positional names (INPUT_1, ...) and check for duplicates."""
+    named = [
+        t if t.name else Tensor(name=f"{prefix}_{i}", dtype=t.dtype, shape=t.shape)
+        for i, t in enumerate(tensors, start=1)
+    ]
+    names = [t.name for t in named]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidArgumentError(f"tensor names must be unique; repeated: {duplicates}")
+    return named
+
+
+def model_config_json(
+    name: str,
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+    config: ModelConfig,
+    backend: str,
+) -> dict[str, Any]:
+    """Triton's model configuration for a bound callable."""
+
+    def tensor(t: Tensor) -> dict[str, Any]:
+        return {"name": t.name, "data_type": "TYPE_" + triton_dtype(t.dtype), "dims": list(t.shape)}
+
+    out: dict[str, Any] = {
+        "name": name,
+        "backend": backend,
+        "max_batch_size": config.max_batch_size if config.batching else 0,
+        "input": [tensor(t) for t in inputs],
+        "output": [tensor(t) for t in outputs],
+        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+    }
+    if config.batching:
+        out["dynamic_batching"] = config.batcher.to_triton()
+    if config.response_cache:
+        out["response_cache"] = {"enable": True}
+    return out

@@ -1,0 +1,60 @@
+"""Every failure surfaces as a :class:`TritonError` subclass named after Triton's error code."""
+
+from __future__ import annotations
+
+
+class TritonError(Exception):
+    """Base class of all embedtriton errors. ``code`` is Triton's error-code name."""
+
+    code = "UNKNOWN"
+
+
+class UnknownError(TritonError):
+    code = "UNKNOWN"
+
+
+class InternalError(TritonError):
+    code = "INTERNAL"
+
+
+class NotFoundError(TritonError):
+    code = "NOT_FOUND"
+
+
+class InvalidArgumentError(TritonError, ValueError):
+    code = "INVALID_ARG"
+
+
+class UnavailableError(TritonError):
+    code = "UNAVAILABLE"
+
+
+class UnsupportedError(TritonError):
+    code = "UNSUPPORTED"
+
+
+class AlreadyExistsError(TritonError):
+    code = "ALREADY_EXISTS"
+
+
+class CancelledError(TritonError):
+    code = "CANCELLED"
+
+
+# Index = TRITONSERVER_Error_Code value.
+_BY_CODE: tuple[type[TritonError], ...] = (
+    UnknownError,
+    InternalError,
+    NotFoundError,
+    InvalidArgumentError,
+    UnavailableError,
+    UnsupportedError,
+    AlreadyExistsError,
+    CancelledError,
+)
+
+
+def error_for_code(code: int, message: str) -> TritonError:
+    """The exception for a Triton error code and message."""
+    cls = _BY_CODE[code] if 0 <= code < len(_BY_CODE) else UnknownError
+    return cls(message)

@@ -1,0 +1,1318 @@
+/* embedtriton's native module: the per-request data path.
+ *
+ * One shared library with two faces:
+ *  - a CPython extension (embedtriton._native) that builds inference requests
+ *    from numpy arrays, hands them to TRITONSERVER_ServerInferAsync and turns
+ *    responses into numpy arrays (caller side);
+ *  - the Triton backend "embedtriton" (TRITONBACKEND_* entry points): Triton
+ *    dlopens this same file and calls TRITONBACKEND_ModelInstanceExecute with a
+ *    batch of requests, which we hand to the bound Python callable once per
+ *    batch (model side).
+ *
+ * The control plane (server options, loading, metadata) stays in Python
+ * (embedtriton/_capi.py). Triton functions are resolved with dlsym() from the
+ * runtime that Python loaded (et_load), so nothing links against Triton. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define NPY_TARGET_VERSION NPY_1_22_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "triton_api.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DIMS 32
+
+static et_api_t api;
+static int api_loaded = 0;
+static TRITONSERVER_ResponseAllocator* allocator = NULL;
+
+/* Hooks installed from Python by set_hooks(). */
+static PyObject* g_bindings = NULL;      /* dict: model directory -> Binding */
+static PyObject* g_request_type = NULL;  /* embedtriton.binding.Request */
+static PyObject* g_make_error = NULL;    /* (code, message) -> TritonError */
+static PyObject* g_decode_bytes = NULL;  /* (bytes, shape) -> object array */
+static PyObject* g_encode_bytes = NULL;  /* array -> bytes (Triton BYTES) */
+static PyObject* g_complete = NULL;      /* our own _complete, for asyncio */
+static PyObject* s_call_soon_threadsafe, *s_parameters, *s_execute,
+    *s_max_batch_size, *s_output_specs, *s_name, *s_done, *s_set_result,
+    *s_set_exception;
+
+static const char* const dtype_names[] = {
+    "INVALID", "BOOL",  "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
+    "INT32",   "INT64", "FP16",  "FP32",   "FP64",   "BYTES",  "BF16"};
+
+static const char* dtype_name(int t)
+{
+  return (t >= 0 && t <= TRITONSERVER_TYPE_BF16) ? dtype_names[t] : "INVALID";
+}
+
+static uint64_t now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- dtype mapping ----------------------------------------------------- */
+
+/* Triton datatype of a numpy array; BYTES for object/bytes/str arrays. */
+static TRITONSERVER_DataType triton_dtype_of(PyArrayObject* a)
+{
+  PyArray_Descr* d = PyArray_DESCR(a);
+  npy_intp size = PyArray_ITEMSIZE(a);
+  switch (d->kind) {
+    case 'b':
+      return TRITONSERVER_TYPE_BOOL;
+    case 'i':
+      return size == 1   ? TRITONSERVER_TYPE_INT8
+             : size == 2 ? TRITONSERVER_TYPE_INT16
+             : size == 4 ? TRITONSERVER_TYPE_INT32
+             : size == 8 ? TRITONSERVER_TYPE_INT64
+                         : TRITONSERVER_TYPE_INVALID;
+    case 'u':
+      return size == 1   ? TRITONSERVER_TYPE_UINT8
+             : size == 2 ? TRITONSERVER_TYPE_UINT16
+             : size == 4 ? TRITONSERVER_TYPE_UINT32
+             : size == 8 ? TRITONSERVER_TYPE_UINT64
+                         : TRITONSERVER_TYPE_INVALID;
+    case 'f':
+      return size == 2   ? TRITONSERVER_TYPE_FP16
+             : size == 4 ? TRITONSERVER_TYPE_FP32
+             : size == 8 ? TRITONSERVER_TYPE_FP64
+                         : TRITONSERVER_TYPE_INVALID;
+    case 'O':
+    case 'S':
+    case 'U':
+      return TRITONSERVER_TYPE_BYTES;
+    default:
+      return TRITONSERVER_TYPE_INVALID;
+  }
+}
+
+static int numpy_typenum_of(TRITONSERVER_DataType t)
+{
+  switch (t) {
+    case TRITONSERVER_TYPE_BOOL: return NPY_BOOL;
+    case TRITONSERVER_TYPE_UINT8: return NPY_UINT8;
+    case TRITONSERVER_TYPE_UINT16: return NPY_UINT16;
+    case TRITONSERVER_TYPE_UINT32: return NPY_UINT32;
+    case TRITONSERVER_TYPE_UINT64: return NPY_UINT64;
+    case TRITONSERVER_TYPE_INT8: return NPY_INT8;
+    case TRITONSERVER_TYPE_INT16: return NPY_INT16;
+    case TRITONSERVER_TYPE_INT32: return NPY_INT32;
+    case TRITONSERVER_TYPE_INT64: return NPY_INT64;
+    case TRITONSERVER_TYPE_FP16: return NPY_FLOAT16;
+    case TRITONSERVER_TYPE_FP32: return NPY_FLOAT32;
+    case TRITONSERVER_TYPE_FP64: return NPY_FLOAT64;
+    default: return -1;
+  }
+}
+
+static uintptr_t dtype_size(TRITONSERVER_DataType t)
+{
+  switch (t) {
+    case TRITONSERVER_TYPE_UINT16: case TRITONSERVER_TYPE_INT16: case TRITONSERVER_TYPE_FP16:
+      return 2;
+    case TRITONSERVER_TYPE_UINT32: case TRITONSERVER_TYPE_INT32: case TRITONSERVER_TYPE_FP32:
+      return 4;
+    case TRITONSERVER_TYPE_UINT64: case TRITONSERVER_TYPE_INT64: case TRITONSERVER_TYPE_FP64:
+      return 8;
+    default:
+      return 1;
+  }
+}
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Raise the TritonError subclass for code with message; returns NULL. */
+static PyObject* raise_triton(int code, const char* message)
+{
+  PyObject* exc = PyObject_CallFunction(g_make_error, "is", code, message);
+  if (exc != NULL) {
+    PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+  }
+  return NULL;
+}
+
+/* Raise from a Triton error; deletes it when owned. */
+static PyObject* raise_from(TRITONSERVER_Error* err, int owned)
+{
+  raise_triton(api.TRITONSERVER_ErrorCode(err), api.TRITONSERVER_ErrorMessage(err));
+  if (owned) api.TRITONSERVER_ErrorDelete(err);
+  return NULL;
+}
+
+static TRITONSERVER_Error* new_error(int code, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static TRITONSERVER_Error* new_error(int code, const char* fmt, ...)
+{
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return api.TRITONSERVER_ErrorNew((TRITONSERVER_Error_Code)code, msg);
+}
+
+/* The pending Python exception as an INTERNAL Triton error (clears it). */
+static TRITONSERVER_Error* error_from_python(const char* context)
+{
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyObject* text = value ? PyObject_Str(value) : NULL;
+  const char* msg = text ? PyUnicode_AsUTF8(text) : NULL;
+  TRITONSERVER_Error* err =
+      new_error(TRITONSERVER_ERROR_INTERNAL, "%s: %s: %s", context,
+                type ? ((PyTypeObject*)type)->tp_name : "error", msg ? msg : "");
+  PyErr_Clear();
+  Py_XDECREF(text);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  return err;
+}
+
+/* ---- response allocator (caller side) ----------------------------------
+ * Output buffers are allocated with a 64-byte header in front. When the
+ * caller turns an output into a numpy array, the array takes the block over
+ * (header->taken) and frees it when the array dies: no copy out. */
+typedef struct {
+  int taken;
+} BlockHeader;
+#define BLOCK_HEADER 64
+
+static TRITONSERVER_Error* alloc_fn(
+    TRITONSERVER_ResponseAllocator* a, const char* tensor_name,
+    size_t byte_size, TRITONSERVER_MemoryType memory_type,
+    int64_t memory_type_id, void* userp, void** buffer, void** buffer_userp,
+    TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id)
+{
+  (void)a, (void)memory_type, (void)memory_type_id, (void)userp;
+  void* block = NULL;
+  if (posix_memalign(&block, 64, BLOCK_HEADER + (byte_size ? byte_size : 1)) != 0)
+    return new_error(TRITONSERVER_ERROR_UNAVAILABLE,
+                     "out of memory allocating %zu bytes for output '%s'",
+                     byte_size, tensor_name);
+  ((BlockHeader*)block)->taken = 0;
+  *buffer = (char*)block + BLOCK_HEADER;
+  *buffer_userp = block;
+  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
+  *actual_memory_type_id = 0;
+  return NULL;
+}
+
+static TRITONSERVER_Error* release_fn(
+    TRITONSERVER_ResponseAllocator* a, void* buffer, void* buffer_userp,
+    size_t byte_size, TRITONSERVER_MemoryType memory_type,
+    int64_t memory_type_id)
+{
+  (void)a, (void)buffer, (void)byte_size, (void)memory_type, (void)memory_type_id;
+  if (buffer_userp != NULL && !((BlockHeader*)buffer_userp)->taken)
+    free(buffer_userp);
+  return NULL;
+}
+
+static void free_block_capsule(PyObject* capsule)
+{
+  free(PyCapsule_GetPointer(capsule, "embedtriton.block"));
+}
+
+/* ---- calls in flight (caller side) ------------------------------------- */
+
+typedef struct Call {
+  struct Call *prev, *next; /* pending list, for stop() */
+  TRITONSERVER_Server* server;
+  atomic_int remaining; /* final response + request release */
+  int is_async;
+  int aborted;
+  sem_t done;
+  TRITONSERVER_InferenceResponse* response;
+  PyObject* loop;
+  PyObject* future;
+  Py_ssize_t n_keep;
+  PyObject** keep; /* input arrays (and BYTES buffers) Triton reads from */
+  PyObject* keep_inline[8];
+} Call;
+
+/* Servers that accept requests. submit() holds the read lock while it hands
+ * a request over, so stop() (write lock) never deletes a server under it. */
+#define MAX_SERVERS 64
+static pthread_rwlock_t servers_lock = PTHREAD_RWLOCK_INITIALIZER;
+static TRITONSERVER_Server* servers[MAX_SERVERS];
+
+static int server_is_open(TRITONSERVER_Server* s)
+{
+  for (int i = 0; i < MAX_SERVERS; i++)
+    if (servers[i] == s) return 1;
+  return 0;
+}
+
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static Call pending = {&pending, &pending};
+
+static void pending_add(Call* c)
+{
+  pthread_mutex_lock(&pending_lock);
+  c->next = pending.next;
+  c->prev = &pending;
+  pending.next->prev = c;
+  pending.next = c;
+  pthread_mutex_unlock(&pending_lock);
+}
+
+static void pending_remove(Call* c)
+{
+  pthread_mutex_lock(&pending_lock);
+  if (c->next != NULL) {
+    c->prev->next = c->next;
+    c->next->prev = c->prev;
+    c->next = c->prev = NULL;
+  }
+  pthread_mutex_unlock(&pending_lock);
+}
+
+static void call_free(Call* c)
+{
+  for (Py_ssize_t i = 0; i < c->n_keep; i++) Py_XDECREF(c->keep[i]);
+  if (c->keep != c->keep_inline) PyMem_Free(c->keep);
+  if (c->response != NULL) api.TRITONSERVER_InferenceResponseDelete(c->response);
+  Py_XDECREF(c->loop);
+  Py_XDECREF(c->future);
+  if (!c->is_async) sem_destroy(&c->done);
+  PyMem_Free(c);
+}
+
+/* With the GIL: hand an async call's completion to its event loop. */
+static void schedule_async(Call* c)
+{
+  PyObject* capsule = PyCapsule_New(c, "embedtriton.call", NULL);
+  PyObject* r = capsule ? PyObject_CallMethodObjArgs(
+                              c->loop, s_call_soon_threadsafe, g_complete,
+                              capsule, NULL)
+                        : NULL;
+  if (r == NULL) { /* the loop is closed: nobody is waiting any more */
+    PyErr_WriteUnraisable(c->loop);
+    call_free(c);
+  }
+  Py_XDECREF(r);
+  Py_XDECREF(capsule);
+}
+
+static void call_event(Call* c)
+{
+  if (atomic_fetch_sub(&c->remaining, 1) != 1) return;
+  pending_remove(c);
+  if (!c->is_async) {
+    sem_post(&c->done);
+    return;
+  }
+  PyGILState_STATE g = PyGILState_Ensure();
+  schedule_async(c);
+  PyGILState_Release(g);
+}
+
+static void response_cb(TRITONSERVER_InferenceResponse* response,
+                        const uint32_t flags, void* userp)
+{
+  Call* c = (Call*)userp;
+  if (response != NULL) {
+    if (c->response == NULL)
+      c->response = response;
+    else /* a non-decoupled request gets one response */
+      api.TRITONSERVER_InferenceResponseDelete(response);
+  }
+  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) call_event(c);
+}
+
+static void release_cb(TRITONSERVER_InferenceRequest* request,
+                       const uint32_t flags, void* userp)
+{
+  (void)flags;
+  api.TRITONSERVER_InferenceRequestDelete(request);
+  call_event((Call*)userp);
+}
+
+/* With the GIL: the outputs of a finished call as a dict, or NULL + error. */
+static PyObject* call_collect(Call* c)
+{
+  if (c->aborted)
+    return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                        "the server stopped before this request completed");
+  if (c->response == NULL)
+    return raise_triton(TRITONSERVER_ERROR_INTERNAL,
+                        "Triton completed the request without a response");
+  TRITONSERVER_InferenceResponse* resp = c->response;
+  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceResponseError(resp);
+  if (err != NULL) return raise_from(err, 0);
+  uint32_t count = 0;
+  if ((err = api.TRITONSERVER_InferenceResponseOutputCount(resp, &count)))
+    return raise_from(err, 1);
+  PyObject* result = PyDict_New();
+  if (result == NULL) return NULL;
+  for (uint32_t i = 0; i < count; i++) {
+    const char* name;
+    TRITONSERVER_DataType dtype;
+    const int64_t* shape;
+    uint64_t ndim;
+    const void* base;
+    size_t size;
+    TRITONSERVER_MemoryType mtype;
+    int64_t mtype_id;
+    void* userp;
+    if ((err = api.TRITONSERVER_InferenceResponseOutput(
+             resp, i, &name, &dtype, &shape, &ndim, &base, &size, &mtype,
+             &mtype_id, &userp))) {
+      Py_DECREF(result);
+      return raise_from(err, 1);
+    }
+    npy_intp dims[MAX_DIMS];
+    for (uint64_t d = 0; d < ndim && d < MAX_DIMS; d++) dims[d] = (npy_intp)shape[d];
+    PyObject* arr;
+    int typenum = numpy_typenum_of(dtype);
+    if (dtype == TRITONSERVER_TYPE_BYTES) {
+      PyObject* shape_t = PyTuple_New((Py_ssize_t)ndim);
+      for (uint64_t d = 0; shape_t && d < ndim; d++)
+        PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
+      PyObject* mv = PyMemoryView_FromMemory((char*)base, (Py_ssize_t)size, PyBUF_READ);
+      arr = (shape_t && mv) ? PyObject_CallFunctionObjArgs(g_decode_bytes, mv, shape_t, NULL)
+                            : NULL;
+      Py_XDECREF(mv);
+      Py_XDECREF(shape_t);
+    } else if (typenum < 0 || ndim > MAX_DIMS) {
+      arr = raise_triton(TRITONSERVER_ERROR_UNSUPPORTED, "output datatype has no numpy equivalent");
+    } else if (userp != NULL && mtype != TRITONSERVER_MEMORY_GPU) {
+      /* our allocator's block: the array takes it over */
+      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL,
+                        (void*)base, 0, NPY_ARRAY_CARRAY, NULL);
+      PyObject* owner = arr ? PyCapsule_New(userp, "embedtriton.block", free_block_capsule) : NULL;
+      if (owner != NULL && PyArray_SetBaseObject((PyArrayObject*)arr, owner) == 0) {
+        ((BlockHeader*)userp)->taken = 1;
+      } else {
+        if (owner) PyCapsule_SetDestructor(owner, NULL);
+        Py_XDECREF(owner);
+        Py_CLEAR(arr);
+      }
+    } else { /* e.g. a response from the cache with foreign memory: copy */
+      arr = PyArray_SimpleNew((int)ndim, dims, typenum);
+      if (arr) memcpy(PyArray_DATA((PyArrayObject*)arr), base, size);
+    }
+    if (arr == NULL || PyDict_SetItemString(result, name, arr) < 0) {
+      Py_XDECREF(arr);
+      Py_DECREF(result);
+      return NULL;
+    }
+    Py_DECREF(arr);
+  }
+  return result;
+}
+
+/* _complete(capsule): runs on the event loop; resolves the future. */
+static PyObject* py_complete(PyObject* self, PyObject* capsule)
+{
+  (void)self;
+  Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.call");
+  if (c == NULL) return NULL;
+  PyObject* result = call_collect(c);
+  PyObject *type = NULL, *value = NULL, *tb = NULL;
+  if (result == NULL) {
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+  }
+  PyObject* fut = c->future;
+  Py_INCREF(fut);
+  call_free(c);
+  PyObject* done = PyObject_CallMethodNoArgs(fut, s_done);
+  PyObject* r = NULL;
+  if (done == Py_False)
+    r = PyObject_CallMethodOneArg(fut, result ? s_set_result : s_set_exception,
+                                  result ? result : value);
+  else if (done != NULL)
+    r = Py_NewRef(Py_None);
+  Py_XDECREF(done);
+  Py_XDECREF(result);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  Py_DECREF(fut);
+  return r;
+}
+
+/* Add one input to a request. Returns the object Triton reads from (new
+ * reference), or NULL with an exception. */
+static PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key,
+                           PyObject* value)
+{
+  const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+  if (name == NULL) {
+    PyErr_Clear();
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                        "input names must be strings");
+  }
+  PyArrayObject* arr;
+  if (PyArray_Check(value) && PyArray_ISCARRAY_RO((PyArrayObject*)value) &&
+      PyArray_ISNOTSWAPPED((PyArrayObject*)value)) {
+    arr = (PyArrayObject*)Py_NewRef(value);
+  } else {
+    arr = (PyArrayObject*)PyArray_FromAny(
+        value, NULL, 0, 0, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_NOTSWAPPED, NULL);
+    if (arr == NULL) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "cannot turn input '%s' (%s) into an array", name,
+                   Py_TYPE(value)->tp_name);
+      return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "");
+    }
+  }
+  TRITONSERVER_DataType dtype = triton_dtype_of(arr);
+  if (dtype == TRITONSERVER_TYPE_INVALID) {
+    PyObject* d = PyObject_Str((PyObject*)PyArray_DESCR(arr));
+    char msg[512];
+    snprintf(msg, sizeof msg, "input '%s' has dtype %s, which Triton cannot carry",
+             name, d ? PyUnicode_AsUTF8(d) : "?");
+    Py_XDECREF(d);
+    Py_DECREF(arr);
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
+  }
+  int ndim = PyArray_NDIM(arr);
+  int64_t shape[MAX_DIMS];
+  for (int d = 0; d < ndim && d < MAX_DIMS; d++) shape[d] = PyArray_DIM(arr, d);
+  PyObject* holder = (PyObject*)arr;
+  const void* data = PyArray_DATA(arr);
+  Py_ssize_t nbytes = PyArray_NBYTES(arr);
+  if (dtype == TRITONSERVER_TYPE_BYTES) {
+    holder = PyObject_CallOneArg(g_encode_bytes, (PyObject*)arr);
+    Py_DECREF(arr);
+    if (holder == NULL) return NULL;
+    data = PyBytes_AS_STRING(holder);
+    nbytes = PyBytes_GET_SIZE(holder);
+  }
+  TRITONSERVER_Error* err =
+      api.TRITONSERVER_InferenceRequestAddInput(req, name, dtype, shape, (uint64_t)ndim);
+  if (err == NULL)
+    err = api.TRITONSERVER_InferenceRequestAppendInputData(
+        req, name, data, (size_t)nbytes, TRITONSERVER_MEMORY_CPU, 0);
+  if (err != NULL) {
+    Py_DECREF(holder);
+    return raise_from(err, 1);
+  }
+  return holder;
+}
+
+static TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req,
+                                         PyObject* key, PyObject* value)
+{
+  const char* k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+  if (k == NULL) {
+    PyErr_Clear();
+    return new_error(TRITONSERVER_ERROR_INVALID_ARG, "parameter names must be strings");
+  }
+  if (PyBool_Check(value))
+    return api.TRITONSERVER_InferenceRequestSetBoolParameter(req, k, value == Py_True);
+  if (PyLong_Check(value)) {
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return new_error(TRITONSERVER_ERROR_INVALID_ARG,
+                       "parameter '%s' does not fit in a signed 64-bit integer", k);
+    }
+    return api.TRITONSERVER_InferenceRequestSetIntParameter(req, k, v);
+  }
+  if (PyFloat_Check(value))
+    return api.TRITONSERVER_InferenceRequestSetDoubleParameter(req, k, PyFloat_AS_DOUBLE(value));
+  if (PyUnicode_Check(value)) {
+    const char* s = PyUnicode_AsUTF8(value);
+    if (s == NULL) {
+      PyErr_Clear();
+      return new_error(TRITONSERVER_ERROR_INVALID_ARG, "parameter '%s' is not valid text", k);
+    }
+    return api.TRITONSERVER_InferenceRequestSetStringParameter(req, k, s);
+  }
+  return new_error(TRITONSERVER_ERROR_INVALID_ARG,
+                   "parameter '%s' is a %s; parameters must be str, int, float or bool",
+                   k, Py_TYPE(value)->tp_name);
+}
+
+static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
+                               PyObject* inputs, PyObject* outputs, PyObject* request_id,
+                               unsigned long long priority, unsigned long long timeout_us,
+                               PyObject* parameters, PyObject* loop, PyObject* future);
+
+/* submit(server, model, version, inputs, outputs, request_id, priority,
+ *        timeout_us, parameters, loop, future)
+ * Without a loop: blocks (GIL released) and returns the outputs dict.
+ * With a loop: returns None; the future is resolved on the loop. */
+static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
+{
+  (void)self;
+  if (nargs != 11) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 11 arguments");
+    return NULL;
+  }
+  if (!api_loaded) return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, "runtime not loaded");
+  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(args[0]);
+  const char* model = PyUnicode_AsUTF8(args[1]);
+  long long version = PyLong_AsLongLong(args[2]);
+  PyObject* inputs = args[3];
+  PyObject* outputs = args[4];
+  PyObject* request_id = args[5];
+  unsigned long long priority = PyLong_AsUnsignedLongLong(args[6]);
+  unsigned long long timeout_us = PyLong_AsUnsignedLongLong(args[7]);
+  PyObject* parameters = args[8];
+  PyObject* loop = args[9];
+  if (PyErr_Occurred()) return NULL;
+  if (!PyDict_Check(inputs))
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                        "inputs must be a dict of input name -> array");
+
+  pthread_rwlock_rdlock(&servers_lock);
+  if (!server_is_open(server)) {
+    pthread_rwlock_unlock(&servers_lock);
+    return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                        "the server is not running; call start() or use 'with server:'");
+  }
+  PyObject* result = submit_locked(server, model, version, inputs, outputs, request_id,
+                                   priority, timeout_us, parameters, loop, args[10]);
+  return result;
+}
+
+static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
+                               PyObject* inputs, PyObject* outputs, PyObject* request_id,
+                               unsigned long long priority, unsigned long long timeout_us,
+                               PyObject* parameters, PyObject* loop, PyObject* future)
+{
+  TRITONSERVER_InferenceRequest* req = NULL;
+  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
+  if (err != NULL) {
+    pthread_rwlock_unlock(&servers_lock);
+    return raise_from(err, 1);
+  }
+
+  Call* c = PyMem_Calloc(1, sizeof(Call));
+  if (c == NULL) {
+    pthread_rwlock_unlock(&servers_lock);
+    api.TRITONSERVER_InferenceRequestDelete(req);
+    return PyErr_NoMemory();
+  }
+  c->server = server;
+  Py_ssize_t n_inputs = PyDict_GET_SIZE(inputs);
+  c->keep = n_inputs <= 8 ? c->keep_inline : PyMem_Calloc((size_t)n_inputs, sizeof(PyObject*));
+  c->is_async = loop != Py_None;
+
+  Py_ssize_t pos = 0;
+  PyObject *key, *value;
+  while (c->keep != NULL && PyDict_Next(inputs, &pos, &key, &value)) {
+    PyObject* holder = add_input(req, key, value);
+    if (holder == NULL) goto fail;
+    c->keep[c->n_keep++] = holder;
+  }
+  if (c->keep == NULL) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  if (outputs != Py_None) {
+    Py_ssize_t n = PyTuple_GET_SIZE(outputs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+      const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(outputs, i));
+      if (name == NULL) goto fail;
+      if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
+    }
+  }
+  if (request_id != Py_None) {
+    const char* id = PyUnicode_AsUTF8(request_id);
+    if (id == NULL) goto fail;
+    if ((err = api.TRITONSERVER_InferenceRequestSetId(req, id))) goto fail_err;
+  }
+  if (priority && (err = api.TRITONSERVER_InferenceRequestSetPriorityUInt64(req, priority)))
+    goto fail_err;
+  if (timeout_us &&
+      (err = api.TRITONSERVER_InferenceRequestSetTimeoutMicroseconds(req, timeout_us)))
+    goto fail_err;
+  if (parameters != Py_None) {
+    pos = 0;
+    while (PyDict_Next(parameters, &pos, &key, &value))
+      if ((err = set_parameter(req, key, value))) goto fail_err;
+  }
+  if ((err = api.TRITONSERVER_InferenceRequestSetReleaseCallback(req, release_cb, c)) ||
+      (err = api.TRITONSERVER_InferenceRequestSetResponseCallback(req, allocator, NULL,
+                                                                   response_cb, c)))
+    goto fail_err;
+
+  atomic_init(&c->remaining, 2);
+  if (c->is_async) {
+    c->loop = Py_NewRef(loop);
+    c->future = Py_NewRef(future);
+  } else {
+    sem_init(&c->done, 0, 0);
+  }
+  pending_add(c);
+  Py_BEGIN_ALLOW_THREADS
+  err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
+  Py_END_ALLOW_THREADS
+  pthread_rwlock_unlock(&servers_lock);
+  if (err != NULL) { /* Triton did not take the request: no callbacks */
+    pending_remove(c);
+    api.TRITONSERVER_InferenceRequestDelete(req);
+    raise_from(err, 1);
+    call_free(c);
+    return NULL;
+  }
+  if (c->is_async) Py_RETURN_NONE;
+
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  do rc = sem_wait(&c->done);
+  while (rc != 0 && errno == EINTR);
+  Py_END_ALLOW_THREADS
+  PyObject* result = call_collect(c);
+  call_free(c);
+  return result;
+
+fail_err:
+  raise_from(err, 1);
+fail:
+  pthread_rwlock_unlock(&servers_lock);
+  api.TRITONSERVER_InferenceRequestDelete(req);
+  call_free(c);
+  return NULL;
+}
+
+/* abort_pending(server): after the server is deleted, fail every call that
+ * Triton never completed, so no caller waits forever. Returns the count. */
+static PyObject* py_abort_pending(PyObject* self, PyObject* arg)
+{
+  (void)self;
+  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(arg);
+  if (PyErr_Occurred()) return NULL;
+  long n = 0;
+  for (;;) {
+    Call* found = NULL;
+    pthread_mutex_lock(&pending_lock);
+    for (Call* c = pending.next; c != &pending; c = c->next)
+      if (c->server == server) {
+        found = c;
+        break;
+      }
+    pthread_mutex_unlock(&pending_lock);
+    if (found == NULL) break;
+    pending_remove(found);
+    found->aborted = 1;
+    n++;
+    if (found->is_async)
+      schedule_async(found);
+    else
+      sem_post(&found->done);
+  }
+  return PyLong_FromLong(n);
+}
+
+/* ---- backend (model side) ---------------------------------------------- */
+
+typedef struct {
+  char* name;
+  PyObject* name_obj;
+  TRITONSERVER_DataType dtype;
+  int ndims;
+  int64_t dims[MAX_DIMS];
+} OutputSpec;
+
+typedef struct {
+  PyObject* binding;
+  PyObject* execute;
+  char* name;
+  int64_t max_batch_size;
+  Py_ssize_t n_outputs;
+  OutputSpec* outputs;
+} ModelState;
+
+static void model_state_free(ModelState* ms)
+{
+  for (Py_ssize_t i = 0; ms->outputs && i < ms->n_outputs; i++) {
+    free(ms->outputs[i].name);
+    Py_XDECREF(ms->outputs[i].name_obj);
+  }
+  free(ms->outputs);
+  free(ms->name);
+  Py_XDECREF(ms->execute);
+  Py_XDECREF(ms->binding);
+  free(ms);
+}
+
+/* With the GIL: read the binding's output specs into the model state. */
+static int read_output_specs(ModelState* ms)
+{
+  PyObject* specs = PyObject_GetAttr(ms->binding, s_output_specs);
+  PyObject* seq = specs ? PySequence_Fast(specs, "output_specs must be a sequence") : NULL;
+  Py_XDECREF(specs);
+  if (seq == NULL) return -1;
+  ms->n_outputs = PySequence_Fast_GET_SIZE(seq);
+  ms->outputs = calloc((size_t)ms->n_outputs + 1, sizeof(OutputSpec));
+  for (Py_ssize_t i = 0; i < ms->n_outputs; i++) {
+    OutputSpec* o = &ms->outputs[i];
+    PyObject* name;
+    PyObject* dims;
+    int dtype;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UiO", &name, &dtype, &dims))
+      goto fail;
+    o->name = strdup(PyUnicode_AsUTF8(name));
+    o->name_obj = Py_NewRef(name);
+    o->dtype = (TRITONSERVER_DataType)dtype;
+    o->ndims = (int)PyTuple_Size(dims);
+    if (o->ndims < 0 || o->ndims > MAX_DIMS) goto fail;
+    for (int d = 0; d < o->ndims; d++) o->dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(dims, d));
+  }
+  Py_DECREF(seq);
+  return PyErr_Occurred() ? -1 : 0;
+fail:
+  Py_DECREF(seq);
+  return -1;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model)
+{
+  const char* location = NULL;
+  int artifact_type = 0;
+  TRITONSERVER_Error* err = api.TRITONBACKEND_ModelRepository(model, &artifact_type, &location);
+  if (err != NULL) return err;
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject* binding = g_bindings ? PyDict_GetItemString(g_bindings, location) : NULL;
+  if (binding == NULL) {
+    PyGILState_Release(g);
+    return new_error(TRITONSERVER_ERROR_NOT_FOUND,
+                     "no Python callable is bound for the model at '%s'", location);
+  }
+  ModelState* ms = calloc(1, sizeof(ModelState));
+  ms->binding = Py_NewRef(binding);
+  ms->execute = PyObject_GetAttr(binding, s_execute);
+  PyObject* mbs = PyObject_GetAttr(binding, s_max_batch_size);
+  PyObject* name = PyObject_GetAttr(binding, s_name);
+  ms->max_batch_size = mbs ? PyLong_AsLongLong(mbs) : 0;
+  ms->name = strdup(name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "?");
+  Py_XDECREF(mbs);
+  Py_XDECREF(name);
+  if (ms->execute == NULL || PyErr_Occurred() || read_output_specs(ms) < 0) {
+    err = error_from_python("cannot read the model binding");
+    model_state_free(ms);
+    PyGILState_Release(g);
+    return err;
+  }
+  PyGILState_Release(g);
+  return api.TRITONBACKEND_ModelSetState(model, ms);
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model)
+{
+  void* state = NULL;
+  api.TRITONBACKEND_ModelState(model, &state);
+  if (state != NULL) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    model_state_free((ModelState*)state);
+    PyGILState_Release(g);
+  }
+  return NULL;
+}
+
+/* With the GIL: the inputs of one request as a Request (a dict subclass).
+ * Views of Triton's buffers are appended to views[] (new references). */
+static PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
+                               PyObject** views, Py_ssize_t* n_views,
+                               uint64_t* batch_size, TRITONSERVER_Error** err)
+{
+  PyObject* req = PyObject_CallNoArgs(g_request_type);
+  PyObject* params = PyDict_New();
+  if (req == NULL || params == NULL) goto py_fail;
+  uint32_t n_inputs = 0;
+  if ((*err = api.TRITONBACKEND_RequestInputCount(request, &n_inputs))) goto fail;
+  *batch_size = 1;
+  for (uint32_t i = 0; i < n_inputs; i++) {
+    TRITONBACKEND_Input* input;
+    const char* name;
+    TRITONSERVER_DataType dtype;
+    const int64_t* shape;
+    uint32_t ndim, n_buffers;
+    uint64_t byte_size;
+    if ((*err = api.TRITONBACKEND_RequestInputByIndex(request, i, &input)) ||
+        (*err = api.TRITONBACKEND_InputProperties(input, &name, &dtype, &shape, &ndim,
+                                                  &byte_size, &n_buffers)))
+      goto fail;
+    if (ndim > MAX_DIMS) {
+      *err = new_error(TRITONSERVER_ERROR_INVALID_ARG, "input '%s' has too many dimensions", name);
+      goto fail;
+    }
+    if (i == 0 && ms->max_batch_size > 0 && ndim > 0) *batch_size = (uint64_t)shape[0];
+    npy_intp dims[MAX_DIMS];
+    for (uint32_t d = 0; d < ndim; d++) dims[d] = (npy_intp)shape[d];
+    const void* data = NULL;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+    int64_t mtype_id = 0;
+    if (n_buffers == 1 &&
+        (*err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id)))
+      goto fail;
+    PyObject* arr;
+    int typenum = numpy_typenum_of(dtype);
+    if (n_buffers == 1 && mtype != TRITONSERVER_MEMORY_GPU && dtype != TRITONSERVER_TYPE_BYTES &&
+        typenum >= 0) {
+      /* one host buffer: a read-only view, no copy */
+      int flags = NPY_ARRAY_C_CONTIGUOUS;
+      if (((uintptr_t)data % dtype_size(dtype)) == 0)
+        flags |= NPY_ARRAY_ALIGNED;
+      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, (void*)data, 0, flags,
+                        NULL);
+      if (arr == NULL) goto py_fail;
+      views[(*n_views)++] = Py_NewRef(arr);
+    } else {
+      /* several buffers (or BYTES): gather into one contiguous copy */
+      char* gathered = malloc(byte_size ? byte_size : 1);
+      uint64_t offset = 0;
+      for (uint32_t b = 0; b < n_buffers; b++) {
+        mtype = TRITONSERVER_MEMORY_CPU;
+        if ((*err = api.TRITONBACKEND_InputBuffer(input, b, &data, &size, &mtype, &mtype_id))) {
+          free(gathered);
+          goto fail;
+        }
+        if (mtype == TRITONSERVER_MEMORY_GPU || offset + size > byte_size) {
+          free(gathered);
+          *err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
+                           "input '%s' arrived in GPU memory or with inconsistent sizes", name);
+          goto fail;
+        }
+        memcpy(gathered + offset, data, size);
+        offset += size;
+      }
+      if (dtype == TRITONSERVER_TYPE_BYTES) {
+        PyObject* shape_t = PyTuple_New(ndim);
+        for (uint32_t d = 0; shape_t && d < ndim; d++)
+          PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
+        PyObject* raw = PyBytes_FromStringAndSize(gathered, (Py_ssize_t)offset);
+        arr = (shape_t && raw) ? PyObject_CallFunctionObjArgs(g_decode_bytes, raw, shape_t, NULL)
+                               : NULL;
+        Py_XDECREF(raw);
+        Py_XDECREF(shape_t);
+        free(gathered);
+      } else if (typenum < 0) {
+        free(gathered);
+        *err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
+                         "input '%s' has datatype %s, which numpy cannot hold", name,
+                         dtype_name(dtype));
+        goto fail;
+      } else {
+        arr = PyArray_SimpleNew((int)ndim, dims, typenum);
+        if (arr) memcpy(PyArray_DATA((PyArrayObject*)arr), gathered, offset);
+        free(gathered);
+      }
+      if (arr == NULL) goto py_fail;
+    }
+    int rc = PyDict_SetItemString(req, name, arr);
+    Py_DECREF(arr);
+    if (rc < 0) goto py_fail;
+  }
+  uint32_t n_params = 0;
+  if ((*err = api.TRITONBACKEND_RequestParameterCount(request, &n_params))) goto fail;
+  for (uint32_t i = 0; i < n_params; i++) {
+    const char* key;
+    TRITONSERVER_ParameterType type;
+    const void* v;
+    if ((*err = api.TRITONBACKEND_RequestParameter(request, i, &key, &type, &v))) goto fail;
+    PyObject* value = NULL;
+    switch (type) {
+      case TRITONSERVER_PARAMETER_STRING: value = PyUnicode_FromString((const char*)v); break;
+      case TRITONSERVER_PARAMETER_INT: value = PyLong_FromLongLong(*(const int64_t*)v); break;
+      case TRITONSERVER_PARAMETER_BOOL: value = PyBool_FromLong(*(const bool*)v); break;
+      case TRITONSERVER_PARAMETER_DOUBLE: value = PyFloat_FromDouble(*(const double*)v); break;
+      default: continue;
+    }
+    if (value == NULL || PyDict_SetItemString(params, key, value) < 0) {
+      Py_XDECREF(value);
+      goto py_fail;
+    }
+    Py_DECREF(value);
+  }
+  if (PyObject_SetAttr(req, s_parameters, params) < 0) goto py_fail;
+  Py_DECREF(params);
+  return req;
+py_fail:
+  *err = error_from_python("cannot hand the request to Python");
+fail:
+  Py_XDECREF(req);
+  Py_XDECREF(params);
+  return NULL;
+}
+
+/* With the GIL: check one returned output against its spec. Returns a
+ * C-contiguous array (new reference) or NULL with *err set. */
+static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* value,
+                                   uint64_t batch_size, size_t index, TRITONSERVER_Error** err)
+{
+  PyArrayObject* arr = (PyArrayObject*)PyArray_FROM_OF(value, NPY_ARRAY_CARRAY_RO);
+  if (arr == NULL) {
+    *err = error_from_python("output is not an array");
+    return NULL;
+  }
+  TRITONSERVER_DataType got = triton_dtype_of(arr);
+  if (got != o->dtype) {
+    PyObject* d = PyObject_Str((PyObject*)PyArray_DESCR(arr));
+    *err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                     "model '%s' returned output '%s' with dtype %s for request %zu; "
+                     "its config says %s",
+                     ms->name, o->name, d ? PyUnicode_AsUTF8(d) : "?", index, dtype_name(o->dtype));
+    Py_XDECREF(d);
+    Py_DECREF(arr);
+    return NULL;
+  }
+  int batched = ms->max_batch_size > 0;
+  int ndim = PyArray_NDIM(arr);
+  int ok = ndim == o->ndims + batched;
+  if (ok && batched) ok = (uint64_t)PyArray_DIM(arr, 0) == batch_size;
+  for (int d = 0; ok && d < o->ndims; d++)
+    ok = o->dims[d] < 0 || o->dims[d] == PyArray_DIM(arr, d + batched);
+  if (!ok) {
+    char want[256], have[256];
+    int w = snprintf(want, sizeof want, "(%s", batched ? "batch" : "");
+    for (int d = 0; d < o->ndims && w < 200; d++)
+      w += snprintf(want + w, sizeof want - w, "%s%lld", (d || batched) ? ", " : "",
+                    (long long)o->dims[d]);
+    snprintf(want + w, sizeof want - w, ")");
+    int h = snprintf(have, sizeof have, "(");
+    for (int d = 0; d < ndim && h < 200; d++)
+      h += snprintf(have + h, sizeof have - h, "%s%lld", d ? ", " : "",
+                    (long long)PyArray_DIM(arr, d));
+    snprintf(have + h, sizeof have - h, ")");
+    *err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                     "model '%s' returned output '%s' with shape %s for request %zu; "
+                     "expected %s%s with batch = %llu",
+                     ms->name, o->name, have, index, want, batched ? "" : " (no batch axis)",
+                     (unsigned long long)batch_size);
+    Py_DECREF(arr);
+    return NULL;
+  }
+  return arr;
+}
+
+/* With the GIL: build and send request i's response from out (a dict). */
+static TRITONSERVER_Error* respond(ModelState* ms, TRITONBACKEND_Request* request,
+                                   PyObject* out, uint64_t batch_size, size_t index)
+{
+  TRITONBACKEND_Response* response = NULL;
+  TRITONSERVER_Error* err = api.TRITONBACKEND_ResponseNew(&response, request);
+  if (err != NULL) return err; /* nothing can reach the caller but the error */
+  if (!PyDict_Check(out)) {
+    err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                    "model '%s' must return one dict of outputs per request; "
+                    "got %s for request %zu",
+                    ms->name, Py_TYPE(out)->tp_name, index);
+    goto send;
+  }
+  uint32_t n_requested = 0;
+  if ((err = api.TRITONBACKEND_RequestOutputCount(request, &n_requested))) goto send;
+  for (uint32_t r = 0; r < n_requested; r++) {
+    const char* name;
+    if ((err = api.TRITONBACKEND_RequestOutputName(request, r, &name))) goto send;
+    OutputSpec* o = NULL;
+    for (Py_ssize_t k = 0; k < ms->n_outputs; k++)
+      if (strcmp(ms->outputs[k].name, name) == 0) o = &ms->outputs[k];
+    PyObject* value = o ? PyDict_GetItemWithError(out, o->name_obj) : NULL;
+    if (value == NULL) {
+      PyErr_Clear();
+      PyObject* keys = PyDict_Keys(out);
+      PyObject* text = keys ? PyObject_Repr(keys) : NULL;
+      err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                      "model '%s' returned no output '%s' for request %zu (it returned %s)",
+                      ms->name, name, index, text ? PyUnicode_AsUTF8(text) : "?");
+      Py_XDECREF(text);
+      Py_XDECREF(keys);
+      goto send;
+    }
+    PyArrayObject* arr = check_output(ms, o, value, batch_size, index, &err);
+    if (arr == NULL) goto send;
+    PyObject* bytes = NULL;
+    const void* data = PyArray_DATA(arr);
+    size_t nbytes = (size_t)PyArray_NBYTES(arr);
+    if (o->dtype == TRITONSERVER_TYPE_BYTES) {
+      bytes = PyObject_CallOneArg(g_encode_bytes, (PyObject*)arr);
+      if (bytes == NULL) {
+        Py_DECREF(arr);
+        err = error_from_python("cannot serialize a BYTES output");
+        goto send;
+      }
+      data = PyBytes_AS_STRING(bytes);
+      nbytes = (size_t)PyBytes_GET_SIZE(bytes);
+    }
+    int64_t shape[MAX_DIMS];
+    int ndim = PyArray_NDIM(arr);
+    for (int d = 0; d < ndim; d++) shape[d] = PyArray_DIM(arr, d);
+    TRITONBACKEND_Output* output;
+    void* buffer;
+    TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+    int64_t mtype_id = 0;
+    err = api.TRITONBACKEND_ResponseOutput(response, &output, name, o->dtype, shape,
+                                           (uint32_t)ndim);
+    if (err == NULL)
+      err = api.TRITONBACKEND_OutputBuffer(output, &buffer, nbytes, &mtype, &mtype_id);
+    if (err == NULL && mtype == TRITONSERVER_MEMORY_GPU)
+      err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
+                      "output '%s' was given GPU memory; host outputs only here", name);
+    if (err == NULL && nbytes) memcpy(buffer, data, nbytes);
+    Py_XDECREF(bytes);
+    Py_DECREF(arr);
+    if (err != NULL) goto send;
+  }
+send:;
+  TRITONSERVER_Error* send_err =
+      api.TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);
+  if (send_err != NULL) {
+    api.TRITONSERVER_ErrorDelete(send_err);
+    api.TRITONBACKEND_ResponseDelete(response);
+  }
+  return err; /* the caller reports failure in the statistics and deletes it */
+}
+
+/* An input view that the callable kept a reference to must outlive Triton's
+ * buffer: give it its own copy of the data before the request is released. */
+static void detach_view(PyArrayObject* arr)
+{
+  if (Py_REFCNT(arr) <= 1) return;
+  size_t n = (size_t)PyArray_NBYTES(arr);
+  void* copy = malloc(n ? n : 1);
+  PyObject* owner = copy ? PyCapsule_New(copy, "embedtriton.block", NULL) : NULL;
+  if (owner == NULL) {
+    free(copy);
+    PyErr_Clear();
+    return;
+  }
+  memcpy(copy, PyArray_DATA(arr), n);
+  PyCapsule_SetPointer(owner, copy);
+  PyCapsule_SetDestructor(owner, (PyCapsule_Destructor)NULL);
+  /* free through the capsule destructor: */
+  PyCapsule_SetDestructor(owner, free_block_capsule);
+  ((PyArrayObject_fields*)arr)->data = copy;
+  if (PyArray_SetBaseObject(arr, owner) < 0) PyErr_Clear();
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
+    const uint32_t count)
+{
+  TRITONBACKEND_Model* model;
+  void* state = NULL;
+  TRITONSERVER_Error* err = api.TRITONBACKEND_ModelInstanceModel(instance, &model);
+  if (err == NULL) err = api.TRITONBACKEND_ModelState(model, &state);
+  if (err != NULL) return err;
+  ModelState* ms = (ModelState*)state;
+  uint64_t exec_start = now_ns();
+
+  TRITONSERVER_Error** errors = calloc(count, sizeof(TRITONSERVER_Error*));
+  uint64_t* sizes = calloc(count, sizeof(uint64_t));
+  PyObject** views = NULL;
+  Py_ssize_t n_views = 0;
+  uint64_t batch_size = 0, compute_start = 0, compute_end = 0;
+
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject* list = PyList_New(count);
+  if (list == NULL) {
+    PyErr_Clear();
+    PyGILState_Release(g);
+    free(errors);
+    free(sizes);
+    return new_error(TRITONSERVER_ERROR_UNAVAILABLE, "out of memory");
+  }
+  size_t view_cap = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    uint32_t n_inputs = 0;
+    api.TRITONBACKEND_RequestInputCount(requests[i], &n_inputs);
+    view_cap += n_inputs;
+  }
+  views = calloc(view_cap + 1, sizeof(PyObject*));
+  TRITONSERVER_Error* batch_err = NULL;
+  for (uint32_t i = 0; i < count && batch_err == NULL; i++) {
+    PyObject* req = build_request(requests[i], ms, views, &n_views, &sizes[i], &batch_err);
+    if (req != NULL) PyList_SET_ITEM(list, i, req);
+    batch_size += sizes[i];
+  }
+  PyObject* result = NULL;
+  if (batch_err == NULL) {
+    compute_start = now_ns();
+    result = PyObject_CallOneArg(ms->execute, list);
+    compute_end = now_ns();
+    if (result == NULL)
+      batch_err = error_from_python("model binding failed");
+    else if (PyUnicode_Check(result)) /* the callable raised: its message */
+      batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
+    else if (!PyList_Check(result) || PyList_GET_SIZE(result) != (Py_ssize_t)count)
+      batch_err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                            "model '%s' must return a list with one dict per request (%u)",
+                            ms->name, count);
+  }
+  if (compute_start == 0) compute_start = compute_end = now_ns();
+  for (uint32_t i = 0; i < count; i++) {
+    if (batch_err != NULL) {
+      TRITONBACKEND_Response* response = NULL;
+      if (api.TRITONBACKEND_ResponseNew(&response, requests[i]) == NULL) {
+        TRITONSERVER_Error* e = api.TRITONSERVER_ErrorNew(
+            api.TRITONSERVER_ErrorCode(batch_err), api.TRITONSERVER_ErrorMessage(batch_err));
+        TRITONSERVER_Error* send_err =
+            api.TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, e);
+        api.TRITONSERVER_ErrorDelete(e);
+        if (send_err) {
+          api.TRITONSERVER_ErrorDelete(send_err);
+          api.TRITONBACKEND_ResponseDelete(response);
+        }
+      }
+      errors[i] = (TRITONSERVER_Error*)1;
+    } else {
+      errors[i] = respond(ms, requests[i], PyList_GET_ITEM(result, i), sizes[i], i);
+    }
+  }
+  Py_XDECREF(result);
+  Py_DECREF(list);
+  for (Py_ssize_t v = 0; v < n_views; v++) {
+    detach_view((PyArrayObject*)views[v]);
+    Py_DECREF(views[v]);
+  }
+  PyGILState_Release(g);
+  free(views);
+  if (batch_err != NULL) api.TRITONSERVER_ErrorDelete(batch_err);
+
+  uint64_t exec_end = now_ns();
+  for (uint32_t i = 0; i < count; i++) {
+    api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], errors[i] == NULL,
+                                                    exec_start, compute_start, compute_end,
+                                                    exec_end);
+    if (errors[i] != NULL && errors[i] != (TRITONSERVER_Error*)1)
+      api.TRITONSERVER_ErrorDelete(errors[i]);
+    api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
+  }
+  if (batch_size == 0) batch_size = count;
+  api.TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, batch_size, exec_start,
+                                                       compute_start, compute_end, exec_end);
+  free(errors);
+  free(sizes);
+  return NULL;
+}
+
+/* ---- module ------------------------------------------------------------ */
+
+/* load(handle): resolve the Triton functions from the runtime Python loaded. */
+static PyObject* py_load(PyObject* self, PyObject* arg)
+{
+  (void)self;
+  void* handle = PyLong_AsVoidPtr(arg);
+  if (PyErr_Occurred()) return NULL;
+  if (api_loaded) Py_RETURN_NONE;
+  et_api_t loaded;
+#define ET_RESOLVE(ret, name, params)                                         \
+  *(void**)&loaded.name = dlsym(handle, #name);                               \
+  if (loaded.name == NULL)                                                     \
+    return PyErr_Format(PyExc_RuntimeError,                                    \
+                        "the Triton runtime lacks %s: it is older than 2.51", #name);
+  ET_TRITON_FUNCTIONS(ET_RESOLVE)
+#undef ET_RESOLVE
+  api = loaded;
+  TRITONSERVER_Error* err =
+      api.TRITONSERVER_ResponseAllocatorNew(&allocator, alloc_fn, release_fn, NULL);
+  if (err != NULL) return raise_from(err, 1);
+  api_loaded = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject* py_set_hooks(PyObject* self, PyObject* args)
+{
+  (void)self;
+  PyObject *bindings, *request_type, *make_error, *decode, *encode;
+  if (!PyArg_ParseTuple(args, "O!OOOO", &PyDict_Type, &bindings, &request_type, &make_error,
+                        &decode, &encode))
+    return NULL;
+  Py_XSETREF(g_bindings, Py_NewRef(bindings));
+  Py_XSETREF(g_request_type, Py_NewRef(request_type));
+  Py_XSETREF(g_make_error, Py_NewRef(make_error));
+  Py_XSETREF(g_decode_bytes, Py_NewRef(decode));
+  Py_XSETREF(g_encode_bytes, Py_NewRef(encode));
+  Py_RETURN_NONE;
+}
+
+/* open_server(handle) / close_server(handle): whether submit() accepts
+ * requests for it. close_server waits for submissions under way. */
+static PyObject* py_open_server(PyObject* self, PyObject* arg)
+{
+  (void)self;
+  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(arg);
+  if (PyErr_Occurred()) return NULL;
+  int placed = 0;
+  pthread_rwlock_wrlock(&servers_lock);
+  for (int i = 0; i < MAX_SERVERS && !placed; i++)
+    if (servers[i] == NULL) servers[i] = server, placed = 1;
+  pthread_rwlock_unlock(&servers_lock);
+  if (!placed) return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, "too many servers running at once");
+  Py_RETURN_NONE;
+}
+
+static PyObject* py_close_server(PyObject* self, PyObject* arg)
+{
+  (void)self;
+  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(arg);
+  if (PyErr_Occurred()) return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  pthread_rwlock_wrlock(&servers_lock);
+  for (int i = 0; i < MAX_SERVERS; i++)
+    if (servers[i] == server) servers[i] = NULL;
+  pthread_rwlock_unlock(&servers_lock);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+static PyObject* py_pending_count(PyObject* self, PyObject* unused)
+{
+  (void)self, (void)unused;
+  long n = 0;
+  pthread_mutex_lock(&pending_lock);
+  for (Call* c = pending.next; c != &pending; c = c->next) n++;
+  pthread_mutex_unlock(&pending_lock);
+  return PyLong_FromLong(n);
+}
+
+static PyMethodDef methods[] = {
+    {"load", py_load, METH_O, "Resolve the Triton C API from a dlopen handle."},
+    {"set_hooks", py_set_hooks, METH_VARARGS, "Install the Python hooks."},
+    {"submit", (PyCFunction)(void (*)(void))py_submit, METH_FASTCALL,
+     "Submit one inference request."},
+    {"_complete", py_complete, METH_O, "Finish an asyncio call (event loop side)."},
+    {"abort_pending", py_abort_pending, METH_O,
+     "Fail every call of a deleted server that Triton never completed."},
+    {"open_server", py_open_server, METH_O, "Accept requests for a server."},
+    {"close_server", py_close_server, METH_O, "Stop accepting requests for a server."},
+    {"pending_count", py_pending_count, METH_NOARGS, "Calls in flight (all servers)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
+
+#define INTERN(var, text) \
+  if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+  import_array();
+  PyObject* m = PyModule_Create(&module);
+  if (m == NULL) return NULL;
+  INTERN(s_call_soon_threadsafe, "call_soon_threadsafe");
+  INTERN(s_parameters, "parameters");
+  INTERN(s_execute, "execute");
+  INTERN(s_max_batch_size, "max_batch_size");
+  INTERN(s_output_specs, "output_specs");
+  INTERN(s_name, "name");
+  INTERN(s_done, "done");
+  INTERN(s_set_result, "set_result");
+  INTERN(s_set_exception, "set_exception");
+  g_complete = PyObject_GetAttrString(m, "_complete");
+  if (g_complete == NULL) return NULL;
+  return m;
+}

@@ -1,0 +1,505 @@
+"""The in-process Triton server: lifecycle, binding callables, model handles."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from ctypes import byref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _capi
+from .binding import Binding, InferFunc, Request
+from .config import ModelConfig, Tensor, model_config_json, name_tensors
+from .errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, error_for_code
+from .runtime import load_runtime
+from .tensors import decode_bytes, encode_bytes
+
+log = logging.getLogger("embedtriton")
+
+BACKEND_NAME = "embedtriton"
+_bindings: dict[str, Binding] = {}  # model directory -> binding, read by the native backend
+_native: Any = None
+
+
+def _native_module() -> Any:
+    """The native data path, wired to the process's Triton runtime (once)."""
+    global _native
+    if _native is None:
+        from . import _native as native
+
+        native.load(_capi.api().handle)
+        native.set_hooks(_bindings, Request, error_for_code, decode_bytes, encode_bytes)
+        _native = native
+    return _native
+
+
+@dataclass
+class ServerConfig:
+    """Settings of the embedded Triton server.
+
+    ``cache_config`` takes Triton's ``--cache-config`` strings, e.g. ``["local,size=1048576"]``.
+    """
+
+    id: str = "embedtriton"
+    cache_config: list[str] = field(default_factory=list)
+    cache_directory: str | None = None
+    exit_timeout_secs: int = 30
+    strict_readiness: bool = True
+    metrics: bool = True
+    cpu_metrics: bool = True
+    log_verbose: int = 0
+    log_info: bool = False
+    log_warning: bool = False
+    log_error: bool = (
+        False  # failures reach you as TritonError; Triton also logs harmless CUDA errors on CPU-only hosts
+    )
+    pinned_memory_pool_byte_size: int = 0
+    cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)
+    min_supported_compute_capability: float = 6.0
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    model_repository: str | None = None  # a folder we may write to; a temporary one by default
+
+    def cache_settings(self) -> list[tuple[str, str]]:
+        """``[(cache name, config JSON)]`` from ``cache_config``."""
+        grouped: dict[str, dict[str, str]] = {}
+        for entry in self.cache_config:
+            name, _, rest = entry.partition(",")
+            if not name or (rest and "=" not in rest):
+                raise InvalidArgumentError(
+                    f"cache_config entry {entry!r}: expected 'NAME,KEY=VALUE[,KEY=VALUE]', e.g. 'local,size=1048576'"
+                )
+            settings = grouped.setdefault(name.strip(), {})
+            for pair in filter(None, rest.split(",")):
+                key, _, value = pair.partition("=")
+                settings[key.strip()] = value.strip()
+        return [(name, json.dumps(settings)) for name, settings in grouped.items()]
+
+
+class Model:
+    """A handle on one model of a :class:`Server`."""
+
+    def __init__(self, server: Server, name: str, version: int = -1) -> None:
+        self._server = server
+        self.name = name
+        self.version = version
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r})"
+
+    def infer(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        parameters: Mapping[str, str | int | float | bool] | None = None,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        request_id: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        """Run one request and return its outputs (name -> numpy array).
+
+        ``inputs`` maps input names to arrays (with the batch axis when the model batches).
+        ``outputs`` limits which outputs come back (all by default).
+        """
+        return self._server._submit(
+            self.name, self.version, inputs, outputs, request_id, priority, timeout_us, parameters, None, None
+        )
+
+    async def infer_async(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        parameters: Mapping[str, str | int | float | bool] | None = None,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        request_id: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`infer` for asyncio: many may be in flight from one event loop."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._server._submit(
+            self.name, self.version, inputs, outputs, request_id, priority, timeout_us, parameters, loop, future
+        )
+        return await future
+
+    @property
+    def ready(self) -> bool:
+        """Whether Triton reports the model READY."""
+        server = self._server._handle_or_none()
+        if server is None:
+            return False
+        ready = _capi.flag()
+        try:
+            _capi.api().ServerModelIsReady(server, self.name.encode(), self.version, byref(ready))
+        except TritonError:
+            return False
+        return ready.value
+
+    def metadata(self) -> dict[str, Any]:
+        """Triton's model metadata (inputs, outputs, versions, platform)."""
+        return self._server._message("ServerModelMetadata", self.name.encode(), self.version)
+
+    def config(self) -> dict[str, Any]:
+        """The model configuration that Triton applied."""
+        return self._server._message("ServerModelConfig", self.name.encode(), self.version, 1)
+
+    def statistics(self) -> dict[str, Any]:
+        """Triton's statistics for this model (inference/execution counts, timings, batch stats)."""
+        stats = self._server._message("ServerModelStatistics", self.name.encode(), self.version)
+        entries = stats.get("model_stats", [])
+        if not entries:
+            raise NotFoundError(f"no statistics for model '{self.name}'")
+        return entries[0]
+
+
+_live_servers: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_live_servers):
+        server.stop()
+
+
+class Server:
+    """NVIDIA Triton Inference Server running inside this process.
+
+    ``bind()`` Python callables as models, ``start()`` (or use ``with server:``), then call
+    them through ``server.model(name).infer(...)``.
+    """
+
+    def __init__(self, config: ServerConfig | None = None) -> None:
+        self.config = config or ServerConfig()
+        self.config.cache_settings()  # validate early
+        self._lock = threading.RLock()
+        self._handle: int | None = None
+        self._repository: Path | None = None
+        self._own_repository = False
+        self._backends: Path | None = None
+        self._bound: dict[str, Binding] = {}
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Server:
+        """Start Triton and load every model bound so far."""
+        with self._lock:
+            if self._handle is not None:
+                return self
+            runtime, _library = load_runtime()
+            native = _native_module()
+            api = _capi.api()
+            cfg = self.config
+            if cfg.model_repository:
+                self._repository = Path(cfg.model_repository)
+                self._repository.mkdir(parents=True, exist_ok=True)
+            else:
+                self._repository = Path(tempfile.mkdtemp(prefix="embedtriton-models-"))
+                self._own_repository = True
+            self._backends = Path(tempfile.mkdtemp(prefix="embedtriton-backends-"))
+            backend_dir = self._backends / BACKEND_NAME
+            backend_dir.mkdir()
+            (backend_dir / f"libtriton_{BACKEND_NAME}.so").symlink_to(native.__file__)
+
+            options = _capi.out_handle()
+            api.ServerOptionsNew(byref(options))
+            try:
+                api.ServerOptionsSetServerId(options, cfg.id.encode())
+                api.ServerOptionsSetModelRepositoryPath(options, str(self._repository).encode())
+                api.ServerOptionsSetModelControlMode(options, _capi.MODEL_CONTROL_EXPLICIT)
+                api.ServerOptionsSetStrictModelConfig(options, True)
+                api.ServerOptionsSetStrictReadiness(options, cfg.strict_readiness)
+                api.ServerOptionsSetExitTimeout(options, cfg.exit_timeout_secs)
+                api.ServerOptionsSetBackendDirectory(options, str(self._backends).encode())
+                api.ServerOptionsSetRepoAgentDirectory(options, str(self._backends).encode())
+                api.ServerOptionsSetLogVerbose(options, cfg.log_verbose)
+                api.ServerOptionsSetLogInfo(options, cfg.log_info)
+                api.ServerOptionsSetLogWarn(options, cfg.log_warning)
+                api.ServerOptionsSetLogError(options, cfg.log_error)
+                api.ServerOptionsSetMetrics(options, cfg.metrics)
+                api.ServerOptionsSetGpuMetrics(options, False)
+                api.ServerOptionsSetCpuMetrics(options, cfg.metrics and cfg.cpu_metrics)
+                api.ServerOptionsSetPinnedMemoryPoolByteSize(options, cfg.pinned_memory_pool_byte_size)
+                for device, size in cfg.cuda_memory_pool_byte_size.items():
+                    api.ServerOptionsSetCudaMemoryPoolByteSize(options, device, size)
+                api.ServerOptionsSetMinSupportedComputeCapability(options, cfg.min_supported_compute_capability)
+                for backend, settings in cfg.backend_config.items():
+                    for key, value in settings.items():
+                        api.ServerOptionsSetBackendConfig(options, backend.encode(), key.encode(), str(value).encode())
+                caches = cfg.cache_settings()
+                if caches:
+                    directory = cfg.cache_directory or (str(runtime.caches) if runtime.caches else None)
+                    if directory is None:
+                        raise NotFoundError(
+                            f"cache_config is set but the Triton runtime ({runtime.origin}) has no caches/ "
+                            "folder; set ServerConfig.cache_directory"
+                        )
+                    api.ServerOptionsSetCacheDirectory(options, directory.encode())
+                    for name, settings in caches:
+                        api.ServerOptionsSetCacheConfig(options, name.encode(), settings.encode())
+                server = _capi.out_handle()
+                api.ServerNew(byref(server), options)
+            except BaseException:
+                self._cleanup_folders()
+                raise
+            finally:
+                api.ServerOptionsDelete(options)
+            self._handle = server.value
+            native.open_server(self._handle)
+            _live_servers.add(self)
+            try:
+                for binding in list(self._bound.values()):
+                    self._load(binding)
+            except BaseException:
+                self.stop()
+                raise
+            return self
+
+    def stop(self) -> None:
+        """Stop Triton. Requests in flight finish or fail; none is left waiting."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+            if handle is None:
+                return
+            _live_servers.discard(self)
+            _native.close_server(handle)  # new requests fail from here on
+            api = _capi.api()
+            for name in list(self._bound):
+                self._unload(handle, name)
+            try:
+                api.ServerStop(handle)
+            except TritonError as exc:
+                log.warning("stopping Triton: %s", exc)
+            try:
+                api.ServerDelete(handle)
+            except TritonError as exc:
+                log.warning("deleting Triton: %s", exc)
+            aborted = _native.abort_pending(handle)
+            if aborted:
+                log.warning("%d request(s) were still in flight when the server stopped", aborted)
+            for binding in self._bound.values():
+                _bindings.pop(str(self._model_dir(binding.name)), None)
+            self._cleanup_folders()
+
+    def _cleanup_folders(self) -> None:
+        if self._backends is not None:
+            shutil.rmtree(self._backends, ignore_errors=True)
+            self._backends = None
+        if self._repository is not None:
+            if self._own_repository:
+                shutil.rmtree(self._repository, ignore_errors=True)
+            else:
+                for name in self._bound:
+                    shutil.rmtree(self._repository / name, ignore_errors=True)
+            self._repository = None
+
+    @property
+    def live(self) -> bool:
+        """Whether Triton is running."""
+        return self._flag("ServerIsLive")
+
+    @property
+    def ready(self) -> bool:
+        """Whether Triton is running and every loaded model is ready."""
+        return self._flag("ServerIsReady")
+
+    def _flag(self, function: str) -> bool:
+        handle = self._handle_or_none()
+        if handle is None:
+            return False
+        value = _capi.flag()
+        getattr(_capi.api(), function)(handle, byref(value))
+        return value.value
+
+    # -- models --------------------------------------------------------------
+
+    def bind(
+        self,
+        model_name: str,
+        infer_func: InferFunc,
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        config: ModelConfig | None = None,
+    ) -> Model:
+        """Serve ``infer_func`` as model ``model_name``.
+
+        ``infer_func(requests)`` gets a list of requests (each a mapping input name ->
+        array, with ``.parameters``) and returns one dict of outputs per request; decorate a
+        function of batched arrays with :func:`embedtriton.batch`. Works before and after
+        :meth:`start`; after start the model is loaded before ``bind`` returns.
+        """
+        if not isinstance(model_name, str) or not model_name or "/" in model_name or model_name.startswith("."):
+            raise InvalidArgumentError(f"model_name must be a plain non-empty name, not {model_name!r}")
+        if not callable(infer_func):
+            raise InvalidArgumentError(f"infer_func of model '{model_name}' must be callable")
+        config = config if config is not None else ModelConfig()
+        if not isinstance(config, ModelConfig):
+            raise InvalidArgumentError(f"config must be a ModelConfig, not {type(config).__name__}")
+        for what, tensors in (("inputs", inputs), ("outputs", outputs)):
+            if not all(isinstance(t, Tensor) for t in tensors):
+                raise InvalidArgumentError(f"{what} of model '{model_name}' must be a list of Tensor")
+        if not outputs:
+            raise InvalidArgumentError(f"model '{model_name}' needs at least one output")
+        binding = Binding(
+            model_name, infer_func, name_tensors(inputs, "INPUT"), name_tensors(outputs, "OUTPUT"), config
+        )
+        with self._lock:
+            if model_name in self._bound:
+                raise InvalidArgumentError(f"model '{model_name}' is already bound; unbind() it first")
+            self._bound[model_name] = binding
+            if self._handle is not None:
+                try:
+                    self._load(binding)
+                except BaseException:
+                    del self._bound[model_name]
+                    raise
+        return Model(self, model_name)
+
+    def unbind(self, model_name: str) -> None:
+        """Unload a bound model and forget it (waits until Triton has let go of it)."""
+        with self._lock:
+            if model_name not in self._bound:
+                raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
+            if self._handle is not None:
+                self._unload(self._handle, model_name)
+            binding = self._bound.pop(model_name)
+            if self._repository is not None:
+                shutil.rmtree(self._model_dir(binding.name), ignore_errors=True)
+
+    def model(self, name: str) -> Model:
+        """A handle on model ``name``."""
+        if name not in self._bound:
+            raise NotFoundError(f"no model '{name}' (bound: {sorted(self._bound)})")
+        return Model(self, name)
+
+    def models(self) -> list[Model]:
+        """Handles on every bound model."""
+        return [Model(self, name) for name in self._bound]
+
+    def metadata(self) -> dict[str, Any]:
+        """Triton's server metadata (name, version, extensions)."""
+        return self._message("ServerMetadata")
+
+    def metrics(self) -> str:
+        """Triton's metrics in Prometheus text format."""
+        api = _capi.api()
+        metrics = _capi.out_handle()
+        api.ServerMetrics(self._require_handle(), byref(metrics))
+        try:
+            from ctypes import c_char_p, c_size_t, string_at
+
+            base, size = c_char_p(), c_size_t()
+            api.MetricsFormatted(metrics, _capi.METRIC_PROMETHEUS, byref(base), byref(size))
+            return string_at(base, size.value).decode()
+        finally:
+            api.MetricsDelete(metrics)
+
+    # -- internals -----------------------------------------------------------
+
+    def _model_dir(self, name: str) -> Path:
+        assert self._repository is not None
+        return self._repository / name
+
+    def _load(self, binding: Binding) -> None:
+        directory = self._model_dir(binding.name)
+        (directory / "1").mkdir(parents=True, exist_ok=True)
+        config = model_config_json(binding.name, binding.inputs, binding.outputs, binding.config, BACKEND_NAME)
+        _bindings[str(directory)] = binding
+        started = time.perf_counter()
+        try:
+            _capi.load_model_with_config(self._require_handle(), binding.name, json.dumps(config))
+        except TritonError:
+            _bindings.pop(str(directory), None)
+            raise
+        log.info("model '%s' ready in %.3f s", binding.name, time.perf_counter() - started)
+
+    def _unload(self, handle: int, name: str, timeout: float = 60.0) -> None:
+        api = _capi.api()
+        try:
+            api.ServerUnloadModel(handle, name.encode())
+        except TritonError as exc:
+            log.warning("unloading model '%s': %s", name, exc)
+            return
+        # Unload returns before it is done: wait until the model has left READY.
+        deadline = time.monotonic() + timeout
+        ready = _capi.flag()
+        while time.monotonic() < deadline:
+            try:
+                api.ServerModelIsReady(handle, name.encode(), -1, byref(ready))
+            except TritonError:
+                break
+            if not ready.value:
+                break
+            time.sleep(0.002)
+
+    def _handle_or_none(self) -> int | None:
+        return self._handle
+
+    def _require_handle(self) -> int:
+        handle = self._handle
+        if handle is None:
+            raise UnavailableError("the server is not running; call start() or use 'with server:'")
+        return handle
+
+    def _message(self, function: str, *args: Any) -> Any:
+        api = _capi.api()
+        message = _capi.out_handle()
+        getattr(api, function)(self._require_handle(), *args, byref(message))
+        return api.message_json(message)
+
+    def _submit(
+        self,
+        name: str,
+        version: int,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None,
+        request_id: str | None,
+        priority: int | None,
+        timeout_us: int | None,
+        parameters: Mapping[str, Any] | None,
+        loop: Any,
+        future: Any,
+    ) -> Any:
+        handle = self._handle
+        if handle is None:
+            raise UnavailableError("the server is not running; call start() or use 'with server:'")
+        if type(inputs) is not dict:
+            if not isinstance(inputs, Mapping):
+                raise InvalidArgumentError(
+                    f"inputs must be a mapping of input name -> array, not {type(inputs).__name__}"
+                )
+            inputs = dict(inputs)
+        if outputs is not None:
+            outputs = tuple(outputs)
+        if parameters is not None and type(parameters) is not dict:
+            parameters = dict(parameters)
+        return _native.submit(
+            handle,
+            name,
+            version,
+            inputs,
+            outputs,
+            request_id,
+            priority or 0,
+            timeout_us or 0,
+            parameters,
+            loop,
+            future,
+        )

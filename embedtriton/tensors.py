@@ -1,0 +1,77 @@
+"""Tensor data types and the BYTES wire format.
+
+Numeric tensors travel as their numpy buffers (no copy on the way in; outputs
+become numpy arrays that own Triton's response buffers). BYTES tensors use
+Triton's serialization: each element is a 4-byte little-endian length followed by
+its bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+# Triton datatype name -> enum value (TRITONSERVER_DataType).
+DATATYPE_VALUE = {
+    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
+    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13,
+}  # fmt: skip
+
+_NUMERIC = {
+    ("b", 1): "BOOL",
+    ("i", 1): "INT8", ("i", 2): "INT16", ("i", 4): "INT32", ("i", 8): "INT64",
+    ("u", 1): "UINT8", ("u", 2): "UINT16", ("u", 4): "UINT32", ("u", 8): "UINT64",
+    ("f", 2): "FP16", ("f", 4): "FP32", ("f", 8): "FP64",
+}  # fmt: skip
+
+
+def triton_dtype(dtype: Any, what: str = "tensor") -> str:
+    """Triton's datatype name (``FP32``, ``BYTES``, ...) for a numpy dtype."""
+    d = np.dtype(dtype)
+    if d.kind in "OSU":
+        return "BYTES"
+    name = _NUMERIC.get((d.kind, d.itemsize))
+    if name is None:
+        raise InvalidArgumentError(
+            f"{what}: dtype {d} has no Triton equivalent; use bool, (u)int8-64, float16/32/64 or bytes/object for BYTES"
+        )
+    return name
+
+
+_LENGTH = struct.Struct("<I")
+
+
+def encode_bytes(array: np.ndarray) -> bytes:
+    """Serialize a BYTES tensor (object, ``np.bytes_`` or ``str`` array) in C order."""
+    parts = []
+    for item in array.reshape(-1):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray, memoryview)):
+            if isinstance(item, np.generic) or isinstance(item, (int, float)):
+                item = str(item).encode("utf-8")
+            else:
+                raise InvalidArgumentError(
+                    f"BYTES tensors hold bytes or str; found an element of type {type(item).__name__}"
+                )
+        parts.append(_LENGTH.pack(len(item)))
+        parts.append(bytes(item))
+    return b"".join(parts)
+
+
+def decode_bytes(buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Deserialize a BYTES tensor into an object array of ``bytes`` with ``shape``."""
+    view = memoryview(buffer)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    out = np.empty(count, dtype=object)
+    offset = 0
+    for i in range(count):
+        (length,) = _LENGTH.unpack_from(view, offset)
+        offset += 4
+        out[i] = bytes(view[offset : offset + length])
+        offset += length
+    return out.reshape(shape)

@@ -1,0 +1,17 @@
+"""Builds the native module, which is also the Triton backend library (see embedtriton/native)."""
+
+import numpy
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "embedtriton._native",
+            sources=["embedtriton/native/_native.c"],
+            depends=["embedtriton/native/triton_api.h"],
+            include_dirs=[numpy.get_include()],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+            libraries=["dl", "pthread"],
+        )
+    ]
+)
