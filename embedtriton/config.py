@@ -72,6 +72,10 @@ class DynamicBatcher:
                 f"DynamicBatcher.default_priority_level={self.default_priority_level} must be "
                 f"between 1 and priority_levels={self.priority_levels}"
             )
+        if self.preserve_ordering and self.priority_levels > 1:
+            raise InvalidArgumentError(
+                "DynamicBatcher: Triton allows only one priority level with preserve_ordering=True"
+            )
         for level in self.priority_queue_policy or {}:
             if not 1 <= level <= self.priority_levels:
                 raise InvalidArgumentError(
@@ -179,7 +183,12 @@ def model_config_json(
     """Triton's model configuration for a bound callable."""
 
     def tensor(t: Tensor) -> dict[str, Any]:
-        return {"name": t.name, "data_type": "TYPE_" + triton_dtype(t.dtype), "dims": list(t.shape)}
+        datatype = triton_dtype(t.dtype)
+        return {
+            "name": t.name,
+            "data_type": "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype,
+            "dims": list(t.shape),
+        }
 
     out: dict[str, Any] = {
         "name": name,

@@ -60,9 +60,8 @@ class ServerConfig:
     log_verbose: int = 0
     log_info: bool = False
     log_warning: bool = False
-    log_error: bool = (
-        False  # failures reach you as TritonError; Triton also logs harmless CUDA errors on CPU-only hosts
-    )
+    log_error: bool = True
+    log_file: str | None = None  # Triton's log; a file in the server's temporary folder by default
     pinned_memory_pool_byte_size: int = 0
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)
     min_supported_compute_capability: float = 6.0
@@ -188,6 +187,7 @@ class Server:
         self._own_repository = False
         self._backends: Path | None = None
         self._bound: dict[str, Binding] = {}
+        self._log: Path | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -233,6 +233,8 @@ class Server:
                 api.ServerOptionsSetLogInfo(options, cfg.log_info)
                 api.ServerOptionsSetLogWarn(options, cfg.log_warning)
                 api.ServerOptionsSetLogError(options, cfg.log_error)
+                self._log = Path(cfg.log_file) if cfg.log_file else self._backends / "triton.log"
+                api.ServerOptionsSetLogFile(options, str(self._log).encode())
                 api.ServerOptionsSetMetrics(options, cfg.metrics)
                 api.ServerOptionsSetGpuMetrics(options, False)
                 api.ServerOptionsSetCpuMetrics(options, cfg.metrics and cfg.cpu_metrics)
@@ -357,6 +359,11 @@ class Server:
                 raise InvalidArgumentError(f"{what} of model '{model_name}' must be a list of Tensor")
         if not outputs:
             raise InvalidArgumentError(f"model '{model_name}' needs at least one output")
+        if config.response_cache and not self.config.cache_config:
+            raise InvalidArgumentError(
+                f"model '{model_name}' has response_cache=True but the server has no cache; "
+                "configure one, e.g. Server(ServerConfig(cache_config=['local,size=1048576']))"
+            )
         binding = Binding(
             model_name, infer_func, name_tensors(inputs, "INPUT"), name_tensors(outputs, "OUTPUT"), config
         )
@@ -423,12 +430,37 @@ class Server:
         config = model_config_json(binding.name, binding.inputs, binding.outputs, binding.config, BACKEND_NAME)
         _bindings[str(directory)] = binding
         started = time.perf_counter()
+        log_offset = self._log_size()
         try:
             _capi.load_model_with_config(self._require_handle(), binding.name, json.dumps(config))
-        except TritonError:
+        except TritonError as exc:
             _bindings.pop(str(directory), None)
+            details = self._logged_errors(log_offset)
+            if details:
+                raise type(exc)(f"{exc}: {details}") from None
             raise
         log.info("model '%s' ready in %.3f s", binding.name, time.perf_counter() - started)
+
+    def _log_size(self) -> int:
+        try:
+            return self._log.stat().st_size if self._log else 0
+        except OSError:
+            return 0
+
+    def _logged_errors(self, offset: int) -> str:
+        """The error lines Triton logged since ``offset`` (its load errors say more than its return codes)."""
+        try:
+            with open(self._log, "rb") as f:  # type: ignore[arg-type]
+                f.seek(offset)
+                text = f.read().decode("utf-8", "replace")
+        except (OSError, TypeError):
+            return ""
+        found = []
+        for line in text.splitlines():
+            if line.startswith("E") and "CudaDriverHelper" not in line and "modification time" not in line:
+                message = line.split("] ", 1)[-1].strip().strip('"')
+                found.append(message)
+        return "; ".join(found)
 
     def _unload(self, handle: int, name: str, timeout: float = 60.0) -> None:
         api = _capi.api()

@@ -1,0 +1,47 @@
+"""Development tasks. `nox -s demo` runs the AddSub example, `nox -s tests` the test suite.
+
+Every session builds the package (its native module is compiled by the build) and installs
+the Triton runtime bundled in the nvidia-pytriton wheel. That wheel pins numpy<2 but works
+with numpy 2, so it is installed with --no-deps.
+"""
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+TRITON_RUNTIME = "nvidia-pytriton==0.7.0"
+
+
+def install(session: nox.Session, *packages: str) -> None:
+    session.install("--no-deps", TRITON_RUNTIME)
+    session.install(".", *packages)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Run the AddSub example on the pip-installed Triton runtime."""
+    install(session)
+    session.run("python", "examples/add_sub.py")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite through the real Triton runtime."""
+    install(session, "pytest", "pytest-timeout")
+    session.run("pytest", "-q", "--timeout", "120", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check + format check."""
+    session.install("ruff")
+    session.run("ruff", "check", "embedtriton", "tests", "examples", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "embedtriton", "tests", "examples", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """In-process speed benchmarks (table + JSON in benchmarks/results/)."""
+    install(session)
+    session.run("python", "benchmarks/bench_inprocess.py", *session.posargs)

@@ -1,0 +1,198 @@
+"""Bad input never reaches the callable and never hangs; model failures stay isolated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import Counter, add_sub, add_sub_tensors
+
+from embedtriton import (
+    InternalError,
+    InvalidArgumentError,
+    ModelConfig,
+    NotFoundError,
+    Server,
+    Tensor,
+    TritonError,
+    UnavailableError,
+    batch,
+)
+from embedtriton.runtime import HOME_VARIABLE, find_runtime
+
+ONE = np.ones((1, 1), np.float32)
+
+
+@pytest.fixture
+def counted(server):
+    counter = Counter(add_sub)
+    inputs, outputs = add_sub_tensors()
+    server.bind("Guarded", counter, inputs, outputs, ModelConfig(max_batch_size=8))
+    yield server.model("Guarded"), counter
+    server.unbind("Guarded")
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"a": np.ones((1, 1), np.float64), "b": ONE}, "data-type is 'FP64', but model 'Guarded' expects 'FP32'"),
+        ({"a": np.ones((1, 2), np.float32), "b": ONE}, "unexpected shape"),
+        ({"a": np.ones(1, np.float32), "b": ONE}, "unexpected shape"),
+        ({"a": ONE}, "expected 2 inputs but got 1"),
+        ({"a": ONE, "b": ONE, "c": ONE}, r"expected 2 inputs but got 3 .*'c'"),
+        ({"a": np.ones((9, 1), np.float32), "b": np.ones((9, 1), np.float32)}, "batch-size must be <= 8"),
+        ({"a": ONE, 3: ONE}, "input names must be strings"),
+        ({"a": np.array([[1 + 2j]]), "b": ONE}, "which Triton cannot carry"),
+    ],
+)
+def test_bad_inputs_are_rejected_before_the_callable(counted, inputs, message):
+    model, counter = counted
+    with pytest.raises(InvalidArgumentError, match=message):
+        model.infer(inputs)
+    assert counter.batches == 0
+    assert model.infer({"a": ONE, "b": ONE})["add"][0, 0] == 2  # still serving
+
+
+def test_bad_parameters_and_inputs_types(counted):
+    model, counter = counted
+    with pytest.raises(InvalidArgumentError, match="parameters must be str, int, float or bool"):
+        model.infer({"a": ONE, "b": ONE}, parameters={"p": [1]})
+    with pytest.raises(InvalidArgumentError, match="mapping"):
+        model.infer([ONE, ONE])
+    assert counter.batches == 0
+
+
+def test_unknown_model(server):
+    with pytest.raises(NotFoundError, match="no model 'Nope'"):
+        server.model("Nope")
+    from embedtriton import Model
+
+    with pytest.raises(TritonError, match="Nope"):
+        Model(server, "Nope").infer({"a": ONE})
+
+
+def test_callable_that_raises_fails_its_batch_only(server):
+    calls = []
+
+    @batch
+    def flaky(a, b):
+        calls.append(len(a))
+        if (a < 0).any():
+            raise ValueError("negative input is not allowed")
+        return {"add": a + b, "sub": a - b}
+
+    inputs, outputs = add_sub_tensors()
+    model = server.bind("Flaky", flaky, inputs, outputs)
+    try:
+        with pytest.raises(InternalError, match=r"model 'Flaky' raised ValueError: negative input is not allowed"):
+            model.infer({"a": -ONE, "b": ONE})
+        assert model.infer({"a": ONE, "b": ONE})["add"][0, 0] == 2
+        stats = model.statistics()["inference_stats"]
+        assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 1
+    finally:
+        server.unbind("Flaky")
+
+
+BAD_OUTPUTS = {
+    "missing": (lambda r: {"add": r["a"]}, "returned no output 'sub'"),
+    "misnamed": (lambda r: {"add": r["a"], "subtract": r["a"]}, r"returned no output 'sub' .*subtract"),
+    "shape": (lambda r: {"add": r["a"], "sub": np.ones((1, 3), np.float32)}, r"output 'sub' with shape \(1, 3\)"),
+    "batch": (lambda r: {"add": r["a"], "sub": np.ones((2, 1), np.float32)}, r"output 'sub' with shape \(2, 1\)"),
+    "dtype": (lambda r: {"add": r["a"], "sub": np.ones((1, 1), np.int64)}, "output 'sub' with dtype int64"),
+    "not a dict": (lambda r: [r["a"]], "one dict of outputs per request"),
+    "not an array": (lambda r: {"add": r["a"], "sub": object()}, "output"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OUTPUTS))
+def test_bad_outputs_fail_only_the_offending_request(server, case):
+    make_bad, message = BAD_OUTPUTS[case]
+
+    def model_func(requests):
+        return [
+            make_bad(r) if r.parameters.get("bad") else {"add": r["a"] + r["b"], "sub": r["a"] - r["b"]}
+            for r in requests
+        ]
+
+    inputs, outputs = add_sub_tensors()
+    model = server.bind("BadOut", model_func, inputs, outputs)
+    try:
+        with pytest.raises(InternalError, match=message):
+            model.infer({"a": ONE, "b": ONE}, parameters={"bad": True})
+        assert model.infer({"a": ONE, "b": ONE})["add"][0, 0] == 2
+    finally:
+        server.unbind("BadOut")
+
+
+def test_callable_returning_wrong_count(server):
+    inputs, outputs = add_sub_tensors()
+    model = server.bind("WrongCount", lambda requests: [], inputs, outputs)
+    try:
+        with pytest.raises(InternalError, match="one dict per request"):
+            model.infer({"a": ONE, "b": ONE})
+    finally:
+        server.unbind("WrongCount")
+
+
+def test_config_validation_messages():
+    with pytest.raises(InvalidArgumentError, match="max_batch_size must be >= 1"):
+        ModelConfig(max_batch_size=0)
+    ModelConfig(batching=False, max_batch_size=0)  # fine without batching
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        Tensor(name="x", dtype=np.complex64, shape=(1,))
+    with pytest.raises(InvalidArgumentError, match="positive or -1"):
+        Tensor(name="x", dtype=np.float32, shape=(0,))
+    with pytest.raises(InvalidArgumentError, match="unique"):
+        Server().bind("Dup", add_sub, [Tensor(name="a", dtype=np.float32, shape=(1,))] * 2, add_sub_tensors()[1])
+    with pytest.raises(InvalidArgumentError, match="cache_config"):
+        Server.__init__(Server.__new__(Server), __import__("embedtriton").ServerConfig(cache_config=["local,size"]))
+
+
+def test_bind_twice_and_unbind_unknown(server):
+    inputs, outputs = add_sub_tensors()
+    with pytest.raises(InvalidArgumentError, match="already bound"):
+        server.bind("AddSub", add_sub, inputs, outputs)
+    with pytest.raises(NotFoundError):
+        server.unbind("NotBound")
+
+
+def test_calls_on_a_stopped_server():
+    srv = Server()
+    inputs, outputs = add_sub_tensors()
+    srv.bind("AddSub", add_sub, inputs, outputs)
+    with pytest.raises(UnavailableError, match="not running"):
+        srv.model("AddSub").infer({"a": ONE, "b": ONE})
+    with pytest.raises(UnavailableError, match="not running"):
+        srv.metrics()
+
+
+def test_missing_runtime_names_both_ways(monkeypatch, tmp_path):
+    monkeypatch.setenv(HOME_VARIABLE, str(tmp_path))
+    with pytest.raises(NotFoundError, match="lib/libtritonserver.so"):
+        find_runtime()
+    import embedtriton.runtime as runtime
+
+    monkeypatch.delenv(HOME_VARIABLE)
+    monkeypatch.setattr(runtime, "_from_pytriton_wheel", lambda: None)
+    with pytest.raises(NotFoundError) as info:
+        find_runtime()
+    assert "pip install --no-deps nvidia-pytriton==0.7.0" in str(info.value)
+    assert HOME_VARIABLE in str(info.value)
+
+
+def test_load_failure_carries_tritons_reason():
+    from embedtriton import DynamicBatcher
+
+    srv = Server()
+    inputs, outputs = add_sub_tensors()
+    with srv:
+        srv.bind("Ok", add_sub, inputs, outputs)
+        with pytest.raises(TritonError, match="failed to load 'Bad'.*preferred size must be <= max batch size"):
+            srv.bind("Bad", add_sub, inputs, outputs, ModelConfig(batcher=DynamicBatcher(preferred_batch_size=[16])))
+        assert srv.model("Ok").ready
+        assert "Bad" not in [m.name for m in srv.models()]
+
+
+def test_response_cache_needs_a_configured_cache(server):
+    inputs, outputs = add_sub_tensors()
+    with pytest.raises(InvalidArgumentError, match="cache_config"):
+        server.bind("Cached", add_sub, inputs, outputs, ModelConfig(response_cache=True))
