@@ -469,17 +469,21 @@ class Server:
         except TritonError as exc:
             log.warning("unloading model '%s': %s", name, exc)
             return
-        # Unload returns before it is done: wait until the model has left READY.
+        # Unload returns before it is done; Triton's stop() waits in 1 s steps for models
+        # still unloading, so wait here until this one is fully gone.
         deadline = time.monotonic() + timeout
-        ready = _capi.flag()
         while time.monotonic() < deadline:
+            message = _capi.out_handle()
             try:
-                api.ServerModelIsReady(handle, name.encode(), -1, byref(ready))
+                api.ServerModelIndex(handle, 0, byref(message))
+                index = api.message_json(message)
             except TritonError:
                 break
-            if not ready.value:
+            if all(
+                entry.get("state") not in ("READY", "LOADING", "UNLOADING") for entry in index if entry["name"] == name
+            ):
                 break
-            time.sleep(0.002)
+            time.sleep(0.0005)
 
     def _handle_or_none(self) -> int | None:
         return self._handle

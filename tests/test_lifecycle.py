@@ -67,7 +67,7 @@ def test_stop_with_requests_in_flight_leaves_nobody_waiting():
     assert all(isinstance(r, (dict, TritonError)) for r in async_results)
 
 
-def test_process_exits_cleanly_with_a_running_server():
+def test_process_exits_cleanly_with_a_running_server(tmp_path):
     script = """
 import numpy as np
 from embedtriton import Server, Tensor, batch
@@ -78,6 +78,7 @@ srv.start()
 print(srv.model("Id").infer({"x": np.ones((1, 1), np.float32)})["y"][0, 0])
 # no stop(): the atexit hook stops it
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    # cwd elsewhere: `python -c` puts the working folder first on sys.path
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1.0"
