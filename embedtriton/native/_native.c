@@ -21,7 +21,9 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
-#include <semaphore.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +63,67 @@ static uint64_t now_ns(void)
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the GIL on Triton's threads ----------------------------------------
+ * PyGILState_Ensure/Release create and destroy a thread state each time on a
+ * thread Python did not start; Triton's threads keep theirs instead and only
+ * hand the GIL back and forth. Reentrant (a response callback can run inside
+ * our own execute, which already holds the GIL). */
+static __thread PyThreadState* t_state = NULL;
+static __thread int t_depth = 0;
+
+/* Returns whether it took the GIL (0 when this thread already held it). */
+static int gil_enter(void)
+{
+  if (t_depth > 0 || PyGILState_Check()) return 0;
+  t_depth = 1;
+  if (t_state == NULL) {
+    PyGILState_Ensure(); /* never released: the thread state stays */
+    t_state = PyThreadState_Get();
+  } else {
+    PyEval_RestoreThread(t_state);
+  }
+  return 1;
+}
+
+static void gil_leave(int entered)
+{
+  if (!entered) return;
+  t_depth = 0;
+  t_state = PyEval_SaveThread();
+}
+
+/* ---- waiting for a call ---------------------------------------------------
+ * A synchronous caller spins briefly (GIL released) before it sleeps on a
+ * futex: most responses come back within tens of microseconds, and waking a
+ * sleeping thread costs about as much. Only a lone call spins: with others in
+ * flight the cores are better left to Triton and the other callers. */
+enum { WAIT_PENDING = 0, WAIT_DONE = 1, WAIT_SLEEPING = 2 };
+static uint64_t spin_ns = 100000; /* EMBEDTRITON_SPIN_US overrides */
+static atomic_int spinners = 0;
+static atomic_int in_flight = 0; /* calls handed to Triton, not yet complete */
+
+static void wait_signal(atomic_int* state)
+{
+  if (atomic_exchange(state, WAIT_DONE) == WAIT_SLEEPING)
+    syscall(SYS_futex, state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+static void wait_for(atomic_int* state)
+{
+  if (atomic_fetch_add(&spinners, 1) == 0 && spin_ns && atomic_load(&in_flight) <= 1) {
+    uint64_t until = now_ns() + spin_ns;
+    for (int i = 0; atomic_load_explicit(state, memory_order_acquire) != WAIT_DONE; i++) {
+      __builtin_ia32_pause();
+      if ((i & 63) == 0 && now_ns() > until) break;
+    }
+  }
+  atomic_fetch_sub(&spinners, 1);
+  int expected = WAIT_PENDING;
+  if (atomic_compare_exchange_strong(state, &expected, WAIT_SLEEPING) || expected == WAIT_SLEEPING)
+    while (atomic_load(state) != WAIT_DONE)
+      syscall(SYS_futex, state, FUTEX_WAIT_PRIVATE, WAIT_SLEEPING, NULL, NULL, 0);
 }
 
 /* ---- dtype mapping ----------------------------------------------------- */
@@ -237,7 +300,7 @@ typedef struct Call {
   atomic_int remaining; /* final response + request release */
   int is_async;
   int aborted;
-  sem_t done;
+  atomic_int done; /* sync calls: WAIT_* */
   TRITONSERVER_InferenceResponse* response;
   PyObject* loop;
   PyObject* future;
@@ -290,37 +353,76 @@ static void call_free(Call* c)
   if (c->response != NULL) api.TRITONSERVER_InferenceResponseDelete(c->response);
   Py_XDECREF(c->loop);
   Py_XDECREF(c->future);
-  if (!c->is_async) sem_destroy(&c->done);
   PyMem_Free(c);
+}
+
+/* Async completions met inside one execute are handed to each event loop in
+ * one call_soon_threadsafe (one wake-up of the loop per batch, not per
+ * request): t_deferred maps loop -> list of calls while execute runs. */
+static __thread PyObject* t_deferred = NULL;
+
+static void hand_to_loop(PyObject* loop, PyObject* calls)
+{
+  PyObject* r = PyObject_CallMethodObjArgs(loop, s_call_soon_threadsafe, g_complete, calls, NULL);
+  if (r == NULL) { /* the loop is closed: nobody is waiting any more */
+    PyErr_WriteUnraisable(loop);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); i++)
+      call_free((Call*)PyCapsule_GetPointer(PyList_GET_ITEM(calls, i), "embedtriton.call"));
+  }
+  Py_XDECREF(r);
 }
 
 /* With the GIL: hand an async call's completion to its event loop. */
 static void schedule_async(Call* c)
 {
   PyObject* capsule = PyCapsule_New(c, "embedtriton.call", NULL);
-  PyObject* r = capsule ? PyObject_CallMethodObjArgs(
-                              c->loop, s_call_soon_threadsafe, g_complete,
-                              capsule, NULL)
-                        : NULL;
-  if (r == NULL) { /* the loop is closed: nobody is waiting any more */
-    PyErr_WriteUnraisable(c->loop);
-    call_free(c);
+  if (capsule == NULL) {
+    PyErr_WriteUnraisable(NULL);
+    return;
   }
-  Py_XDECREF(r);
-  Py_XDECREF(capsule);
+  if (t_deferred != NULL) {
+    PyObject* calls = PyDict_GetItemWithError(t_deferred, c->loop);
+    if (calls == NULL && !PyErr_Occurred()) {
+      calls = PyList_New(0);
+      if (calls && PyDict_SetItem(t_deferred, c->loop, calls) == 0) Py_DECREF(calls);
+    }
+    if (calls != NULL && PyList_Append(calls, capsule) == 0) {
+      Py_DECREF(capsule);
+      return;
+    }
+    PyErr_Clear();
+  }
+  PyObject* calls = PyList_New(1);
+  if (calls != NULL) {
+    PyList_SET_ITEM(calls, 0, capsule);
+    hand_to_loop(c->loop, calls);
+    Py_DECREF(calls);
+  }
+}
+
+static void flush_deferred(void)
+{
+  PyObject* deferred = t_deferred;
+  t_deferred = NULL;
+  if (deferred == NULL) return;
+  Py_ssize_t pos = 0;
+  PyObject *loop, *calls;
+  while (PyDict_Next(deferred, &pos, &loop, &calls)) hand_to_loop(loop, calls);
+  Py_DECREF(deferred);
 }
 
 static void call_event(Call* c)
 {
   if (atomic_fetch_sub(&c->remaining, 1) != 1) return;
   pending_remove(c);
+  atomic_fetch_sub(&in_flight, 1);
   if (!c->is_async) {
-    sem_post(&c->done);
+    wait_signal(&c->done);
     return;
   }
-  PyGILState_STATE g = PyGILState_Ensure();
+  int entered = gil_enter();
   schedule_async(c);
-  PyGILState_Release(g);
+  gil_leave(entered);
 }
 
 static void response_cb(TRITONSERVER_InferenceResponse* response,
@@ -418,12 +520,9 @@ static PyObject* call_collect(Call* c)
   return result;
 }
 
-/* _complete(capsule): runs on the event loop; resolves the future. */
-static PyObject* py_complete(PyObject* self, PyObject* capsule)
+/* With the GIL, on the event loop: resolve one async call's future. */
+static int complete_one(Call* c)
 {
-  (void)self;
-  Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.call");
-  if (c == NULL) return NULL;
   PyObject* result = call_collect(c);
   PyObject *type = NULL, *value = NULL, *tb = NULL;
   if (result == NULL) {
@@ -446,7 +545,25 @@ static PyObject* py_complete(PyObject* self, PyObject* capsule)
   Py_XDECREF(value);
   Py_XDECREF(tb);
   Py_DECREF(fut);
-  return r;
+  if (r == NULL) return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
+/* _complete(calls): runs on the event loop; resolves each call's future. */
+static PyObject* py_complete(PyObject* self, PyObject* calls)
+{
+  (void)self;
+  int failed = 0;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); i++) {
+    Call* c = (Call*)PyCapsule_GetPointer(PyList_GET_ITEM(calls, i), "embedtriton.call");
+    if (c == NULL || complete_one(c) < 0) {
+      PyErr_WriteUnraisable(calls);
+      failed = 1;
+    }
+  }
+  (void)failed;
+  Py_RETURN_NONE;
 }
 
 /* Add one input to a request. Returns the object Triton reads from (new
@@ -653,15 +770,19 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     c->loop = Py_NewRef(loop);
     c->future = Py_NewRef(future);
   } else {
-    sem_init(&c->done, 0, 0);
+    atomic_init(&c->done, WAIT_PENDING);
   }
   pending_add(c);
-  Py_BEGIN_ALLOW_THREADS
+  atomic_fetch_add(&in_flight, 1);
+  /* The GIL stays held: handing over a request does not block, and releasing
+   * the GIL here would let the model thread in and make this caller queue
+   * for it again (a convoy under load). Callbacks that Triton runs inline
+   * (errors, cache hits) find the GIL already held. */
   err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
-  Py_END_ALLOW_THREADS
   pthread_rwlock_unlock(&servers_lock);
   if (err != NULL) { /* Triton did not take the request: no callbacks */
     pending_remove(c);
+    atomic_fetch_sub(&in_flight, 1);
     api.TRITONSERVER_InferenceRequestDelete(req);
     raise_from(err, 1);
     call_free(c);
@@ -669,10 +790,8 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   }
   if (c->is_async) Py_RETURN_NONE;
 
-  int rc;
   Py_BEGIN_ALLOW_THREADS
-  do rc = sem_wait(&c->done);
-  while (rc != 0 && errno == EINTR);
+  wait_for(&c->done);
   Py_END_ALLOW_THREADS
   PyObject* result = call_collect(c);
   call_free(c);
@@ -706,12 +825,13 @@ static PyObject* py_abort_pending(PyObject* self, PyObject* arg)
     pthread_mutex_unlock(&pending_lock);
     if (found == NULL) break;
     pending_remove(found);
+    atomic_fetch_sub(&in_flight, 1);
     found->aborted = 1;
     n++;
     if (found->is_async)
       schedule_async(found);
     else
-      sem_post(&found->done);
+      wait_signal(&found->done);
   }
   return PyLong_FromLong(n);
 }
@@ -784,10 +904,10 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   int artifact_type = 0;
   TRITONSERVER_Error* err = api.TRITONBACKEND_ModelRepository(model, &artifact_type, &location);
   if (err != NULL) return err;
-  PyGILState_STATE g = PyGILState_Ensure();
+  int entered = gil_enter();
   PyObject* binding = g_bindings ? PyDict_GetItemString(g_bindings, location) : NULL;
   if (binding == NULL) {
-    PyGILState_Release(g);
+    gil_leave(entered);
     return new_error(TRITONSERVER_ERROR_NOT_FOUND,
                      "no Python callable is bound for the model at '%s'", location);
   }
@@ -803,10 +923,10 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   if (ms->execute == NULL || PyErr_Occurred() || read_output_specs(ms) < 0) {
     err = error_from_python("cannot read the model binding");
     model_state_free(ms);
-    PyGILState_Release(g);
+    gil_leave(entered);
     return err;
   }
-  PyGILState_Release(g);
+  gil_leave(entered);
   return api.TRITONBACKEND_ModelSetState(model, ms);
 }
 
@@ -815,9 +935,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* mode
   void* state = NULL;
   api.TRITONBACKEND_ModelState(model, &state);
   if (state != NULL) {
-    PyGILState_STATE g = PyGILState_Ensure();
+    int entered = gil_enter();
     model_state_free((ModelState*)state);
-    PyGILState_Release(g);
+    gil_leave(entered);
   }
   return NULL;
 }
@@ -1117,11 +1237,11 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   Py_ssize_t n_views = 0;
   uint64_t batch_size = 0, compute_start = 0, compute_end = 0;
 
-  PyGILState_STATE g = PyGILState_Ensure();
+  int entered = gil_enter();
   PyObject* list = PyList_New(count);
   if (list == NULL) {
     PyErr_Clear();
-    PyGILState_Release(g);
+    gil_leave(entered);
     free(errors);
     free(sizes);
     return new_error(TRITONSERVER_ERROR_UNAVAILABLE, "out of memory");
@@ -1179,11 +1299,13 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     detach_view((PyArrayObject*)views[v]);
     Py_DECREF(views[v]);
   }
-  PyGILState_Release(g);
   free(views);
   if (batch_err != NULL) api.TRITONSERVER_ErrorDelete(batch_err);
 
+  /* Still holding the GIL: releasing the requests completes the callers, and
+   * async completions are collected and handed to their loops in one go. */
   uint64_t exec_end = now_ns();
+  t_deferred = PyDict_New();
   for (uint32_t i = 0; i < count; i++) {
     api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], errors[i] == NULL,
                                                     exec_start, compute_start, compute_end,
@@ -1195,6 +1317,8 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   if (batch_size == 0) batch_size = count;
   api.TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, batch_size, exec_start,
                                                        compute_start, compute_end, exec_end);
+  flush_deferred();
+  gil_leave(entered);
   free(errors);
   free(sizes);
   return NULL;
@@ -1301,6 +1425,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 PyMODINIT_FUNC PyInit__native(void)
 {
   import_array();
+  const char* spin = getenv("EMBEDTRITON_SPIN_US");
+  if (spin != NULL) spin_ns = strtoull(spin, NULL, 10) * 1000;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
   INTERN(s_call_soon_threadsafe, "call_soon_threadsafe");
