@@ -411,13 +411,29 @@ static void flush_deferred(void)
   Py_DECREF(deferred);
 }
 
+/* Synchronous callers completed inside one execute are woken after it lets
+ * go of the GIL, which they need next: woken earlier, each would go straight
+ * back to sleep waiting for the GIL. */
+static __thread atomic_int** t_wake = NULL;
+static __thread size_t t_wake_len = 0, t_wake_cap = 0;
+static __thread int t_in_execute = 0;
+
+static void flush_wakes(void)
+{
+  for (size_t i = 0; i < t_wake_len; i++) wait_signal(t_wake[i]);
+  t_wake_len = 0;
+}
+
 static void call_event(Call* c)
 {
   if (atomic_fetch_sub(&c->remaining, 1) != 1) return;
   pending_remove(c);
   atomic_fetch_sub(&in_flight, 1);
   if (!c->is_async) {
-    wait_signal(&c->done);
+    if (t_in_execute && t_wake_cap > t_wake_len)
+      t_wake[t_wake_len++] = &c->done;
+    else
+      wait_signal(&c->done);
     return;
   }
   int entered = gil_enter();
@@ -1237,11 +1253,17 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   Py_ssize_t n_views = 0;
   uint64_t batch_size = 0, compute_start = 0, compute_end = 0;
 
+  if (t_wake_cap < count) {
+    atomic_int** grown = realloc(t_wake, count * sizeof(atomic_int*));
+    if (grown != NULL) t_wake = grown, t_wake_cap = count;
+  }
+  t_in_execute = 1;
   int entered = gil_enter();
   PyObject* list = PyList_New(count);
   if (list == NULL) {
     PyErr_Clear();
     gil_leave(entered);
+    t_in_execute = 0;
     free(errors);
     free(sizes);
     return new_error(TRITONSERVER_ERROR_UNAVAILABLE, "out of memory");
@@ -1319,6 +1341,8 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
                                                        compute_start, compute_end, exec_end);
   flush_deferred();
   gil_leave(entered);
+  t_in_execute = 0;
+  flush_wakes();
   free(errors);
   free(sizes);
   return NULL;
