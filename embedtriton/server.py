@@ -110,8 +110,19 @@ class Model:
         ``inputs`` maps input names to arrays (with the batch axis when the model batches).
         ``outputs`` limits which outputs come back (all by default).
         """
-        return self._server._submit(
-            self.name, self.version, inputs, outputs, request_id, priority, timeout_us, parameters, None, None
+        native = _native or _native_module()
+        return native.submit(
+            self._server._handle,
+            self.name,
+            self.version,
+            inputs,
+            outputs,
+            request_id,
+            priority,
+            timeout_us,
+            parameters,
+            None,
+            None,
         )
 
     async def infer_async(
@@ -127,8 +138,19 @@ class Model:
         """:meth:`infer` for asyncio: many may be in flight from one event loop."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._server._submit(
-            self.name, self.version, inputs, outputs, request_id, priority, timeout_us, parameters, loop, future
+        native = _native or _native_module()
+        native.submit(
+            self._server._handle,
+            self.name,
+            self.version,
+            inputs,
+            outputs,
+            request_id,
+            priority,
+            timeout_us,
+            parameters,
+            loop,
+            future,
         )
         return await future
 
@@ -499,43 +521,3 @@ class Server:
         message = _capi.out_handle()
         getattr(api, function)(self._require_handle(), *args, byref(message))
         return api.message_json(message)
-
-    def _submit(
-        self,
-        name: str,
-        version: int,
-        inputs: Mapping[str, Any],
-        outputs: Sequence[str] | None,
-        request_id: str | None,
-        priority: int | None,
-        timeout_us: int | None,
-        parameters: Mapping[str, Any] | None,
-        loop: Any,
-        future: Any,
-    ) -> Any:
-        handle = self._handle
-        if handle is None:
-            raise UnavailableError("the server is not running; call start() or use 'with server:'")
-        if type(inputs) is not dict:
-            if not isinstance(inputs, Mapping):
-                raise InvalidArgumentError(
-                    f"inputs must be a mapping of input name -> array, not {type(inputs).__name__}"
-                )
-            inputs = dict(inputs)
-        if outputs is not None:
-            outputs = tuple(outputs)
-        if parameters is not None and type(parameters) is not dict:
-            parameters = dict(parameters)
-        return _native.submit(
-            handle,
-            name,
-            version,
-            inputs,
-            outputs,
-            request_id,
-            priority or 0,
-            timeout_us or 0,
-            parameters,
-            loop,
-            future,
-        )

@@ -681,6 +681,19 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future);
 
+/* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError. */
+static PyObject* as_dict(PyObject* obj, const char* message)
+{
+  PyObject* d = PyMapping_Check(obj) && !PySequence_Check(obj)
+                    ? PyObject_CallOneArg((PyObject*)&PyDict_Type, obj)
+                    : NULL;
+  if (d == NULL) {
+    PyErr_Clear();
+    raise_triton(TRITONSERVER_ERROR_INVALID_ARG, message);
+  }
+  return d;
+}
+
 /* submit(server, model, version, inputs, outputs, request_id, priority,
  *        timeout_us, parameters, loop, future)
  * Without a loop: blocks (GIL released) and returns the outputs dict.
@@ -692,30 +705,60 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
     PyErr_SetString(PyExc_TypeError, "submit() takes 11 arguments");
     return NULL;
   }
-  if (!api_loaded) return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, "runtime not loaded");
+  if (!api_loaded || args[0] == Py_None)
+    return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                        "the server is not running; call start() or use 'with server:'");
   TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(args[0]);
   const char* model = PyUnicode_AsUTF8(args[1]);
   long long version = PyLong_AsLongLong(args[2]);
-  PyObject* inputs = args[3];
-  PyObject* outputs = args[4];
   PyObject* request_id = args[5];
-  unsigned long long priority = PyLong_AsUnsignedLongLong(args[6]);
-  unsigned long long timeout_us = PyLong_AsUnsignedLongLong(args[7]);
-  PyObject* parameters = args[8];
+  unsigned long long priority = args[6] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[6]);
+  unsigned long long timeout_us = args[7] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[7]);
   PyObject* loop = args[9];
-  if (PyErr_Occurred()) return NULL;
-  if (!PyDict_Check(inputs))
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
-                        "inputs must be a dict of input name -> array");
-
-  pthread_rwlock_rdlock(&servers_lock);
-  if (!server_is_open(server)) {
-    pthread_rwlock_unlock(&servers_lock);
-    return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
-                        "the server is not running; call start() or use 'with server:'");
+                        "priority and timeout_us must be non-negative integers");
   }
-  PyObject* result = submit_locked(server, model, version, inputs, outputs, request_id,
-                                   priority, timeout_us, parameters, loop, args[10]);
+  if (request_id != Py_None && !PyUnicode_Check(request_id))
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "request_id must be a string");
+  /* The common case costs nothing; other mappings and sequences are converted. */
+  PyObject* inputs = Py_NewRef(args[3]);
+  PyObject* outputs = args[4] == Py_None || PyTuple_Check(args[4]) ? Py_NewRef(args[4]) : NULL;
+  PyObject* parameters = args[8] == Py_None ? Py_NewRef(Py_None) : NULL;
+  int ok = 1;
+  if (!PyDict_Check(inputs)) {
+    Py_SETREF(inputs, as_dict(inputs, "inputs must be a mapping of input name -> array"));
+    ok = inputs != NULL;
+  }
+  if (ok && outputs == NULL) {
+    outputs = PySequence_Tuple(args[4]);
+    if (outputs == NULL) {
+      PyErr_Clear();
+      raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "outputs must be a sequence of output names");
+    }
+    ok = outputs != NULL;
+  }
+  if (ok && parameters == NULL) {
+    parameters = PyDict_Check(args[8]) ? Py_NewRef(args[8])
+                                       : as_dict(args[8], "parameters must be a mapping of name -> value");
+    ok = parameters != NULL;
+  }
+  PyObject* result = NULL;
+  if (ok) {
+    pthread_rwlock_rdlock(&servers_lock);
+    if (!server_is_open(server)) {
+      pthread_rwlock_unlock(&servers_lock);
+      raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                   "the server is not running; call start() or use 'with server:'");
+    } else {
+      result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
+                             timeout_us, parameters, loop, args[10]);
+    }
+  }
+  Py_XDECREF(inputs);
+  Py_XDECREF(outputs);
+  Py_XDECREF(parameters);
   return result;
 }
 
