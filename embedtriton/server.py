@@ -125,7 +125,7 @@ class Model:
             None,
         )
 
-    async def infer_async(
+    def infer_async(
         self,
         inputs: Mapping[str, Any],
         *,
@@ -134,25 +134,31 @@ class Model:
         timeout_us: int | None = None,
         request_id: str | None = None,
         outputs: Sequence[str] | None = None,
-    ) -> dict[str, Any]:
-        """:meth:`infer` for asyncio: many may be in flight from one event loop."""
+    ) -> asyncio.Future[dict[str, Any]]:
+        """:meth:`infer` for asyncio: ``await model.infer_async(...)``; many may be in flight.
+
+        Must be called from a running event loop. Returns an asyncio future (no coroutine
+        per request); errors, including bad inputs, are raised where it is awaited.
+        """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        native = _native or _native_module()
-        native.submit(
-            self._server._handle,
-            self.name,
-            self.version,
-            inputs,
-            outputs,
-            request_id,
-            priority,
-            timeout_us,
-            parameters,
-            loop,
-            future,
-        )
-        return await future
+        try:
+            (_native or _native_module()).submit(
+                self._server._handle,
+                self.name,
+                self.version,
+                inputs,
+                outputs,
+                request_id,
+                priority,
+                timeout_us,
+                parameters,
+                loop,
+                future,
+            )
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
     @property
     def ready(self) -> bool:
