@@ -9,7 +9,16 @@ Bind plain Python callables as Triton models and call them in-process::
 """
 
 from .binding import Request, batch
-from .config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor, TimeoutAction
+from .config import (
+    DynamicBatcher,
+    InstanceGroup,
+    ModelConfig,
+    ModelWarmup,
+    QueuePolicy,
+    Tensor,
+    TimeoutAction,
+    WarmupInput,
+)
 from .errors import (
     AlreadyExistsError,
     CancelledError,
@@ -29,10 +38,12 @@ __all__ = [
     "AlreadyExistsError",
     "CancelledError",
     "DynamicBatcher",
+    "InstanceGroup",
     "InternalError",
     "InvalidArgumentError",
     "Model",
     "ModelConfig",
+    "ModelWarmup",
     "NotFoundError",
     "QueuePolicy",
     "Request",
@@ -44,5 +55,6 @@ __all__ = [
     "UnavailableError",
     "UnknownError",
     "UnsupportedError",
+    "WarmupInput",
     "batch",
 ]

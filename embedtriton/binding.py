@@ -8,7 +8,10 @@ input name -> numpy array, plus ``.parameters``) and calls
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,17 +46,20 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
 
     The requests' inputs are concatenated along the batch axis (axis 0) and passed as
     keyword arguments; the returned dict of batched outputs is split back into one dict
-    per request, by each request's batch size.
+    per request, by each request's batch size. A function that takes a ``parameters``
+    keyword also gets the requests' parameters: a list with one dict per request.
     """
+    wants_parameters = "parameters" in inspect.signature(func).parameters
 
     @functools.wraps(func)
     def run(requests: list[Request]) -> list[dict[str, Any]]:
+        extra = {"parameters": [r.parameters for r in requests]} if wants_parameters else {}
         if len(requests) == 1:
-            outputs = func(**requests[0])
+            outputs = func(**requests[0], **extra)
             return [dict(outputs)]
         names = requests[0].keys()
         inputs = {name: np.concatenate([r[name] for r in requests]) for name in names}
-        outputs = func(**inputs)
+        outputs = func(**inputs, **extra)
         sizes = [len(next(iter(r.values()))) if r else 1 for r in requests]
         bounds = np.cumsum(sizes)[:-1]
         split = {name: np.split(np.asarray(value), bounds) for name, value in outputs.items()}
@@ -82,6 +88,31 @@ class Binding:
         self.max_batch_size = config.max_batch_size if config.batching else 0
         # (name, TRITONSERVER_DataType value, dims) per output, read by the backend.
         self.output_specs = [(t.name, DATATYPE_VALUE[triton_dtype(t.dtype)], t.shape) for t in outputs]
+        self.loaded_at = 0.0  # time.monotonic() when Triton last finished loading it
+        self._alive = 0  # loaded copies of the model in Triton (the backend counts them)
+        self._alive_changed = threading.Condition()
+
+    def _loaded(self, delta: int) -> None:
+        """Called by the backend when Triton initializes (+1) or finalizes (-1) the model."""
+        with self._alive_changed:
+            self._alive += delta
+            self._alive_changed.notify_all()
+
+    def wait_finalized(self, timeout: float, drain: Callable[[], Any]) -> bool:
+        """Wait until Triton has finalized every loaded copy of the model.
+
+        Triton deletes an unloaded model on a thread of its own once the last request
+        referring to it is deleted; ``drain`` deletes the requests released meanwhile.
+        """
+        deadline = time.monotonic() + timeout
+        with self._alive_changed:
+            while self._alive > 0:
+                drain()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._alive_changed.wait(min(left, 0.005))
+        return True
 
     def execute(self, requests: list[Request]) -> list[Any] | str:
         """Run the callable on one batch; an error message (str) when it raised."""

@@ -103,6 +103,70 @@ class DynamicBatcher:
 
 
 @dataclass(frozen=True)
+class InstanceGroup:
+    """A group of model instances (Triton's instance_group): ``count`` copies of the model on
+    ``kind`` ("CPU" or "GPU", the latter on ``gpus``) that run batches concurrently."""
+
+    count: int = 1
+    kind: str = "CPU"
+    gpus: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or self.count < 1:
+            raise InvalidArgumentError(f"InstanceGroup.count must be >= 1, not {self.count!r}")
+        if self.kind not in ("CPU", "GPU"):
+            raise InvalidArgumentError(f"InstanceGroup.kind must be 'CPU' or 'GPU', not {self.kind!r}")
+        if self.gpus is not None and self.kind != "GPU":
+            raise InvalidArgumentError("InstanceGroup.gpus is only meaningful with kind='GPU'")
+
+    def to_triton(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"count": self.count, "kind": f"KIND_{self.kind}"}
+        if self.gpus is not None:
+            out["gpus"] = list(self.gpus)
+        return out
+
+
+@dataclass(frozen=True)
+class WarmupInput:
+    """Synthetic data for one input of a warm-up request: exactly one of ``zero_data``,
+    ``random_data`` or ``input_data_file`` (a ``.npy`` file, or raw bytes in Triton's layout)."""
+
+    dtype: Any
+    shape: Sequence[int]
+    zero_data: bool = False
+    random_data: bool = False
+    input_data_file: str | None = None
+
+    def __post_init__(self) -> None:
+        sources = [self.zero_data, self.random_data, self.input_data_file is not None]
+        if sum(sources) != 1:
+            raise InvalidArgumentError(
+                "WarmupInput needs exactly one data source: zero_data=True, random_data=True or "
+                f"input_data_file=PATH (got zero_data={self.zero_data}, random_data={self.random_data}, "
+                f"input_data_file={self.input_data_file!r})"
+            )
+
+
+@dataclass(frozen=True)
+class ModelWarmup:
+    """One warm-up stage: ``count`` requests of ``batch_size`` that Triton runs through the
+    model after loading it and before reporting it READY."""
+
+    name: str
+    batch_size: int
+    inputs: dict[str, WarmupInput]
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise InvalidArgumentError(f"ModelWarmup {self.name!r}: batch_size must be >= 1")
+        if not isinstance(self.count, int) or self.count < 1:
+            raise InvalidArgumentError(f"ModelWarmup {self.name!r}: count must be >= 1")
+        if not self.inputs:
+            raise InvalidArgumentError(f"ModelWarmup {self.name!r}: inputs must name every model input")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """How Triton serves a bound callable. Fields and defaults follow PyTriton's ModelConfig."""
 
@@ -111,6 +175,8 @@ class ModelConfig:
     batcher: DynamicBatcher = field(default_factory=DynamicBatcher)
     response_cache: bool = False
     decoupled: bool = False
+    model_warmup: list[ModelWarmup] | None = None
+    instance_group: list[InstanceGroup] | None = None
 
     def __post_init__(self) -> None:
         if self.batching and (not isinstance(self.max_batch_size, int) or self.max_batch_size < 1):
@@ -122,6 +188,21 @@ class ModelConfig:
             raise InvalidArgumentError(f"ModelConfig.batcher must be a DynamicBatcher, not {self.batcher!r}")
         if self.decoupled:
             raise UnsupportedError("decoupled (streaming) models are not available in this version yet")
+        for group in self.instance_group or []:
+            if not isinstance(group, InstanceGroup):
+                raise InvalidArgumentError(f"ModelConfig.instance_group takes InstanceGroup items, not {group!r}")
+        for stage in self.model_warmup or []:
+            if not isinstance(stage, ModelWarmup):
+                raise InvalidArgumentError(f"ModelConfig.model_warmup takes ModelWarmup items, not {stage!r}")
+            if not self.batching and stage.batch_size != 1:
+                raise InvalidArgumentError(
+                    f"ModelWarmup {stage.name!r}: batch_size must be 1 for a model without batching"
+                )
+            if self.batching and stage.batch_size > self.max_batch_size:
+                raise InvalidArgumentError(
+                    f"ModelWarmup {stage.name!r}: batch_size {stage.batch_size} exceeds max_batch_size "
+                    f"{self.max_batch_size}"
+                )
 
 
 @dataclass(frozen=True, init=False)
@@ -196,10 +277,61 @@ def model_config_json(
         "max_batch_size": config.max_batch_size if config.batching else 0,
         "input": [tensor(t) for t in inputs],
         "output": [tensor(t) for t in outputs],
-        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+        "instance_group": [g.to_triton() for g in config.instance_group or [InstanceGroup()]],
     }
     if config.batching:
         out["dynamic_batching"] = config.batcher.to_triton()
     if config.response_cache:
         out["response_cache"] = {"enable": True}
+    if config.model_warmup:
+        out["model_warmup"] = [warmup_json(stage, inputs) for stage in config.model_warmup]
     return out
+
+
+WARMUP_FOLDER = "warmup"  # Triton reads input_data_file from <model dir>/warmup/
+
+
+def warmup_file_name(stage: ModelWarmup, input_name: str) -> str:
+    return f"{stage.name}-{input_name}.raw".replace("/", "_")
+
+
+def warmup_json(stage: ModelWarmup, inputs: Sequence[Tensor]) -> dict[str, Any]:
+    declared = {t.name: t for t in inputs}
+    missing = sorted(set(declared) - set(stage.inputs))
+    unknown = sorted(set(stage.inputs) - set(declared))
+    if missing or unknown:
+        raise InvalidArgumentError(
+            f"ModelWarmup {stage.name!r}: inputs must match the model's inputs (missing: {missing}, unknown: {unknown})"
+        )
+    out_inputs = {}
+    for name, spec in stage.inputs.items():
+        datatype = triton_dtype(np.dtype(object) if spec.dtype in (bytes, np.bytes_, object, str) else spec.dtype)
+        entry: dict[str, Any] = {
+            "data_type": "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype,
+            "dims": [int(d) for d in spec.shape],
+        }
+        if spec.zero_data:
+            entry["zero_data"] = True
+        elif spec.random_data:
+            entry["random_data"] = True
+        else:
+            entry["input_data_file"] = warmup_file_name(stage, name)
+        out_inputs[name] = entry
+    return {"name": stage.name, "batch_size": stage.batch_size, "inputs": out_inputs, "count": stage.count}
+
+
+def warmup_file_bytes(spec: WarmupInput) -> bytes:
+    """The bytes Triton reads for a file-based warm-up input (``.npy`` files are converted)."""
+    path = str(spec.input_data_file)
+    try:
+        if path.endswith(".npy"):
+            array = np.load(path, allow_pickle=False)
+            if array.dtype.kind in "OSU":
+                from .tensors import encode_bytes
+
+                return encode_bytes(array)
+            return np.ascontiguousarray(array).tobytes()
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidArgumentError(f"warm-up input_data_file {path!r} cannot be read: {exc}") from None

@@ -19,7 +19,15 @@ from typing import Any
 
 from . import _capi
 from .binding import Binding, InferFunc, Request
-from .config import ModelConfig, Tensor, model_config_json, name_tensors
+from .config import (
+    WARMUP_FOLDER,
+    ModelConfig,
+    Tensor,
+    model_config_json,
+    name_tensors,
+    warmup_file_bytes,
+    warmup_file_name,
+)
 from .errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, error_for_code
 from .runtime import load_runtime
 from .tensors import decode_bytes, encode_bytes
@@ -274,14 +282,16 @@ class Server:
                     for key, value in settings.items():
                         api.ServerOptionsSetBackendConfig(options, backend.encode(), key.encode(), str(value).encode())
                 caches = cfg.cache_settings()
+                # Always set: Triton keeps the cache folder of the first server in the process.
+                directory = cfg.cache_directory or (str(runtime.caches) if runtime.caches else None)
+                if directory is not None:
+                    api.ServerOptionsSetCacheDirectory(options, directory.encode())
                 if caches:
-                    directory = cfg.cache_directory or (str(runtime.caches) if runtime.caches else None)
                     if directory is None:
                         raise NotFoundError(
                             f"cache_config is set but the Triton runtime ({runtime.origin}) has no caches/ "
                             "folder; set ServerConfig.cache_directory"
                         )
-                    api.ServerOptionsSetCacheDirectory(options, directory.encode())
                     for name, settings in caches:
                         api.ServerOptionsSetCacheConfig(options, name.encode(), settings.encode())
                 server = _capi.out_handle()
@@ -313,6 +323,14 @@ class Server:
             api = _capi.api()
             for name in list(self._bound):
                 self._unload(handle, name)
+            for binding in self._bound.values():
+                if not binding.wait_finalized(self.config.exit_timeout_secs, _native.drain):
+                    log.warning("model '%s' was not finalized in time", binding.name)
+            # Requests and responses of this server are deleted 20-40 ms after Triton let go
+            # of them (see bury() in the native module); they must go before the server.
+            deadline = time.monotonic() + 0.1
+            while _native.drain() and time.monotonic() < deadline:
+                time.sleep(0.005)
             try:
                 api.ServerStop(handle)
             except TritonError as exc:
@@ -395,6 +413,7 @@ class Server:
         binding = Binding(
             model_name, infer_func, name_tensors(inputs, "INPUT"), name_tensors(outputs, "OUTPUT"), config
         )
+        model_config_json(model_name, binding.inputs, binding.outputs, config, BACKEND_NAME)  # validates
         with self._lock:
             if model_name in self._bound:
                 raise InvalidArgumentError(f"model '{model_name}' is already bound; unbind() it first")
@@ -412,10 +431,14 @@ class Server:
         with self._lock:
             if model_name not in self._bound:
                 raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
+            binding = self._bound[model_name]
             if self._handle is not None:
                 self._unload(self._handle, model_name)
-            binding = self._bound.pop(model_name)
+            del self._bound[model_name]
+            if self._handle is not None:
+                binding.wait_finalized(self.config.exit_timeout_secs, _native.drain)
             if self._repository is not None:
+                _bindings.pop(str(self._model_dir(binding.name)), None)
                 shutil.rmtree(self._model_dir(binding.name), ignore_errors=True)
 
     def model(self, name: str) -> Model:
@@ -456,6 +479,12 @@ class Server:
         directory = self._model_dir(binding.name)
         (directory / "1").mkdir(parents=True, exist_ok=True)
         config = model_config_json(binding.name, binding.inputs, binding.outputs, binding.config, BACKEND_NAME)
+        for stage in binding.config.model_warmup or []:  # file-based warm-up data goes beside the model
+            for input_name, spec in stage.inputs.items():
+                if spec.input_data_file is not None:
+                    folder = directory / WARMUP_FOLDER
+                    folder.mkdir(exist_ok=True)
+                    (folder / warmup_file_name(stage, input_name)).write_bytes(warmup_file_bytes(spec))
         _bindings[str(directory)] = binding
         started = time.perf_counter()
         log_offset = self._log_size()
@@ -467,6 +496,7 @@ class Server:
             if details:
                 raise type(exc)(f"{exc}: {details}") from None
             raise
+        binding.loaded_at = time.monotonic()
         log.info("model '%s' ready in %.3f s", binding.name, time.perf_counter() - started)
 
     def _log_size(self) -> int:
@@ -492,15 +522,23 @@ class Server:
 
     def _unload(self, handle: int, name: str, timeout: float = 60.0) -> None:
         api = _capi.api()
+        # Triton 2.51 crashes when a model is deleted while its instance thread is still
+        # finishing its last task (here: the load); give that thread a moment.
+        binding = self._bound.get(name)
+        settle = 0.02 - (time.monotonic() - binding.loaded_at) if binding and binding.loaded_at else 0
+        if settle > 0:
+            time.sleep(settle)
         try:
             api.ServerUnloadModel(handle, name.encode())
         except TritonError as exc:
             log.warning("unloading model '%s': %s", name, exc)
             return
         # Unload returns before it is done; Triton's stop() waits in 1 s steps for models
-        # still unloading, so wait here until this one is fully gone.
+        # still unloading, so wait here until this one is fully gone. Released requests
+        # hold the model until they are deleted: drain them meanwhile.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            _native.drain()
             message = _capi.out_handle()
             try:
                 api.ServerModelIndex(handle, 0, byref(message))

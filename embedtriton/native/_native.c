@@ -248,13 +248,15 @@ static TRITONSERVER_Error* error_from_python(const char* context)
 }
 
 /* ---- response allocator (caller side) ----------------------------------
- * Output buffers are allocated with a 64-byte header in front. When the
- * caller turns an output into a numpy array, the array takes the block over
- * (header->taken) and frees it when the array dies: no copy out. */
+ * Each output buffer comes with a ticket (its buffer_userp). When the caller
+ * turns an output into a numpy array, the array takes the buffer over
+ * (ticket->taken) and frees it when the array dies: no copy out. The ticket
+ * itself always belongs to Triton's release of the buffer, which may come
+ * after the array is gone (responses are deleted late, see bury()). */
 typedef struct {
+  void* block;
   int taken;
-} BlockHeader;
-#define BLOCK_HEADER 64
+} Ticket;
 
 static TRITONSERVER_Error* alloc_fn(
     TRITONSERVER_ResponseAllocator* a, const char* tensor_name,
@@ -263,14 +265,18 @@ static TRITONSERVER_Error* alloc_fn(
     TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id)
 {
   (void)a, (void)memory_type, (void)memory_type_id, (void)userp;
+  Ticket* ticket = malloc(sizeof(Ticket));
   void* block = NULL;
-  if (posix_memalign(&block, 64, BLOCK_HEADER + (byte_size ? byte_size : 1)) != 0)
+  if (ticket == NULL || posix_memalign(&block, 64, byte_size ? byte_size : 1) != 0) {
+    free(ticket);
     return new_error(TRITONSERVER_ERROR_UNAVAILABLE,
                      "out of memory allocating %zu bytes for output '%s'",
                      byte_size, tensor_name);
-  ((BlockHeader*)block)->taken = 0;
-  *buffer = (char*)block + BLOCK_HEADER;
-  *buffer_userp = block;
+  }
+  ticket->block = block;
+  ticket->taken = 0;
+  *buffer = block;
+  *buffer_userp = ticket;
   *actual_memory_type = TRITONSERVER_MEMORY_CPU;
   *actual_memory_type_id = 0;
   return NULL;
@@ -282,8 +288,11 @@ static TRITONSERVER_Error* release_fn(
     int64_t memory_type_id)
 {
   (void)a, (void)buffer, (void)byte_size, (void)memory_type, (void)memory_type_id;
-  if (buffer_userp != NULL && !((BlockHeader*)buffer_userp)->taken)
-    free(buffer_userp);
+  Ticket* ticket = (Ticket*)buffer_userp;
+  if (ticket != NULL) {
+    if (!ticket->taken) free(ticket->block);
+    free(ticket);
+  }
   return NULL;
 }
 
@@ -297,9 +306,10 @@ static void free_block_capsule(PyObject* capsule)
 typedef struct Call {
   struct Call *prev, *next; /* pending list, for stop() */
   TRITONSERVER_Server* server;
-  atomic_int remaining; /* final response + request release */
+  atomic_int refs; /* the caller's side + Triton's request (until released) */
   int is_async;
   int aborted;
+  int released; /* Triton released the request */
   atomic_int done; /* sync calls: WAIT_* */
   TRITONSERVER_InferenceResponse* response;
   PyObject* loop;
@@ -346,14 +356,34 @@ static void pending_remove(Call* c)
   pthread_mutex_unlock(&pending_lock);
 }
 
+/* A call is freed when both sides let go of it: the caller (after reading
+ * the response and resolving its future) and Triton (when it releases the
+ * request, which is when Triton stops reading the input buffers). */
+static void call_unref(Call* c)
+{
+  if (atomic_fetch_sub(&c->refs, 1) == 1) {
+    if (c->keep != c->keep_inline) free(c->keep);
+    free(c);
+  }
+}
+
+/* With the GIL: drop the input references Triton was reading from. */
+static void call_drop_inputs(Call* c)
+{
+  for (Py_ssize_t i = 0; i < c->n_keep; i++) Py_CLEAR(c->keep[i]);
+  c->n_keep = 0;
+}
+
+/* With the GIL: the caller's side is done with the call. */
+static void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
+
 static void call_free(Call* c)
 {
-  for (Py_ssize_t i = 0; i < c->n_keep; i++) Py_XDECREF(c->keep[i]);
-  if (c->keep != c->keep_inline) PyMem_Free(c->keep);
-  if (c->response != NULL) api.TRITONSERVER_InferenceResponseDelete(c->response);
-  Py_XDECREF(c->loop);
-  Py_XDECREF(c->future);
-  PyMem_Free(c);
+  if (c->response != NULL) bury(NULL, c->response); /* see bury() */
+  c->response = NULL;
+  Py_CLEAR(c->loop);
+  Py_CLEAR(c->future);
+  call_unref(c);
 }
 
 /* Async completions met inside one execute are handed to each event loop in
@@ -424,9 +454,9 @@ static void flush_wakes(void)
   t_wake_len = 0;
 }
 
-static void call_event(Call* c)
+/* The final response arrived: wake the caller or resolve its future. */
+static void call_complete(Call* c)
 {
-  if (atomic_fetch_sub(&c->remaining, 1) != 1) return;
   pending_remove(c);
   atomic_fetch_sub(&in_flight, 1);
   if (!c->is_async) {
@@ -449,17 +479,84 @@ static void response_cb(TRITONSERVER_InferenceResponse* response,
     if (c->response == NULL)
       c->response = response;
     else /* a non-decoupled request gets one response */
-      api.TRITONSERVER_InferenceResponseDelete(response);
+      bury(NULL, response);
   }
-  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) call_event(c);
+  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) call_complete(c);
+}
+
+/* Requests and responses hold references to their model, and the last one
+ * to go lets Triton delete a model that was unloaded meanwhile. Triton 2.51's
+ * model deletion reads the instance thread's bookkeeping without a lock
+ * (TritonBackendThread::StopBackendThread), so it must not start while that
+ * thread is still finishing the batch it just ran: it crashes there. So we
+ * delete them late, never inside Triton's callbacks, and only 20-40 ms after
+ * Triton let go of them: two generations, rotated every 20 ms by whichever
+ * caller comes by (drain_graveyard). */
+typedef struct Grave {
+  struct Grave* next;
+  TRITONSERVER_InferenceRequest* request;
+  TRITONSERVER_InferenceResponse* response;
+} Grave;
+#define GRAVE_AGE_NS 20000000ull
+static _Atomic(Grave*) graveyard = NULL; /* buried since the last rotation */
+static Grave* graveyard_old = NULL;       /* buried in the rotation before */
+static uint64_t graveyard_rotated = 0;
+static pthread_mutex_t graveyard_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response)
+{
+  Grave* g = malloc(sizeof(Grave));
+  if (g == NULL) return; /* leak rather than crash */
+  g->request = request;
+  g->response = response;
+  g->next = atomic_load(&graveyard);
+  while (!atomic_compare_exchange_weak(&graveyard, &g->next, g)) {
+  }
+}
+
+static long delete_graves(Grave* g)
+{
+  long n = 0;
+  while (g != NULL) {
+    Grave* next = g->next;
+    if (g->request) api.TRITONSERVER_InferenceRequestDelete(g->request);
+    if (g->response) api.TRITONSERVER_InferenceResponseDelete(g->response);
+    free(g);
+    g = next;
+    n++;
+  }
+  return n;
+}
+
+/* Delete what was buried 20-40 ms ago. Returns how many are still waiting. */
+static long drain_graveyard(void)
+{
+  if (graveyard_old == NULL && atomic_load_explicit(&graveyard, memory_order_relaxed) == NULL)
+    return 0;
+  uint64_t now = now_ns();
+  if (now - graveyard_rotated >= GRAVE_AGE_NS && pthread_mutex_trylock(&graveyard_lock) == 0) {
+    if (now - graveyard_rotated >= GRAVE_AGE_NS) {
+      Grave* old = graveyard_old;
+      graveyard_old = atomic_exchange(&graveyard, NULL);
+      graveyard_rotated = now;
+      delete_graves(old);
+    }
+    pthread_mutex_unlock(&graveyard_lock);
+  }
+  return (graveyard_old != NULL) + (atomic_load(&graveyard) != NULL);
 }
 
 static void release_cb(TRITONSERVER_InferenceRequest* request,
                        const uint32_t flags, void* userp)
 {
   (void)flags;
-  api.TRITONSERVER_InferenceRequestDelete(request);
-  call_event((Call*)userp);
+  Call* c = (Call*)userp;
+  bury(request, NULL);
+  c->released = 1;
+  int entered = gil_enter();
+  call_drop_inputs(c);
+  gil_leave(entered);
+  call_unref(c);
 }
 
 /* With the GIL: the outputs of a finished call as a dict, or NULL + error. */
@@ -514,9 +611,11 @@ static PyObject* call_collect(Call* c)
       /* our allocator's block: the array takes it over */
       arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL,
                         (void*)base, 0, NPY_ARRAY_CARRAY, NULL);
-      PyObject* owner = arr ? PyCapsule_New(userp, "embedtriton.block", free_block_capsule) : NULL;
+      Ticket* ticket = (Ticket*)userp;
+      PyObject* owner =
+          arr ? PyCapsule_New(ticket->block, "embedtriton.block", free_block_capsule) : NULL;
       if (owner != NULL && PyArray_SetBaseObject((PyArrayObject*)arr, owner) == 0) {
-        ((BlockHeader*)userp)->taken = 1;
+        ticket->taken = 1;
       } else {
         if (owner) PyCapsule_SetDestructor(owner, NULL);
         Py_XDECREF(owner);
@@ -747,6 +846,7 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
   PyObject* result = NULL;
   if (ok) {
     pthread_rwlock_rdlock(&servers_lock);
+    drain_graveyard(); /* servers cannot be deleted while we hold the lock */
     if (!server_is_open(server)) {
       pthread_rwlock_unlock(&servers_lock);
       raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
@@ -774,7 +874,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     return raise_from(err, 1);
   }
 
-  Call* c = PyMem_Calloc(1, sizeof(Call));
+  Call* c = calloc(1, sizeof(Call));
   if (c == NULL) {
     pthread_rwlock_unlock(&servers_lock);
     api.TRITONSERVER_InferenceRequestDelete(req);
@@ -782,7 +882,8 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   }
   c->server = server;
   Py_ssize_t n_inputs = PyDict_GET_SIZE(inputs);
-  c->keep = n_inputs <= 8 ? c->keep_inline : PyMem_Calloc((size_t)n_inputs, sizeof(PyObject*));
+  c->keep = n_inputs <= 8 ? c->keep_inline : calloc((size_t)n_inputs, sizeof(PyObject*));
+  atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
   c->is_async = loop != Py_None;
 
   Py_ssize_t pos = 0;
@@ -824,7 +925,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                                                    response_cb, c)))
     goto fail_err;
 
-  atomic_init(&c->remaining, 2);
+  atomic_fetch_add(&c->refs, 1); /* Triton's, dropped in release_cb */
   if (c->is_async) {
     c->loop = Py_NewRef(loop);
     c->future = Py_NewRef(future);
@@ -844,6 +945,8 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     atomic_fetch_sub(&in_flight, 1);
     api.TRITONSERVER_InferenceRequestDelete(req);
     raise_from(err, 1);
+    call_drop_inputs(c);
+    call_unref(c); /* Triton's */
     call_free(c);
     return NULL;
   }
@@ -861,6 +964,7 @@ fail_err:
 fail:
   pthread_rwlock_unlock(&servers_lock);
   api.TRITONSERVER_InferenceRequestDelete(req);
+  call_drop_inputs(c);
   call_free(c);
   return NULL;
 }
@@ -887,6 +991,11 @@ static PyObject* py_abort_pending(PyObject* self, PyObject* arg)
     atomic_fetch_sub(&in_flight, 1);
     found->aborted = 1;
     n++;
+    if (!found->released) { /* Triton is gone: its reference goes too */
+      found->released = 1;
+      call_drop_inputs(found);
+      call_unref(found);
+    }
     if (found->is_async)
       schedule_async(found);
     else
@@ -985,6 +1094,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
     gil_leave(entered);
     return err;
   }
+  PyObject* r = PyObject_CallMethod(binding, "_loaded", "i", 1); /* see Binding._loaded */
+  if (r == NULL) PyErr_WriteUnraisable(binding);
+  Py_XDECREF(r);
   gil_leave(entered);
   return api.TRITONBACKEND_ModelSetState(model, ms);
 }
@@ -995,6 +1107,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* mode
   api.TRITONBACKEND_ModelState(model, &state);
   if (state != NULL) {
     int entered = gil_enter();
+    PyObject* r = PyObject_CallMethod(((ModelState*)state)->binding, "_loaded", "i", -1);
+    if (r == NULL) PyErr_WriteUnraisable(NULL);
+    Py_XDECREF(r);
     model_state_free((ModelState*)state);
     gil_leave(entered);
   }
@@ -1178,13 +1293,19 @@ static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* valu
   return arr;
 }
 
-/* With the GIL: build and send request i's response from out (a dict). */
-static TRITONSERVER_Error* respond(ModelState* ms, TRITONBACKEND_Request* request,
-                                   PyObject* out, uint64_t batch_size, size_t index)
+/* With the GIL: build request i's response from out (a dict), outputs copied
+ * in. Returns the response to send (NULL if none could be made) and sets
+ * *error when the request failed. */
+static TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request,
+                                       PyObject* out, uint64_t batch_size, size_t index,
+                                       TRITONSERVER_Error** error)
 {
   TRITONBACKEND_Response* response = NULL;
   TRITONSERVER_Error* err = api.TRITONBACKEND_ResponseNew(&response, request);
-  if (err != NULL) return err; /* nothing can reach the caller but the error */
+  if (err != NULL) {
+    *error = err;
+    return NULL;
+  }
   if (!PyDict_Check(out)) {
     err = new_error(TRITONSERVER_ERROR_INTERNAL,
                     "model '%s' must return one dict of outputs per request; "
@@ -1246,14 +1367,19 @@ static TRITONSERVER_Error* respond(ModelState* ms, TRITONBACKEND_Request* reques
     Py_DECREF(arr);
     if (err != NULL) goto send;
   }
-send:;
+send:
+  *error = err; /* the caller sends it, reports it in the statistics and deletes it */
+  return response;
+}
+
+static void send_final(TRITONBACKEND_Response* response, TRITONSERVER_Error* err)
+{
   TRITONSERVER_Error* send_err =
       api.TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);
   if (send_err != NULL) {
     api.TRITONSERVER_ErrorDelete(send_err);
     api.TRITONBACKEND_ResponseDelete(response);
   }
-  return err; /* the caller reports failure in the statistics and deletes it */
 }
 
 /* An input view that the callable kept a reference to must outlive Triton's
@@ -1339,44 +1465,41 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
                             ms->name, count);
   }
   if (compute_start == 0) compute_start = compute_end = now_ns();
+  /* Build every response (outputs copied into Triton's buffers) ... */
+  TRITONBACKEND_Response** responses = calloc(count, sizeof(TRITONBACKEND_Response*));
   for (uint32_t i = 0; i < count; i++) {
     if (batch_err != NULL) {
-      TRITONBACKEND_Response* response = NULL;
-      if (api.TRITONBACKEND_ResponseNew(&response, requests[i]) == NULL) {
-        TRITONSERVER_Error* e = api.TRITONSERVER_ErrorNew(
-            api.TRITONSERVER_ErrorCode(batch_err), api.TRITONSERVER_ErrorMessage(batch_err));
-        TRITONSERVER_Error* send_err =
-            api.TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, e);
-        api.TRITONSERVER_ErrorDelete(e);
-        if (send_err) {
-          api.TRITONSERVER_ErrorDelete(send_err);
-          api.TRITONBACKEND_ResponseDelete(response);
-        }
-      }
-      errors[i] = (TRITONSERVER_Error*)1;
+      if (api.TRITONBACKEND_ResponseNew(&responses[i], requests[i]) != NULL) responses[i] = NULL;
+      errors[i] = api.TRITONSERVER_ErrorNew(api.TRITONSERVER_ErrorCode(batch_err),
+                                            api.TRITONSERVER_ErrorMessage(batch_err));
     } else {
-      errors[i] = respond(ms, requests[i], PyList_GET_ITEM(result, i), sizes[i], i);
+      responses[i] = respond(ms, requests[i], PyList_GET_ITEM(result, i), sizes[i], i, &errors[i]);
     }
   }
   Py_XDECREF(result);
   Py_DECREF(list);
+  /* ... detach the input views the callable kept (they still point at the
+   * callers' memory) ... */
   for (Py_ssize_t v = 0; v < n_views; v++) {
     detach_view((PyArrayObject*)views[v]);
     Py_DECREF(views[v]);
   }
   free(views);
   if (batch_err != NULL) api.TRITONSERVER_ErrorDelete(batch_err);
-
-  /* Still holding the GIL: releasing the requests completes the callers, and
-   * async completions are collected and handed to their loops in one go. */
-  uint64_t exec_end = now_ns();
+  /* ... and only then send: a response lets its caller go on and reuse its
+   * inputs. Still holding the GIL: async completions are collected and handed
+   * to their event loops in one go, sync callers woken once the GIL is free. */
   t_deferred = PyDict_New();
+  for (uint32_t i = 0; i < count; i++)
+    if (responses[i] != NULL) send_final(responses[i], errors[i]);
+  free(responses);
+
+  uint64_t exec_end = now_ns();
   for (uint32_t i = 0; i < count; i++) {
     api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], errors[i] == NULL,
                                                     exec_start, compute_start, compute_end,
                                                     exec_end);
-    if (errors[i] != NULL && errors[i] != (TRITONSERVER_Error*)1)
-      api.TRITONSERVER_ErrorDelete(errors[i]);
+    if (errors[i] != NULL) api.TRITONSERVER_ErrorDelete(errors[i]);
     api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
   }
   if (batch_size == 0) batch_size = count;
@@ -1461,6 +1584,18 @@ static PyObject* py_close_server(PyObject* self, PyObject* arg)
   Py_RETURN_NONE;
 }
 
+static PyObject* py_drain(PyObject* self, PyObject* unused)
+{
+  (void)self, (void)unused;
+  long n;
+  Py_BEGIN_ALLOW_THREADS
+  pthread_rwlock_rdlock(&servers_lock);
+  n = drain_graveyard();
+  pthread_rwlock_unlock(&servers_lock);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(n);
+}
+
 static PyObject* py_pending_count(PyObject* self, PyObject* unused)
 {
   (void)self, (void)unused;
@@ -1481,6 +1616,7 @@ static PyMethodDef methods[] = {
      "Fail every call of a deleted server that Triton never completed."},
     {"open_server", py_open_server, METH_O, "Accept requests for a server."},
     {"close_server", py_close_server, METH_O, "Stop accepting requests for a server."},
+    {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
     {"pending_count", py_pending_count, METH_NOARGS, "Calls in flight (all servers)."},
     {NULL, NULL, 0, NULL}};
 
