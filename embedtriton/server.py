@@ -385,13 +385,16 @@ class Server:
         inputs: Sequence[Tensor],
         outputs: Sequence[Tensor],
         config: ModelConfig | None = None,
+        strict: bool = False,
     ) -> Model:
         """Serve ``infer_func`` as model ``model_name``.
 
         ``infer_func(requests)`` gets a list of requests (each a mapping input name ->
         array, with ``.parameters``) and returns one dict of outputs per request; decorate a
         function of batched arrays with :func:`embedtriton.batch`. Works before and after
-        :meth:`start`; after start the model is loaded before ``bind`` returns.
+        :meth:`start`; after start the model is loaded (and warmed up) before ``bind``
+        returns. Outputs are always checked against ``outputs``; ``strict`` is accepted for
+        PyTriton compatibility.
         """
         if not isinstance(model_name, str) or not model_name or "/" in model_name or model_name.startswith("."):
             raise InvalidArgumentError(f"model_name must be a plain non-empty name, not {model_name!r}")
