@@ -7,13 +7,14 @@ input name -> numpy array, plus ``.parameters``) and calls
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,43 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
     """
     wants_parameters = "parameters" in inspect.signature(func).parameters
 
+    def gather(requests: list[Request]) -> tuple[dict[str, Any], list[int]]:
+        extra = {"parameters": [r.parameters for r in requests]} if wants_parameters else {}
+        if len(requests) == 1:
+            return {**requests[0], **extra}, [0]
+        names = requests[0].keys()
+        inputs = {name: np.concatenate([r[name] for r in requests]) for name in names}
+        sizes = [len(next(iter(r.values()))) if r else 1 for r in requests]
+        return {**inputs, **extra}, list(np.cumsum(sizes)[:-1])
+
+    def split(outputs: Mapping[str, Any] | None, n: int, bounds: list[int]) -> list[dict[str, Any] | None]:
+        if outputs is None:
+            return [None] * n
+        if n == 1:
+            return [dict(outputs)]
+        parts = {name: np.split(np.asarray(value), bounds) for name, value in outputs.items()}
+        return [{name: p[i] for name, p in parts.items()} for i in range(n)]
+
+    if inspect.isgeneratorfunction(func):
+
+        @functools.wraps(func)
+        def run_stream(requests: list[Request]) -> Iterator[list[dict[str, Any] | None]]:
+            kwargs, bounds = gather(requests)
+            for outputs in func(**kwargs):
+                yield split(outputs, len(requests), bounds)
+
+        return run_stream
+
+    if inspect.isasyncgenfunction(func):
+
+        @functools.wraps(func)
+        async def run_async_stream(requests: list[Request]) -> AsyncIterator[list[dict[str, Any] | None]]:
+            kwargs, bounds = gather(requests)
+            async for outputs in func(**kwargs):
+                yield split(outputs, len(requests), bounds)
+
+        return run_async_stream
+
     @functools.wraps(func)
     def run(requests: list[Request]) -> list[dict[str, Any]]:
         extra = {"parameters": [r.parameters for r in requests]} if wants_parameters else {}
@@ -86,6 +124,7 @@ class Binding:
         self.outputs = outputs
         self.config = config
         self.max_batch_size = config.max_batch_size if config.batching else 0
+        self.decoupled = config.decoupled
         # (name, TRITONSERVER_DataType value, dims) per output, read by the backend.
         self.output_specs = [(t.name, DATATYPE_VALUE[triton_dtype(t.dtype)], t.shape) for t in outputs]
         self.loaded_at = 0.0  # time.monotonic() when Triton last finished loading it
@@ -114,13 +153,18 @@ class Binding:
                 self._alive_changed.wait(min(left, 0.005))
         return True
 
-    def execute(self, requests: list[Request]) -> list[Any] | str:
-        """Run the callable on one batch; an error message (str) when it raised."""
+    def execute(self, requests: list[Request]) -> list[Any] | Iterator[Any] | str:
+        """Run the callable on one batch; an error message (str) when it raised.
+
+        For a decoupled model: an iterator of steps (lists with one outputs dict or None
+        per request), ending with an error message (str) if the callable raised.
+        """
         try:
             result = self.infer_func(requests)
         except Exception as exc:
-            log.debug("model %r raised:\n%s", self.name, traceback.format_exc())
-            return f"model '{self.name}' raised {type(exc).__name__}: {exc}"
+            return self._failed(exc)
+        if self.decoupled:
+            return self._steps(result, len(requests))
         if type(result) is list:
             return result
         if isinstance(result, (tuple, list)):
@@ -129,3 +173,45 @@ class Binding:
             f"model '{self.name}' must return a list with one dict of outputs per request; "
             f"it returned {type(result).__name__} (use @batch for a function of batched arrays)"
         )
+
+    def _failed(self, exc: BaseException) -> str:
+        log.debug("model %r raised:\n%s", self.name, traceback.format_exc())
+        return f"model '{self.name}' raised {type(exc).__name__}: {exc}"
+
+    def _steps(self, result: Any, n: int) -> Iterator[Any]:
+        """Drive a (sync or async) generator one step at a time, on the model's thread."""
+        if hasattr(result, "__anext__"):
+            loop = asyncio.new_event_loop()
+            try:
+                while True:
+                    try:
+                        step = loop.run_until_complete(result.__anext__())
+                    except StopAsyncIteration:
+                        return
+                    except Exception as exc:
+                        yield self._failed(exc)
+                        return
+                    yield list(step) if isinstance(step, tuple) else step
+            finally:
+                try:
+                    loop.run_until_complete(result.aclose())
+                finally:
+                    loop.close()
+        if not hasattr(result, "__next__"):
+            yield (
+                f"model '{self.name}' is decoupled: its function must be a generator that yields "
+                f"one list of outputs (or None) per request at each step, not {type(result).__name__}"
+            )
+            return
+        try:
+            while True:
+                try:
+                    step = next(result)
+                except StopIteration:
+                    return
+                except Exception as exc:
+                    yield self._failed(exc)
+                    return
+                yield list(step) if isinstance(step, tuple) else step
+        finally:
+            result.close()

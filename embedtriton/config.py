@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, UnsupportedError
+from .errors import InvalidArgumentError
 from .tensors import triton_dtype
 
 
@@ -186,8 +186,8 @@ class ModelConfig:
             )
         if not isinstance(self.batcher, DynamicBatcher):
             raise InvalidArgumentError(f"ModelConfig.batcher must be a DynamicBatcher, not {self.batcher!r}")
-        if self.decoupled:
-            raise UnsupportedError("decoupled (streaming) models are not available in this version yet")
+        if self.decoupled and self.response_cache:
+            raise InvalidArgumentError("Triton's response cache does not serve decoupled models")
         for group in self.instance_group or []:
             if not isinstance(group, InstanceGroup):
                 raise InvalidArgumentError(f"ModelConfig.instance_group takes InstanceGroup items, not {group!r}")
@@ -283,6 +283,8 @@ def model_config_json(
         out["dynamic_batching"] = config.batcher.to_triton()
     if config.response_cache:
         out["response_cache"] = {"enable": True}
+    if config.decoupled:
+        out["model_transaction_policy"] = {"decoupled": True}
     if config.model_warmup:
         out["model_warmup"] = [warmup_json(stage, inputs) for stage in config.model_warmup]
     return out

@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from ctypes import byref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +36,7 @@ log = logging.getLogger("embedtriton")
 
 BACKEND_NAME = "embedtriton"
 _bindings: dict[str, Binding] = {}  # model directory -> binding, read by the native backend
+_STREAM_ITEM, _STREAM_EMPTY, _STREAM_END = 0, 1, 2  # native.stream_next statuses
 _native: Any = None
 
 
@@ -119,6 +120,9 @@ class Model:
         ``outputs`` limits which outputs come back (all by default).
         """
         native = _native or _native_module()
+        binding = self._server._bound.get(self.name)
+        if binding is not None and binding.decoupled:
+            raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
         return native.submit(
             self._server._handle,
             self.name,
@@ -167,6 +171,77 @@ class Model:
         except Exception as exc:
             future.set_exception(exc)
         return future
+
+    def stream(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        parameters: Mapping[str, str | int | float | bool] | None = None,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        request_id: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Run one request on a decoupled model and iterate over its responses as they come.
+
+        An error (the model raised mid-stream) is raised after the responses sent before
+        it. Leaving the loop early (``break``, an exception, closing the iterator) cancels
+        the request and closes the model's generator.
+        """
+        native = _native or _native_module()
+        handle = native.submit(
+            self._server._handle, self.name, self.version, inputs, outputs, request_id,
+            priority, timeout_us, parameters, None, None, True,
+        )  # fmt: skip
+        return self._iterate(native, handle)
+
+    @staticmethod
+    def _iterate(native: Any, handle: Any) -> Iterator[dict[str, Any]]:
+        try:
+            while True:
+                status, outputs = native.stream_next(handle, True)
+                if status == _STREAM_END:
+                    return
+                yield outputs
+        finally:
+            native.stream_close(handle)
+
+    async def stream_async(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        parameters: Mapping[str, str | int | float | bool] | None = None,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        request_id: str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """:meth:`stream` for asyncio: ``async for part in model.stream_async(...)``."""
+        native = _native or _native_module()
+        loop = asyncio.get_running_loop()
+        arrived = asyncio.Event()
+        handle = native.submit(
+            self._server._handle, self.name, self.version, inputs, outputs, request_id,
+            priority, timeout_us, parameters, loop, arrived.set, True,
+        )  # fmt: skip
+        try:
+            while True:
+                status, outputs = native.stream_next(handle, False)
+                if status == _STREAM_END:
+                    return
+                if status == _STREAM_ITEM:
+                    yield outputs
+                    continue
+                arrived.clear()
+                status, outputs = native.stream_next(handle, False)  # arrived before clear()?
+                if status == _STREAM_EMPTY:
+                    await arrived.wait()
+                elif status == _STREAM_END:
+                    return
+                else:
+                    yield outputs
+        finally:
+            native.stream_close(handle)
 
     @property
     def ready(self) -> bool:
@@ -320,6 +395,7 @@ class Server:
                 return
             _live_servers.discard(self)
             _native.close_server(handle)  # new requests fail from here on
+            _native.cancel_streams(handle)  # a decoupled model may stream for ever
             api = _capi.api()
             for name in list(self._bound):
                 self._unload(handle, name)

@@ -39,3 +39,20 @@ def test_model_warmup_example(tmp_path):
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_every_example_has_a_docstring(name):
     assert (EXAMPLES / name).read_text().startswith('"""')
+
+
+def test_streaming_example(tmp_path):
+    out = run_example("streaming.py", tmp_path)
+    assert "stream(): the quick brown fox jumps" in out
+    assert "stream_async(): 2 tokens: the quick" in out
+    assert out.count("stream_async():") == 3
+
+
+def test_scheduling_example(tmp_path):
+    out = run_example("scheduling.py", tmp_path)
+    assert "executed: busy, URGENT, low-0, low-1, low-2" in out
+    assert "one too many: UnavailableError" in out and "queue size" in out
+    assert "hasty: UnavailableError: Request timeout expired" in out
+    assert "2 * factor 10 = 20.0" in out
+    seconds = float(out.split("both done in ")[1].split(" s")[0])
+    assert seconds < 0.55  # two 0.3 s requests side by side, not one after the other

@@ -303,11 +303,25 @@ static void free_block_capsule(PyObject* capsule)
 
 /* ---- calls in flight (caller side) ------------------------------------- */
 
+typedef struct Queued {
+  struct Queued* next;
+  TRITONSERVER_InferenceResponse* response;
+} Queued;
+
 typedef struct Call {
   struct Call *prev, *next; /* pending list, for stop() */
   TRITONSERVER_Server* server;
   atomic_int refs; /* the caller's side + Triton's request (until released) */
   int is_async;
+  /* streams (several responses): a queue the consumer pops, under mu */
+  int is_stream;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct Queued* head;
+  struct Queued* tail;
+  int finished;  /* the final flag arrived */
+  int closed;    /* the consumer let go */
+  TRITONSERVER_InferenceRequest* request; /* for cancellation, while not released */
   int aborted;
   int released; /* Triton released the request */
   atomic_int done; /* sync calls: WAIT_* */
@@ -359,9 +373,24 @@ static void pending_remove(Call* c)
 /* A call is freed when both sides let go of it: the caller (after reading
  * the response and resolving its future) and Triton (when it releases the
  * request, which is when Triton stops reading the input buffers). */
+static void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
+
+/* Streams are unreferenced with the GIL held (they own loop and future). */
 static void call_unref(Call* c)
 {
   if (atomic_fetch_sub(&c->refs, 1) == 1) {
+    if (c->is_stream) {
+      for (Queued* q = c->head; q != NULL;) {
+        Queued* next = q->next;
+        bury(NULL, q->response);
+        free(q);
+        q = next;
+      }
+      Py_CLEAR(c->loop);
+      Py_CLEAR(c->future);
+      pthread_mutex_destroy(&c->mu);
+      pthread_cond_destroy(&c->cv);
+    }
     if (c->keep != c->keep_inline) free(c->keep);
     free(c);
   }
@@ -375,8 +404,6 @@ static void call_drop_inputs(Call* c)
 }
 
 /* With the GIL: the caller's side is done with the call. */
-static void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
-
 static void call_free(Call* c)
 {
   if (c->response != NULL) bury(NULL, c->response); /* see bury() */
@@ -471,10 +498,45 @@ static void call_complete(Call* c)
   gil_leave(entered);
 }
 
+static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
+{
+  Queued* q = response ? malloc(sizeof(Queued)) : NULL;
+  if (q) q->next = NULL, q->response = response;
+  pthread_mutex_lock(&c->mu);
+  int notify = !c->closed && c->loop != NULL;
+  if (q && !c->closed) {
+    if (c->tail) c->tail->next = q; else c->head = q;
+    c->tail = q;
+    q = NULL;
+  }
+  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) {
+    c->finished = 1;
+    pending_remove(c);
+    atomic_fetch_sub(&in_flight, 1);
+  }
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (q) { /* nobody reads it any more */
+    bury(NULL, q->response);
+    free(q);
+  }
+  if (notify) { /* asyncio consumer: wake its loop (loop and notify live until the call is freed) */
+    int entered = gil_enter();
+    PyObject* r = PyObject_CallMethodObjArgs(c->loop, s_call_soon_threadsafe, c->future, NULL);
+    if (r == NULL) PyErr_Clear(); /* the loop is closed */
+    Py_XDECREF(r);
+    gil_leave(entered);
+  }
+}
+
 static void response_cb(TRITONSERVER_InferenceResponse* response,
                         const uint32_t flags, void* userp)
 {
   Call* c = (Call*)userp;
+  if (c->is_stream) {
+    stream_response(c, response, flags);
+    return;
+  }
   if (response != NULL) {
     if (c->response == NULL)
       c->response = response;
@@ -552,12 +614,16 @@ static void release_cb(TRITONSERVER_InferenceRequest* request,
   (void)flags;
   Call* c = (Call*)userp;
   bury(request, NULL);
+  if (c->is_stream) pthread_mutex_lock(&c->mu);
   c->released = 1;
+  if (c->is_stream) pthread_mutex_unlock(&c->mu);
   int entered = gil_enter();
   call_drop_inputs(c);
-  gil_leave(entered);
   call_unref(c);
+  gil_leave(entered);
 }
+
+static PyObject* collect_response(TRITONSERVER_InferenceResponse* resp);
 
 /* With the GIL: the outputs of a finished call as a dict, or NULL + error. */
 static PyObject* call_collect(Call* c)
@@ -568,7 +634,12 @@ static PyObject* call_collect(Call* c)
   if (c->response == NULL)
     return raise_triton(TRITONSERVER_ERROR_INTERNAL,
                         "Triton completed the request without a response");
-  TRITONSERVER_InferenceResponse* resp = c->response;
+  return collect_response(c->response);
+}
+
+/* With the GIL: a response's outputs as a dict, or NULL + its error raised. */
+static PyObject* collect_response(TRITONSERVER_InferenceResponse* resp)
+{
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceResponseError(resp);
   if (err != NULL) return raise_from(err, 0);
   uint32_t count = 0;
@@ -778,7 +849,8 @@ static TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req,
 static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
-                               PyObject* parameters, PyObject* loop, PyObject* future);
+                               PyObject* parameters, PyObject* loop, PyObject* future,
+                               int stream);
 
 /* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError. */
 static PyObject* as_dict(PyObject* obj, const char* message)
@@ -800,10 +872,11 @@ static PyObject* as_dict(PyObject* obj, const char* message)
 static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs != 11) {
-    PyErr_SetString(PyExc_TypeError, "submit() takes 11 arguments");
+  if (nargs != 11 && nargs != 12) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 11 or 12 arguments");
     return NULL;
   }
+  int stream = nargs == 12 && PyObject_IsTrue(args[11]) == 1;
   if (!api_loaded || args[0] == Py_None)
     return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
                         "the server is not running; call start() or use 'with server:'");
@@ -853,7 +926,7 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
                    "the server is not running; call start() or use 'with server:'");
     } else {
       result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
-                             timeout_us, parameters, loop, args[10]);
+                             timeout_us, parameters, loop, args[10], stream);
     }
   }
   Py_XDECREF(inputs);
@@ -865,7 +938,8 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
 static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
-                               PyObject* parameters, PyObject* loop, PyObject* future)
+                               PyObject* parameters, PyObject* loop, PyObject* future,
+                               int stream)
 {
   TRITONSERVER_InferenceRequest* req = NULL;
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
@@ -884,7 +958,13 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   Py_ssize_t n_inputs = PyDict_GET_SIZE(inputs);
   c->keep = n_inputs <= 8 ? c->keep_inline : calloc((size_t)n_inputs, sizeof(PyObject*));
   atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
-  c->is_async = loop != Py_None;
+  c->is_stream = stream;
+  c->is_async = !stream && loop != Py_None;
+  if (stream) {
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->request = req;
+  }
 
   Py_ssize_t pos = 0;
   PyObject *key, *value;
@@ -926,9 +1006,9 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     goto fail_err;
 
   atomic_fetch_add(&c->refs, 1); /* Triton's, dropped in release_cb */
-  if (c->is_async) {
+  if (c->is_async || (stream && loop != Py_None)) {
     c->loop = Py_NewRef(loop);
-    c->future = Py_NewRef(future);
+    c->future = Py_NewRef(future); /* a stream's: the callable that wakes its consumer */
   } else {
     atomic_init(&c->done, WAIT_PENDING);
   }
@@ -951,6 +1031,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     return NULL;
   }
   if (c->is_async) Py_RETURN_NONE;
+  if (stream) return PyCapsule_New(c, "embedtriton.stream", NULL);
 
   Py_BEGIN_ALLOW_THREADS
   wait_for(&c->done);
@@ -967,6 +1048,91 @@ fail:
   call_drop_inputs(c);
   call_free(c);
   return NULL;
+}
+
+/* stream_next(stream, block) -> (0, outputs) | (1, None) when nothing is
+ * there yet (block=False) | (2, None) at the end. An error response raises. */
+static PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
+{
+  (void)self;
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "stream_next() takes 2 arguments");
+    return NULL;
+  }
+  Call* c = (Call*)PyCapsule_GetPointer(args[0], "embedtriton.stream");
+  if (c == NULL) return NULL;
+  int block = PyObject_IsTrue(args[1]) == 1;
+  Queued* q = NULL;
+  int finished = 0;
+  PyThreadState* saved = block ? PyEval_SaveThread() : NULL; /* never wait for the GIL holding mu */
+  pthread_mutex_lock(&c->mu);
+  while (block && c->head == NULL && !c->finished) pthread_cond_wait(&c->cv, &c->mu);
+  q = c->head;
+  if (q != NULL) {
+    c->head = q->next;
+    if (c->head == NULL) c->tail = NULL;
+  }
+  finished = c->finished;
+  pthread_mutex_unlock(&c->mu);
+  if (saved) PyEval_RestoreThread(saved);
+  if (q == NULL) {
+    if (finished && c->aborted)
+      return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                          "the server stopped before this stream completed");
+    return Py_BuildValue("(iO)", finished ? 2 : 1, Py_None);
+  }
+  PyObject* outputs = collect_response(q->response);
+  bury(NULL, q->response);
+  free(q);
+  if (outputs == NULL) return NULL;
+  PyObject* r = Py_BuildValue("(iN)", 0, outputs);
+  return r;
+}
+
+/* stream_close(stream): the consumer is done; cancels the request if Triton
+ * is still working on it. */
+static PyObject* py_stream_close(PyObject* self, PyObject* capsule)
+{
+  (void)self;
+  Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.stream");
+  if (c == NULL) return NULL;
+  if (PyCapsule_SetName(capsule, "embedtriton.closed-stream") < 0) return NULL;
+  pthread_mutex_lock(&c->mu);
+  c->closed = 1;
+  int cancel = !c->finished && !c->released && !c->aborted;
+  pthread_mutex_unlock(&c->mu);
+  /* a request released meanwhile is buried, not deleted: still valid here */
+  if (cancel) {
+    TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
+    if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
+  }
+  call_unref(c);
+  Py_RETURN_NONE;
+}
+
+/* cancel_streams(server): stop() cancels the streams still running on a
+ * server (a decoupled model may stream for ever); their consumers get an
+ * UnavailableError after what already arrived. Returns the count. */
+static PyObject* py_cancel_streams(PyObject* self, PyObject* arg)
+{
+  (void)self;
+  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(arg);
+  if (PyErr_Occurred()) return NULL;
+  long n = 0;
+  pthread_mutex_lock(&pending_lock);
+  for (Call* c = pending.next; c != &pending; c = c->next) {
+    if (c->server != server || !c->is_stream) continue;
+    pthread_mutex_lock(&c->mu);
+    if (!c->finished && !c->released) {
+      c->aborted = 1;
+      TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
+      if (err) api.TRITONSERVER_ErrorDelete(err);
+      n++;
+    }
+    pthread_mutex_unlock(&c->mu);
+  }
+  pthread_mutex_unlock(&pending_lock);
+  return PyLong_FromLong(n);
 }
 
 /* abort_pending(server): after the server is deleted, fail every call that
@@ -996,10 +1162,22 @@ static PyObject* py_abort_pending(PyObject* self, PyObject* arg)
       call_drop_inputs(found);
       call_unref(found);
     }
-    if (found->is_async)
+    if (found->is_stream) {
+      pthread_mutex_lock(&found->mu);
+      found->finished = 1;
+      pthread_cond_signal(&found->cv);
+      int notify = !found->closed && found->loop != NULL;
+      pthread_mutex_unlock(&found->mu);
+      if (notify) {
+        PyObject* r = PyObject_CallMethodObjArgs(found->loop, s_call_soon_threadsafe, found->future, NULL);
+        if (r == NULL) PyErr_Clear();
+        Py_XDECREF(r);
+      }
+    } else if (found->is_async) {
       schedule_async(found);
-    else
+    } else {
       wait_signal(&found->done);
+    }
   }
   return PyLong_FromLong(n);
 }
@@ -1019,6 +1197,7 @@ typedef struct {
   PyObject* execute;
   char* name;
   int64_t max_batch_size;
+  int decoupled;
   Py_ssize_t n_outputs;
   OutputSpec* outputs;
 } ModelState;
@@ -1085,6 +1264,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   PyObject* mbs = PyObject_GetAttr(binding, s_max_batch_size);
   PyObject* name = PyObject_GetAttr(binding, s_name);
   ms->max_batch_size = mbs ? PyLong_AsLongLong(mbs) : 0;
+  PyObject* decoupled = PyObject_GetAttrString(binding, "decoupled");
+  ms->decoupled = decoupled != NULL && PyObject_IsTrue(decoupled) == 1;
+  Py_XDECREF(decoupled);
   ms->name = strdup(name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "?");
   Py_XDECREF(mbs);
   Py_XDECREF(name);
@@ -1296,16 +1478,11 @@ static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* valu
 /* With the GIL: build request i's response from out (a dict), outputs copied
  * in. Returns the response to send (NULL if none could be made) and sets
  * *error when the request failed. */
-static TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request,
-                                       PyObject* out, uint64_t batch_size, size_t index,
-                                       TRITONSERVER_Error** error)
+static TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request,
+                                         TRITONBACKEND_Response* response, PyObject* out,
+                                         uint64_t batch_size, size_t index)
 {
-  TRITONBACKEND_Response* response = NULL;
-  TRITONSERVER_Error* err = api.TRITONBACKEND_ResponseNew(&response, request);
-  if (err != NULL) {
-    *error = err;
-    return NULL;
-  }
+  TRITONSERVER_Error* err = NULL;
   if (!PyDict_Check(out)) {
     err = new_error(TRITONSERVER_ERROR_INTERNAL,
                     "model '%s' must return one dict of outputs per request; "
@@ -1368,7 +1545,18 @@ static TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* re
     if (err != NULL) goto send;
   }
 send:
-  *error = err; /* the caller sends it, reports it in the statistics and deletes it */
+  return err;
+}
+
+static TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request,
+                                       PyObject* out, uint64_t batch_size, size_t index,
+                                       TRITONSERVER_Error** error)
+{
+  TRITONBACKEND_Response* response = NULL;
+  *error = api.TRITONBACKEND_ResponseNew(&response, request);
+  if (*error != NULL) return NULL;
+  /* the caller sends the error, reports it in the statistics and deletes it */
+  *error = fill_response(ms, request, response, out, batch_size, index);
   return response;
 }
 
@@ -1380,6 +1568,105 @@ static void send_final(TRITONBACKEND_Response* response, TRITONSERVER_Error* err
     api.TRITONSERVER_ErrorDelete(send_err);
     api.TRITONBACKEND_ResponseDelete(response);
   }
+}
+
+/* ---- decoupled models: several responses per request --------------------
+ * The binding returns an iterator of steps; each step is a list with one
+ * outputs dict (or None) per request, or a str: the message of an exception.
+ * Every dict is sent at once as a response of its own; when the iterator ends
+ * each request gets its final flag. Before each step, requests whose caller
+ * went away (cancelled) are closed; when all are, the iterator is closed. */
+static void factory_finish(TRITONBACKEND_ResponseFactory** f, TRITONSERVER_Error* err)
+{
+  if (*f == NULL) return;
+  if (err != NULL) {
+    TRITONBACKEND_Response* response = NULL;
+    if (api.TRITONBACKEND_ResponseNewFromFactory(&response, *f) == NULL)
+      send_final(response, err);
+  } else {
+    TRITONSERVER_Error* e = api.TRITONBACKEND_ResponseFactorySendFlags(*f, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+    if (e) api.TRITONSERVER_ErrorDelete(e);
+  }
+  api.TRITONBACKEND_ResponseFactoryDelete(*f);
+  *f = NULL;
+}
+
+static TRITONSERVER_Error* copy_error(TRITONSERVER_Error* err)
+{
+  return api.TRITONSERVER_ErrorNew(api.TRITONSERVER_ErrorCode(err), api.TRITONSERVER_ErrorMessage(err));
+}
+
+static void run_decoupled(ModelState* ms, TRITONBACKEND_Request** requests, uint32_t count,
+                          PyObject* steps, uint64_t* sizes, TRITONSERVER_Error** errors)
+{
+  TRITONBACKEND_ResponseFactory** factories = calloc(count, sizeof(TRITONBACKEND_ResponseFactory*));
+  uint32_t open = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    errors[i] = api.TRITONBACKEND_ResponseFactoryNew(&factories[i], requests[i]);
+    if (errors[i] == NULL) {
+      open++;
+    } else { /* answer it the plain way */
+      TRITONBACKEND_Response* response = NULL;
+      factories[i] = NULL;
+      if (api.TRITONBACKEND_ResponseNew(&response, requests[i]) == NULL) send_final(response, errors[i]);
+    }
+  }
+  TRITONSERVER_Error* fail = NULL;
+  while (open > 0 && fail == NULL) {
+    for (uint32_t i = 0; i < count; i++) {
+      bool cancelled = false;
+      if (factories[i] && api.TRITONBACKEND_ResponseFactoryIsCancelled(factories[i], &cancelled) == NULL &&
+          cancelled) {
+        factory_finish(&factories[i], NULL);
+        errors[i] = new_error(TRITONSERVER_ERROR_CANCELLED, "the caller cancelled the request");
+        open--;
+      }
+    }
+    if (open == 0) break;
+    PyObject* step = PyIter_Next(steps);
+    if (step == NULL) {
+      if (PyErr_Occurred()) fail = error_from_python("model binding failed");
+      break;
+    }
+    if (PyUnicode_Check(step)) {
+      fail = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(step));
+    } else if (!PyList_Check(step) || PyList_GET_SIZE(step) != (Py_ssize_t)count) {
+      fail = new_error(TRITONSERVER_ERROR_INTERNAL,
+                       "model '%s' must yield a list with one dict (or None) per request (%u)",
+                       ms->name, count);
+    } else {
+      for (uint32_t i = 0; i < count; i++) {
+        PyObject* out = PyList_GET_ITEM(step, i);
+        if (out == Py_None || factories[i] == NULL) continue;
+        TRITONBACKEND_Response* response = NULL;
+        TRITONSERVER_Error* err = api.TRITONBACKEND_ResponseNewFromFactory(&response, factories[i]);
+        if (err == NULL) err = fill_response(ms, requests[i], response, out, sizes[i], i);
+        if (err != NULL) { /* this request fails; the others go on */
+          if (response) send_final(response, err);
+          api.TRITONBACKEND_ResponseFactoryDelete(factories[i]);
+          factories[i] = NULL;
+          errors[i] = err;
+          open--;
+          continue;
+        }
+        TRITONSERVER_Error* send_err = api.TRITONBACKEND_ResponseSend(response, 0, NULL);
+        if (send_err) {
+          api.TRITONSERVER_ErrorDelete(send_err);
+          api.TRITONBACKEND_ResponseDelete(response);
+        }
+      }
+    }
+    Py_DECREF(step);
+  }
+  PyObject* r = PyObject_CallMethod(steps, "close", NULL); /* a no-op once exhausted */
+  if (r == NULL) PyErr_Clear();
+  Py_XDECREF(r);
+  for (uint32_t i = 0; i < count; i++) {
+    if (factories[i] != NULL && fail != NULL && errors[i] == NULL) errors[i] = copy_error(fail);
+    factory_finish(&factories[i], factories[i] ? (fail ? errors[i] : NULL) : NULL);
+  }
+  if (fail != NULL) api.TRITONSERVER_ErrorDelete(fail);
+  free(factories);
 }
 
 /* An input view that the callable kept a reference to must outlive Triton's
@@ -1459,7 +1746,10 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
       batch_err = error_from_python("model binding failed");
     else if (PyUnicode_Check(result)) /* the callable raised: its message */
       batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
-    else if (!PyList_Check(result) || PyList_GET_SIZE(result) != (Py_ssize_t)count)
+    else if (ms->decoupled) {
+      run_decoupled(ms, requests, count, result, sizes, errors);
+      compute_end = now_ns();
+    } else if (!PyList_Check(result) || PyList_GET_SIZE(result) != (Py_ssize_t)count)
       batch_err = new_error(TRITONSERVER_ERROR_INTERNAL,
                             "model '%s' must return a list with one dict per request (%u)",
                             ms->name, count);
@@ -1472,7 +1762,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
       if (api.TRITONBACKEND_ResponseNew(&responses[i], requests[i]) != NULL) responses[i] = NULL;
       errors[i] = api.TRITONSERVER_ErrorNew(api.TRITONSERVER_ErrorCode(batch_err),
                                             api.TRITONSERVER_ErrorMessage(batch_err));
-    } else {
+    } else if (!ms->decoupled) { /* decoupled: all sent already */
       responses[i] = respond(ms, requests[i], PyList_GET_ITEM(result, i), sizes[i], i, &errors[i]);
     }
   }
@@ -1611,7 +1901,11 @@ static PyMethodDef methods[] = {
     {"set_hooks", py_set_hooks, METH_VARARGS, "Install the Python hooks."},
     {"submit", (PyCFunction)(void (*)(void))py_submit, METH_FASTCALL,
      "Submit one inference request."},
+    {"stream_next", (PyCFunction)(void (*)(void))py_stream_next, METH_FASTCALL,
+     "Next response of a stream."},
+    {"stream_close", py_stream_close, METH_O, "Close a stream (cancels it if unfinished)."},
     {"_complete", py_complete, METH_O, "Finish an asyncio call (event loop side)."},
+    {"cancel_streams", py_cancel_streams, METH_O, "Cancel the streams running on a server."},
     {"abort_pending", py_abort_pending, METH_O,
      "Fail every call of a deleted server that Triton never completed."},
     {"open_server", py_open_server, METH_O, "Accept requests for a server."},

@@ -24,6 +24,7 @@ typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
 typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
 typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
 typedef struct TRITONBACKEND_Backend TRITONBACKEND_Backend;
+typedef struct TRITONBACKEND_ResponseFactory TRITONBACKEND_ResponseFactory;
 
 typedef enum {
   TRITONSERVER_TYPE_INVALID, TRITONSERVER_TYPE_BOOL, TRITONSERVER_TYPE_UINT8,
@@ -128,6 +129,8 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(
      void* response_allocator_userp,                                           \
      TRITONSERVER_InferenceResponseCompleteFn_t response_fn,                   \
      void* response_userp))                                                    \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceRequestCancel,                  \
+    (TRITONSERVER_InferenceRequest * inference_request))                       \
   X(TRITONSERVER_Error*, TRITONSERVER_ServerInferAsync,                        \
     (TRITONSERVER_Server * server,                                             \
      TRITONSERVER_InferenceRequest * inference_request,                        \
@@ -201,6 +204,16 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(
     (TRITONBACKEND_Output * output, void** buffer,                             \
      const uint64_t buffer_byte_size, TRITONSERVER_MemoryType* memory_type,    \
      int64_t* memory_type_id))                                                 \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ResponseFactoryNew,                     \
+    (TRITONBACKEND_ResponseFactory * *factory, TRITONBACKEND_Request * request)) \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ResponseFactoryDelete,                  \
+    (TRITONBACKEND_ResponseFactory * factory))                                 \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ResponseFactorySendFlags,               \
+    (TRITONBACKEND_ResponseFactory * factory, const uint32_t send_flags))      \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ResponseFactoryIsCancelled,             \
+    (TRITONBACKEND_ResponseFactory * factory, bool* is_cancelled))             \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ResponseNewFromFactory,                 \
+    (TRITONBACKEND_Response * *response, TRITONBACKEND_ResponseFactory * factory)) \
   X(TRITONSERVER_Error*, TRITONBACKEND_ResponseSend,                           \
     (TRITONBACKEND_Response * response, const uint32_t send_flags,             \
      TRITONSERVER_Error * error))
