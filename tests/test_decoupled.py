@@ -110,7 +110,10 @@ def test_many_concurrent_streams_each_get_their_own(server):
 
 def test_async_generator_and_stream_async(server):
     async def main():
-        return [values([p async for p in server.model("AsyncCounter").stream_async(count_to(n))]) for n in (2, 3)]
+        results = []
+        for n in (2, 3):
+            results.append(values([p async for p in server.model("AsyncCounter").stream_async(count_to(n))]))
+        return results
 
     assert asyncio.run(main()) == [[100, 101], [100, 101, 102]]
 
