@@ -181,22 +181,7 @@ class Binding:
     def _steps(self, result: Any, n: int) -> Iterator[Any]:
         """Drive a (sync or async) generator one step at a time, on the model's thread."""
         if hasattr(result, "__anext__"):
-            loop = asyncio.new_event_loop()
-            try:
-                while True:
-                    try:
-                        step = loop.run_until_complete(result.__anext__())
-                    except StopAsyncIteration:
-                        return
-                    except Exception as exc:
-                        yield self._failed(exc)
-                        return
-                    yield list(step) if isinstance(step, tuple) else step
-            finally:
-                try:
-                    loop.run_until_complete(result.aclose())
-                finally:
-                    loop.close()
+            result = _sync_iterator(result)
         if not hasattr(result, "__next__"):
             yield (
                 f"model '{self.name}' is decoupled: its function must be a generator that yields "
@@ -215,3 +200,19 @@ class Binding:
                 yield list(step) if isinstance(step, tuple) else step
         finally:
             result.close()
+
+
+def _sync_iterator(agen: Any) -> Iterator[Any]:
+    """An async generator as a plain one, driven by a private event loop."""
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        try:
+            loop.run_until_complete(agen.aclose())
+        finally:
+            loop.close()

@@ -119,23 +119,34 @@ class Model:
         ``inputs`` maps input names to arrays (with the batch axis when the model batches).
         ``outputs`` limits which outputs come back (all by default).
         """
+        return self._submit(inputs, outputs, request_id, priority, timeout_us, parameters)
+
+    def _submit(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None,
+        request_id: str | None,
+        priority: int | None,
+        timeout_us: int | None,
+        parameters: Mapping[str, Any] | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        target: Any = None,
+        stream: bool = False,
+    ) -> Any:
+        """Hand one request to the native data path (it validates the arguments).
+
+        Without a loop: waits and returns the outputs. With a loop: resolves ``target`` (a
+        future) there. ``stream``: returns a stream handle; ``target`` wakes an asyncio consumer.
+        """
+        if not stream:
+            binding = self._server._bound.get(self.name)
+            if binding is not None and binding.decoupled:
+                raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
         native = _native or _native_module()
-        binding = self._server._bound.get(self.name)
-        if binding is not None and binding.decoupled:
-            raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
         return native.submit(
-            self._server._handle,
-            self.name,
-            self.version,
-            inputs,
-            outputs,
-            request_id,
-            priority,
-            timeout_us,
-            parameters,
-            None,
-            None,
-        )
+            self._server._handle, self.name, self.version, inputs, outputs, request_id,
+            priority, timeout_us, parameters, loop, target, stream,
+        )  # fmt: skip
 
     def infer_async(
         self,
@@ -155,19 +166,7 @@ class Model:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         try:
-            (_native or _native_module()).submit(
-                self._server._handle,
-                self.name,
-                self.version,
-                inputs,
-                outputs,
-                request_id,
-                priority,
-                timeout_us,
-                parameters,
-                loop,
-                future,
-            )
+            self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, loop, future)
         except Exception as exc:
             future.set_exception(exc)
         return future
@@ -188,15 +187,12 @@ class Model:
         it. Leaving the loop early (``break``, an exception, closing the iterator) cancels
         the request and closes the model's generator.
         """
-        native = _native or _native_module()
-        handle = native.submit(
-            self._server._handle, self.name, self.version, inputs, outputs, request_id,
-            priority, timeout_us, parameters, None, None, True,
-        )  # fmt: skip
-        return self._iterate(native, handle)
+        handle = self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, stream=True)
+        return self._iterate(handle)
 
     @staticmethod
-    def _iterate(native: Any, handle: Any) -> Iterator[dict[str, Any]]:
+    def _iterate(handle: Any) -> Iterator[dict[str, Any]]:
+        native = _native
         try:
             while True:
                 status, outputs = native.stream_next(handle, True)
@@ -217,13 +213,10 @@ class Model:
         outputs: Sequence[str] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """:meth:`stream` for asyncio: ``async for part in model.stream_async(...)``."""
-        native = _native or _native_module()
         loop = asyncio.get_running_loop()
         arrived = asyncio.Event()
-        handle = native.submit(
-            self._server._handle, self.name, self.version, inputs, outputs, request_id,
-            priority, timeout_us, parameters, loop, arrived.set, True,
-        )  # fmt: skip
+        handle = self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, loop, arrived.set, True)
+        native = _native
         try:
             while True:
                 status, outputs = native.stream_next(handle, False)

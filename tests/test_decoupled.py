@@ -188,6 +188,12 @@ def test_infer_on_a_decoupled_model_points_to_stream(server):
     with pytest.raises(InvalidArgumentError, match="decoupled: call stream"):
         server.model("Counter").infer(count_to(1))
 
+    async def main():
+        return await server.model("Counter").infer_async(count_to(1))
+
+    with pytest.raises(InvalidArgumentError, match="decoupled: call stream"):
+        asyncio.run(main())
+
 
 def test_stream_on_a_plain_model_yields_its_one_response(server):
     assert values(server.model("Plain").stream(count_to(4))) == [8.0]
