@@ -33,9 +33,21 @@ class Request(dict):
     Arrays are read-only views of the request's memory while the callable runs
     (a view the callable keeps gets its own copy afterwards). ``parameters`` holds the
     request's parameters (str, int, float or bool values).
+
+    On a sequence model (``ModelConfig(sequence_batcher=...)``) a request also has
+    ``correlation_id``, ``sequence_start``, ``sequence_end`` and ``state``: a dict the
+    library keeps for the sequence, created at its start, the same object on each of its
+    requests, dropped at its end or when Triton ends it for being idle.
     """
 
-    __slots__ = ("parameters",)
+    __slots__ = (
+        "parameters",
+        "correlation_id",
+        "sequence_start",
+        "sequence_end",
+        "sequence_ready",
+        "state",
+    )
 
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) for k, v in self.items()}
@@ -125,6 +137,11 @@ class Binding:
         self.config = config
         self.max_batch_size = config.max_batch_size if config.batching else 0
         self.decoupled = config.decoupled
+        self.sequence = config.sequence_batcher is not None
+        idle_us = config.sequence_batcher.max_sequence_idle_microseconds if self.sequence else 0
+        self._idle_s = idle_us / 1e6
+        self._states: dict[Any, dict[str, Any]] = {}  # correlation id -> the sequence's state
+        self._last_seen: dict[Any, float] = {}
         # (name, TRITONSERVER_DataType value, dims) per output, read by the backend.
         self.output_specs = [(t.name, DATATYPE_VALUE[triton_dtype(t.dtype)], t.shape) for t in outputs]
         self.loaded_at = 0.0  # time.monotonic() when Triton last finished loading it
@@ -159,6 +176,8 @@ class Binding:
         For a decoupled model: an iterator of steps (lists with one outputs dict or None
         per request), ending with an error message (str) if the callable raised.
         """
+        if self.sequence:
+            return self._execute_sequence(requests)
         try:
             result = self.infer_func(requests)
         except Exception as exc:
@@ -173,6 +192,35 @@ class Binding:
             f"model '{self.name}' must return a list with one dict of outputs per request; "
             f"it returned {type(result).__name__} (use @batch for a function of batched arrays)"
         )
+
+    def _execute_sequence(self, requests: list[Request]) -> list[Any] | Iterator[Any] | str:
+        """Attach each sequence's state; padding requests (not ready) skip the callable."""
+        now = time.monotonic()
+        for cid in [c for c, seen in self._last_seen.items() if now - seen > self._idle_s]:
+            self._states.pop(cid, None)  # Triton ended it for being idle
+            del self._last_seen[cid]
+        live = [r for r in requests if r.sequence_ready]
+        for r in live:
+            cid = r.correlation_id
+            if r.sequence_start or cid not in self._states:
+                self._states[cid] = {}
+            r.state = self._states[cid]
+            self._last_seen[cid] = now
+        try:
+            result = self.infer_func(live) if live else []
+        except Exception as exc:
+            return self._failed(exc)
+        finally:
+            for r in live:
+                if r.sequence_end:
+                    self._states.pop(r.correlation_id, None)
+                    self._last_seen.pop(r.correlation_id, None)
+        if self.decoupled:
+            return self._steps(result, len(live))  # (decoupled sequences: padding not expected)
+        if not isinstance(result, (list, tuple)) or len(result) != len(live):
+            return f"model '{self.name}' must return a list with one dict of outputs per request"
+        answers = iter(result)
+        return [next(answers) if r.sequence_ready else None for r in requests]
 
     def _failed(self, exc: BaseException) -> str:
         log.debug("model %r raised:\n%s", self.name, traceback.format_exc())

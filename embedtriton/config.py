@@ -167,6 +167,64 @@ class ModelWarmup:
 
 
 @dataclass(frozen=True)
+class SequenceBatcher:
+    """Triton's sequence batcher, for stateful models: every request of a sequence (one
+    correlation id) reaches the same model instance, in order.
+
+    ``strategy``: "direct" (one batch slot per sequence) or "oldest" (dynamic batching
+    across the oldest sequences; ``max_candidate_sequences``, ``preferred_batch_size`` and
+    ``max_queue_delay_microseconds`` apply to it). A sequence idle for longer than
+    ``max_sequence_idle_microseconds`` is ended by Triton.
+    """
+
+    strategy: str = "direct"
+    max_sequence_idle_microseconds: int = 1_000_000
+    max_candidate_sequences: int | None = None
+    preferred_batch_size: list[int] | None = None
+    max_queue_delay_microseconds: int = 0
+    iterative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("direct", "oldest"):
+            raise InvalidArgumentError(f"SequenceBatcher.strategy must be 'direct' or 'oldest', not {self.strategy!r}")
+        _non_negative("SequenceBatcher.max_sequence_idle_microseconds", self.max_sequence_idle_microseconds)
+        _non_negative("SequenceBatcher.max_queue_delay_microseconds", self.max_queue_delay_microseconds)
+        if self.strategy == "direct" and (self.max_candidate_sequences or self.preferred_batch_size):
+            raise InvalidArgumentError(
+                "SequenceBatcher: max_candidate_sequences and preferred_batch_size apply to strategy='oldest'"
+            )
+        if self.iterative:
+            raise InvalidArgumentError("SequenceBatcher(iterative=True) is not available in this version yet")
+
+    def to_triton(self) -> dict[str, Any]:
+        controls = [
+            {"name": f"{CONTROL_PREFIX}{name}", "control": [{"kind": kind, "int32_false_true": [0, 1]}]}
+            for name, kind in (
+                ("start", "CONTROL_SEQUENCE_START"),
+                ("end", "CONTROL_SEQUENCE_END"),
+                ("ready", "CONTROL_SEQUENCE_READY"),
+            )
+        ]
+        out: dict[str, Any] = {
+            "max_sequence_idle_microseconds": self.max_sequence_idle_microseconds,
+            "control_input": controls,
+        }
+        if self.strategy == "direct":
+            out["direct"] = {}
+        else:
+            oldest: dict[str, Any] = {"max_queue_delay_microseconds": self.max_queue_delay_microseconds}
+            if self.max_candidate_sequences:
+                oldest["max_candidate_sequences"] = self.max_candidate_sequences
+            if self.preferred_batch_size:
+                oldest["preferred_batch_size"] = list(self.preferred_batch_size)
+            out["oldest"] = oldest
+        return out
+
+
+CONTROL_PREFIX = "_embedtriton_"  # the backend turns these control inputs into Request attributes
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """How Triton serves a bound callable. Fields and defaults follow PyTriton's ModelConfig."""
 
@@ -177,6 +235,7 @@ class ModelConfig:
     decoupled: bool = False
     model_warmup: list[ModelWarmup] | None = None
     instance_group: list[InstanceGroup] | None = None
+    sequence_batcher: SequenceBatcher | None = None
 
     def __post_init__(self) -> None:
         if self.batching and (not isinstance(self.max_batch_size, int) or self.max_batch_size < 1):
@@ -186,6 +245,10 @@ class ModelConfig:
             )
         if not isinstance(self.batcher, DynamicBatcher):
             raise InvalidArgumentError(f"ModelConfig.batcher must be a DynamicBatcher, not {self.batcher!r}")
+        if self.sequence_batcher is not None and not isinstance(self.sequence_batcher, SequenceBatcher):
+            raise InvalidArgumentError(
+                f"ModelConfig.sequence_batcher must be a SequenceBatcher, not {self.sequence_batcher!r}"
+            )
         if self.decoupled and self.response_cache:
             raise InvalidArgumentError("Triton's response cache does not serve decoupled models")
         for group in self.instance_group or []:
@@ -279,7 +342,9 @@ def model_config_json(
         "output": [tensor(t) for t in outputs],
         "instance_group": [g.to_triton() for g in config.instance_group or [InstanceGroup()]],
     }
-    if config.batching:
+    if config.sequence_batcher is not None:
+        out["sequence_batching"] = config.sequence_batcher.to_triton()
+    elif config.batching:
         out["dynamic_batching"] = config.batcher.to_triton()
     if config.response_cache:
         out["response_cache"] = {"enable": True}

@@ -93,8 +93,21 @@ class ServerConfig:
         return [(name, json.dumps(settings)) for name, settings in grouped.items()]
 
 
+def _sequence(correlation_id: int | str | None, start: bool, end: bool) -> tuple[int | str, int] | None:
+    """(correlation id, Triton's request flags) for a request of a sequence, or None."""
+    if correlation_id is None:
+        if start or end:
+            raise InvalidArgumentError("sequence_start/sequence_end need a correlation_id")
+        return None
+    return correlation_id, (1 if start else 0) | (2 if end else 0)
+
+
 class Model:
-    """A handle on one model of a :class:`Server`."""
+    """A handle on one model of a :class:`Server`.
+
+    Every call takes, for stateful models, ``correlation_id`` (a positive int or a str)
+    with ``sequence_start`` / ``sequence_end`` marking the first and last request.
+    """
 
     def __init__(self, server: Server, name: str, version: int = -1) -> None:
         self._server = server
@@ -113,13 +126,17 @@ class Model:
         timeout_us: int | None = None,
         request_id: str | None = None,
         outputs: Sequence[str] | None = None,
+        correlation_id: int | str | None = None,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
     ) -> dict[str, Any]:
         """Run one request and return its outputs (name -> numpy array).
 
         ``inputs`` maps input names to arrays (with the batch axis when the model batches).
         ``outputs`` limits which outputs come back (all by default).
         """
-        return self._submit(inputs, outputs, request_id, priority, timeout_us, parameters)
+        sequence = _sequence(correlation_id, sequence_start, sequence_end)
+        return self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, sequence=sequence)
 
     def _submit(
         self,
@@ -132,6 +149,7 @@ class Model:
         loop: asyncio.AbstractEventLoop | None = None,
         target: Any = None,
         stream: bool = False,
+        sequence: tuple[int | str, int] | None = None,
     ) -> Any:
         """Hand one request to the native data path (it validates the arguments).
 
@@ -145,7 +163,7 @@ class Model:
         native = _native or _native_module()
         return native.submit(
             self._server._handle, self.name, self.version, inputs, outputs, request_id,
-            priority, timeout_us, parameters, loop, target, stream,
+            priority, timeout_us, parameters, loop, target, stream, sequence,
         )  # fmt: skip
 
     def infer_async(
@@ -157,6 +175,9 @@ class Model:
         timeout_us: int | None = None,
         request_id: str | None = None,
         outputs: Sequence[str] | None = None,
+        correlation_id: int | str | None = None,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
     ) -> asyncio.Future[dict[str, Any]]:
         """:meth:`infer` for asyncio: ``await model.infer_async(...)``; many may be in flight.
 
@@ -166,7 +187,8 @@ class Model:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         try:
-            self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, loop, future)
+            sequence = _sequence(correlation_id, sequence_start, sequence_end)
+            self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, loop, future, sequence=sequence)
         except Exception as exc:
             future.set_exception(exc)
         return future
@@ -180,6 +202,9 @@ class Model:
         timeout_us: int | None = None,
         request_id: str | None = None,
         outputs: Sequence[str] | None = None,
+        correlation_id: int | str | None = None,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """Run one request on a decoupled model and iterate over its responses as they come.
 
@@ -187,7 +212,10 @@ class Model:
         it. Leaving the loop early (``break``, an exception, closing the iterator) cancels
         the request and closes the model's generator.
         """
-        handle = self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, stream=True)
+        sequence = _sequence(correlation_id, sequence_start, sequence_end)
+        handle = self._submit(
+            inputs, outputs, request_id, priority, timeout_us, parameters, stream=True, sequence=sequence
+        )
         return self._iterate(handle)
 
     @staticmethod
@@ -211,11 +239,17 @@ class Model:
         timeout_us: int | None = None,
         request_id: str | None = None,
         outputs: Sequence[str] | None = None,
+        correlation_id: int | str | None = None,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
         """:meth:`stream` for asyncio: ``async for part in model.stream_async(...)``."""
         loop = asyncio.get_running_loop()
         arrived = asyncio.Event()
-        handle = self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, loop, arrived.set, True)
+        sequence = _sequence(correlation_id, sequence_start, sequence_end)
+        handle = self._submit(
+            inputs, outputs, request_id, priority, timeout_us, parameters, loop, arrived.set, True, sequence
+        )
         native = _native
         try:
             while True:

@@ -56,3 +56,9 @@ def test_scheduling_example(tmp_path):
     assert "2 * factor 10 = 20.0" in out
     seconds = float(out.split("both done in ")[1].split(" s")[0])
     assert seconds < 0.55  # two 0.3 s requests side by side, not one after the other
+
+
+def test_accumulator_example(tmp_path):
+    out = run_example("accumulator.py", tmp_path)
+    assert "sequence 2: running totals [2, 4, 6, 8, 10]" in out
+    assert "every running total correct" in out

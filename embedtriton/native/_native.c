@@ -33,6 +33,7 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DIMS 32
+#define CONTROL_PREFIX "_embedtriton_"
 
 static et_api_t api;
 static int api_loaded = 0;
@@ -850,7 +851,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future,
-                               int stream);
+                               int stream, PyObject* sequence);
 
 /* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError. */
 static PyObject* as_dict(PyObject* obj, const char* message)
@@ -872,11 +873,12 @@ static PyObject* as_dict(PyObject* obj, const char* message)
 static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs != 11 && nargs != 12) {
-    PyErr_SetString(PyExc_TypeError, "submit() takes 11 or 12 arguments");
+  if (nargs < 11 || nargs > 13) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 13 arguments");
     return NULL;
   }
-  int stream = nargs == 12 && PyObject_IsTrue(args[11]) == 1;
+  int stream = nargs >= 12 && PyObject_IsTrue(args[11]) == 1;
+  PyObject* sequence = nargs == 13 ? args[12] : Py_None; /* (correlation id, flags) */
   if (!api_loaded || args[0] == Py_None)
     return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
                         "the server is not running; call start() or use 'with server:'");
@@ -926,7 +928,7 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
                    "the server is not running; call start() or use 'with server:'");
     } else {
       result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
-                             timeout_us, parameters, loop, args[10], stream);
+                             timeout_us, parameters, loop, args[10], stream, sequence);
     }
   }
   Py_XDECREF(inputs);
@@ -939,7 +941,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future,
-                               int stream)
+                               int stream, PyObject* sequence)
 {
   TRITONSERVER_InferenceRequest* req = NULL;
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
@@ -989,6 +991,32 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     const char* id = PyUnicode_AsUTF8(request_id);
     if (id == NULL) goto fail;
     if ((err = api.TRITONSERVER_InferenceRequestSetId(req, id))) goto fail_err;
+  }
+  if (sequence != Py_None) {
+    PyObject* id = PyTuple_Check(sequence) && PyTuple_GET_SIZE(sequence) == 2
+                       ? PyTuple_GET_ITEM(sequence, 0) : NULL;
+    unsigned long flags = id ? PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sequence, 1)) : 0;
+    if (id == NULL || PyErr_Occurred()) {
+      PyErr_Clear();
+      raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "bad sequence arguments");
+      goto fail;
+    }
+    if (PyUnicode_Check(id)) {
+      const char* text = PyUnicode_AsUTF8(id);
+      if (text == NULL) goto fail;
+      err = api.TRITONSERVER_InferenceRequestSetCorrelationIdString(req, text);
+    } else {
+      unsigned long long number = PyLong_AsUnsignedLongLong(id);
+      if (PyErr_Occurred() || number == 0) {
+        PyErr_Clear();
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                     "correlation_id must be a positive int or a non-empty str");
+        goto fail;
+      }
+      err = api.TRITONSERVER_InferenceRequestSetCorrelationId(req, number);
+    }
+    if (err == NULL && flags) err = api.TRITONSERVER_InferenceRequestSetFlags(req, (uint32_t)flags);
+    if (err != NULL) goto fail_err;
   }
   if (priority && (err = api.TRITONSERVER_InferenceRequestSetPriorityUInt64(req, priority)))
     goto fail_err;
@@ -1198,6 +1226,7 @@ typedef struct {
   char* name;
   int64_t max_batch_size;
   int decoupled;
+  int sequence; /* sequence batcher: control inputs become Request attributes */
   Py_ssize_t n_outputs;
   OutputSpec* outputs;
 } ModelState;
@@ -1267,6 +1296,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   PyObject* decoupled = PyObject_GetAttrString(binding, "decoupled");
   ms->decoupled = decoupled != NULL && PyObject_IsTrue(decoupled) == 1;
   Py_XDECREF(decoupled);
+  PyObject* sequence = PyObject_GetAttrString(binding, "sequence");
+  ms->sequence = sequence != NULL && PyObject_IsTrue(sequence) == 1;
+  Py_XDECREF(sequence);
   ms->name = strdup(name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "?");
   Py_XDECREF(mbs);
   Py_XDECREF(name);
@@ -1325,7 +1357,21 @@ static PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
       *err = new_error(TRITONSERVER_ERROR_INVALID_ARG, "input '%s' has too many dimensions", name);
       goto fail;
     }
-    if (i == 0 && ms->max_batch_size > 0 && ndim > 0) *batch_size = (uint64_t)shape[0];
+    if (ms->sequence && strncmp(name, CONTROL_PREFIX, sizeof CONTROL_PREFIX - 1) == 0) {
+      /* a sequence-batcher control input (int32 0/1): a Request attribute */
+      const void* data = NULL;
+      uint64_t size = 0;
+      TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+      int64_t mtype_id = 0;
+      if ((*err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id))) goto fail;
+      int32_t flag = size >= 4 ? *(const int32_t*)data : 0;
+      const char* attr = name + sizeof CONTROL_PREFIX - 1; /* start, end, ready */
+      char full[32];
+      snprintf(full, sizeof full, "sequence_%s", attr);
+      if (PyObject_SetAttrString(req, full, flag ? Py_True : Py_False) < 0) goto py_fail;
+      continue;
+    }
+    if (ms->max_batch_size > 0 && ndim > 0) *batch_size = (uint64_t)shape[0];
     npy_intp dims[MAX_DIMS];
     for (uint32_t d = 0; d < ndim; d++) dims[d] = (npy_intp)shape[d];
     const void* data = NULL;
@@ -1415,6 +1461,23 @@ static PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
     Py_DECREF(value);
   }
   if (PyObject_SetAttr(req, s_parameters, params) < 0) goto py_fail;
+  if (ms->sequence) {
+    uint64_t number = 0;
+    const char* text = NULL;
+    PyObject* id = NULL;
+    TRITONSERVER_Error* e = api.TRITONBACKEND_RequestCorrelationId(request, &number);
+    if (e == NULL) {
+      id = PyLong_FromUnsignedLongLong(number);
+    } else {
+      api.TRITONSERVER_ErrorDelete(e);
+      e = api.TRITONBACKEND_RequestCorrelationIdString(request, &text);
+      if (e == NULL) id = PyUnicode_FromString(text ? text : "");
+      else api.TRITONSERVER_ErrorDelete(e), id = Py_NewRef(Py_None);
+    }
+    int rc = id ? PyObject_SetAttrString(req, "correlation_id", id) : -1;
+    Py_XDECREF(id);
+    if (rc < 0) goto py_fail;
+  }
   Py_DECREF(params);
   return req;
 py_fail:
@@ -1483,6 +1546,7 @@ static TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* 
                                          uint64_t batch_size, size_t index)
 {
   TRITONSERVER_Error* err = NULL;
+  if (ms->sequence && out == Py_None) return NULL; /* a padding request: Triton drops its response */
   if (!PyDict_Check(out)) {
     err = new_error(TRITONSERVER_ERROR_INTERNAL,
                     "model '%s' must return one dict of outputs per request; "

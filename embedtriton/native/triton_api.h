@@ -97,6 +97,16 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(
     (TRITONSERVER_InferenceRequest * inference_request, uint64_t priority))    \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceRequestSetTimeoutMicroseconds,  \
     (TRITONSERVER_InferenceRequest * inference_request, uint64_t timeout_us))  \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceRequestSetCorrelationId,        \
+    (TRITONSERVER_InferenceRequest * inference_request, uint64_t correlation_id)) \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceRequestSetCorrelationIdString,  \
+    (TRITONSERVER_InferenceRequest * inference_request, const char* correlation_id)) \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceRequestSetFlags,                \
+    (TRITONSERVER_InferenceRequest * inference_request, uint32_t flags))       \
+  X(TRITONSERVER_Error*, TRITONBACKEND_RequestCorrelationId,                   \
+    (TRITONBACKEND_Request * request, uint64_t * id))                          \
+  X(TRITONSERVER_Error*, TRITONBACKEND_RequestCorrelationIdString,             \
+    (TRITONBACKEND_Request * request, const char** id))                        \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceRequestAddInput,                \
     (TRITONSERVER_InferenceRequest * inference_request, const char* name,      \
      const TRITONSERVER_DataType datatype, const int64_t* shape,               \
