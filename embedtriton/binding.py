@@ -137,6 +137,7 @@ class Binding:
         self.config = config
         self.max_batch_size = config.max_batch_size if config.batching else 0
         self.decoupled = config.decoupled
+        self.batch_rule = config.batch_rule
         self.sequence = config.sequence_batcher is not None
         idle_us = config.sequence_batcher.max_sequence_idle_microseconds if self.sequence else 0
         self._idle_s = idle_us / 1e6
@@ -192,6 +193,18 @@ class Binding:
             f"model '{self.name}' must return a list with one dict of outputs per request; "
             f"it returned {type(result).__name__} (use @batch for a function of batched arrays)"
         )
+
+    def _include(self, batch: list[Request], candidate: Request) -> bool:
+        """Called by Triton's batcher: may ``candidate`` join ``batch`` (the requests accepted
+        so far into the batch being formed)? A rule that raises lets the request in."""
+        try:
+            accepted = bool(self.batch_rule(candidate, batch))  # type: ignore[misc]
+        except Exception:
+            log.exception("batch_rule of model %r raised; the request joins the batch", self.name)
+            accepted = True
+        if accepted:
+            batch.append(candidate)
+        return accepted
 
     def _execute_sequence(self, requests: list[Request]) -> list[Any] | Iterator[Any] | str:
         """Attach each sequence's state; padding requests (not ready) skip the callable."""

@@ -9,7 +9,7 @@ that writes Triton's config.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,6 +236,7 @@ class ModelConfig:
     model_warmup: list[ModelWarmup] | None = None
     instance_group: list[InstanceGroup] | None = None
     sequence_batcher: SequenceBatcher | None = None
+    batch_rule: Callable[[Any, list[Any]], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.batching and (not isinstance(self.max_batch_size, int) or self.max_batch_size < 1):
@@ -249,6 +250,14 @@ class ModelConfig:
             raise InvalidArgumentError(
                 f"ModelConfig.sequence_batcher must be a SequenceBatcher, not {self.sequence_batcher!r}"
             )
+        if self.batch_rule is not None:
+            if not callable(self.batch_rule):
+                raise InvalidArgumentError("ModelConfig.batch_rule must be callable: rule(candidate, batch) -> bool")
+            if not self.batching or self.sequence_batcher is not None:
+                raise InvalidArgumentError(
+                    "ModelConfig.batch_rule shapes the dynamic batcher's batches: it needs batching=True "
+                    "and no sequence_batcher"
+                )
         if self.decoupled and self.response_cache:
             raise InvalidArgumentError("Triton's response cache does not serve decoupled models")
         for group in self.instance_group or []:
@@ -323,6 +332,7 @@ def model_config_json(
     outputs: Sequence[Tensor],
     config: ModelConfig,
     backend: str,
+    batch_strategy: str = "",
 ) -> dict[str, Any]:
     """Triton's model configuration for a bound callable."""
 
@@ -350,6 +360,8 @@ def model_config_json(
         out["response_cache"] = {"enable": True}
     if config.decoupled:
         out["model_transaction_policy"] = {"decoupled": True}
+    if config.batch_rule is not None:  # our backend library is also the batch strategy
+        out["parameters"] = {"TRITON_BATCH_STRATEGY_PATH": {"string_value": batch_strategy}}
     if config.model_warmup:
         out["model_warmup"] = [warmup_json(stage, inputs) for stage in config.model_warmup]
     return out

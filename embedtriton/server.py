@@ -156,14 +156,15 @@ class Model:
         Without a loop: waits and returns the outputs. With a loop: resolves ``target`` (a
         future) there. ``stream``: returns a stream handle; ``target`` wakes an asyncio consumer.
         """
-        if not stream:
-            binding = self._server._bound.get(self.name)
-            if binding is not None and binding.decoupled:
-                raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
+        binding = self._server._bound.get(self.name)
+        if not stream and binding is not None and binding.decoupled:
+            raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
+        # With a batch rule, Triton's batcher calls Python: hand requests over without the GIL.
+        release_gil = binding is not None and binding.batch_rule is not None
         native = _native or _native_module()
         return native.submit(
             self._server._handle, self.name, self.version, inputs, outputs, request_id,
-            priority, timeout_us, parameters, loop, target, stream, sequence,
+            priority, timeout_us, parameters, loop, target, stream, sequence, release_gil,
         )  # fmt: skip
 
     def infer_async(
@@ -584,7 +585,9 @@ class Server:
     def _load(self, binding: Binding) -> None:
         directory = self._model_dir(binding.name)
         (directory / "1").mkdir(parents=True, exist_ok=True)
-        config = model_config_json(binding.name, binding.inputs, binding.outputs, binding.config, BACKEND_NAME)
+        config = model_config_json(
+            binding.name, binding.inputs, binding.outputs, binding.config, BACKEND_NAME, _native.__file__
+        )
         for stage in binding.config.model_warmup or []:  # file-based warm-up data goes beside the model
             for input_name, spec in stage.inputs.items():
                 if spec.input_data_file is not None:

@@ -62,3 +62,11 @@ def test_accumulator_example(tmp_path):
     out = run_example("accumulator.py", tmp_path)
     assert "sequence 2: running totals [2, 4, 6, 8, 10]" in out
     assert "every running total correct" in out
+
+
+def test_batch_rules_example(tmp_path):
+    out = run_example("batch_rules.py", tmp_path)
+    assert "(max 16)" in out or "(max 1" in out  # the budget held
+    budgets = out.split("tokens per batch: [")[1].split("]")[0]
+    assert max(int(b) for b in budgets.split(", ")) <= 16
+    assert "each of one adapter: True" in out

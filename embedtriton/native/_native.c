@@ -851,7 +851,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future,
-                               int stream, PyObject* sequence);
+                               int stream, PyObject* sequence, int release_gil);
 
 /* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError. */
 static PyObject* as_dict(PyObject* obj, const char* message)
@@ -873,12 +873,13 @@ static PyObject* as_dict(PyObject* obj, const char* message)
 static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs < 11 || nargs > 13) {
-    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 13 arguments");
+  if (nargs < 11 || nargs > 14) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 14 arguments");
     return NULL;
   }
+  int release_gil = nargs == 14 && PyObject_IsTrue(args[13]) == 1;
   int stream = nargs >= 12 && PyObject_IsTrue(args[11]) == 1;
-  PyObject* sequence = nargs == 13 ? args[12] : Py_None; /* (correlation id, flags) */
+  PyObject* sequence = nargs >= 13 ? args[12] : Py_None; /* (correlation id, flags) */
   if (!api_loaded || args[0] == Py_None)
     return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
                         "the server is not running; call start() or use 'with server:'");
@@ -928,7 +929,8 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
                    "the server is not running; call start() or use 'with server:'");
     } else {
       result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
-                             timeout_us, parameters, loop, args[10], stream, sequence);
+                             timeout_us, parameters, loop, args[10], stream, sequence,
+                             release_gil);
     }
   }
   Py_XDECREF(inputs);
@@ -941,7 +943,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future,
-                               int stream, PyObject* sequence)
+                               int stream, PyObject* sequence, int release_gil)
 {
   TRITONSERVER_InferenceRequest* req = NULL;
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
@@ -1046,7 +1048,13 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
    * the GIL here would let the model thread in and make this caller queue
    * for it again (a convoy under load). Callbacks that Triton runs inline
    * (errors, cache hits) find the GIL already held. */
-  err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
+  if (release_gil) { /* a model with a batch rule: see TRITONBACKEND_ModelBatchIncludeRequest */
+    Py_BEGIN_ALLOW_THREADS
+    err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
+    Py_END_ALLOW_THREADS
+  } else {
+    err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
+  }
   pthread_rwlock_unlock(&servers_lock);
   if (err != NULL) { /* Triton did not take the request: no callbacks */
     pending_remove(c);
@@ -1227,6 +1235,7 @@ typedef struct {
   int64_t max_batch_size;
   int decoupled;
   int sequence; /* sequence batcher: control inputs become Request attributes */
+  PyObject* include; /* custom batching: binding._include(batch, candidate), or NULL */
   Py_ssize_t n_outputs;
   OutputSpec* outputs;
 } ModelState;
@@ -1240,6 +1249,7 @@ static void model_state_free(ModelState* ms)
   free(ms->outputs);
   free(ms->name);
   Py_XDECREF(ms->execute);
+  Py_XDECREF(ms->include);
   Py_XDECREF(ms->binding);
   free(ms);
 }
@@ -1296,6 +1306,10 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   PyObject* decoupled = PyObject_GetAttrString(binding, "decoupled");
   ms->decoupled = decoupled != NULL && PyObject_IsTrue(decoupled) == 1;
   Py_XDECREF(decoupled);
+  PyObject* rule = PyObject_GetAttrString(binding, "batch_rule");
+  if (rule != NULL && rule != Py_None) ms->include = PyObject_GetAttrString(binding, "_include");
+  Py_XDECREF(rule);
+  PyErr_Clear();
   PyObject* sequence = PyObject_GetAttrString(binding, "sequence");
   ms->sequence = sequence != NULL && PyObject_IsTrue(sequence) == 1;
   Py_XDECREF(sequence);
@@ -1330,6 +1344,38 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* mode
   return NULL;
 }
 
+/* With the GIL: a request's parameters as a dict (NULL with *err or an exception). */
+static PyObject* read_parameters(TRITONBACKEND_Request* request, TRITONSERVER_Error** err)
+{
+  PyObject* params = PyDict_New();
+  if (params == NULL) return NULL;
+  uint32_t n_params = 0;
+  if ((*err = api.TRITONBACKEND_RequestParameterCount(request, &n_params))) goto fail;
+  for (uint32_t i = 0; i < n_params; i++) {
+    const char* key;
+    TRITONSERVER_ParameterType type;
+    const void* v;
+    if ((*err = api.TRITONBACKEND_RequestParameter(request, i, &key, &type, &v))) goto fail;
+    PyObject* value = NULL;
+    switch (type) {
+      case TRITONSERVER_PARAMETER_STRING: value = PyUnicode_FromString((const char*)v); break;
+      case TRITONSERVER_PARAMETER_INT: value = PyLong_FromLongLong(*(const int64_t*)v); break;
+      case TRITONSERVER_PARAMETER_BOOL: value = PyBool_FromLong(*(const bool*)v); break;
+      case TRITONSERVER_PARAMETER_DOUBLE: value = PyFloat_FromDouble(*(const double*)v); break;
+      default: continue;
+    }
+    if (value == NULL || PyDict_SetItemString(params, key, value) < 0) {
+      Py_XDECREF(value);
+      goto fail;
+    }
+    Py_DECREF(value);
+  }
+  return params;
+fail:
+  Py_DECREF(params);
+  return NULL;
+}
+
 /* With the GIL: the inputs of one request as a Request (a dict subclass).
  * Views of Triton's buffers are appended to views[] (new references). */
 static PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
@@ -1337,8 +1383,8 @@ static PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
                                uint64_t* batch_size, TRITONSERVER_Error** err)
 {
   PyObject* req = PyObject_CallNoArgs(g_request_type);
-  PyObject* params = PyDict_New();
-  if (req == NULL || params == NULL) goto py_fail;
+  PyObject* params = NULL;
+  if (req == NULL) goto py_fail;
   uint32_t n_inputs = 0;
   if ((*err = api.TRITONBACKEND_RequestInputCount(request, &n_inputs))) goto fail;
   *batch_size = 1;
@@ -1439,26 +1485,10 @@ static PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
     Py_DECREF(arr);
     if (rc < 0) goto py_fail;
   }
-  uint32_t n_params = 0;
-  if ((*err = api.TRITONBACKEND_RequestParameterCount(request, &n_params))) goto fail;
-  for (uint32_t i = 0; i < n_params; i++) {
-    const char* key;
-    TRITONSERVER_ParameterType type;
-    const void* v;
-    if ((*err = api.TRITONBACKEND_RequestParameter(request, i, &key, &type, &v))) goto fail;
-    PyObject* value = NULL;
-    switch (type) {
-      case TRITONSERVER_PARAMETER_STRING: value = PyUnicode_FromString((const char*)v); break;
-      case TRITONSERVER_PARAMETER_INT: value = PyLong_FromLongLong(*(const int64_t*)v); break;
-      case TRITONSERVER_PARAMETER_BOOL: value = PyBool_FromLong(*(const bool*)v); break;
-      case TRITONSERVER_PARAMETER_DOUBLE: value = PyFloat_FromDouble(*(const double*)v); break;
-      default: continue;
-    }
-    if (value == NULL || PyDict_SetItemString(params, key, value) < 0) {
-      Py_XDECREF(value);
-      goto py_fail;
-    }
-    Py_DECREF(value);
+  params = read_parameters(request, err);
+  if (params == NULL) {
+    if (*err != NULL) goto fail;
+    goto py_fail;
   }
   if (PyObject_SetAttr(req, s_parameters, params) < 0) goto py_fail;
   if (ms->sequence) {
@@ -1632,6 +1662,82 @@ static void send_final(TRITONBACKEND_Response* response, TRITONSERVER_Error* err
     api.TRITONSERVER_ErrorDelete(send_err);
     api.TRITONBACKEND_ResponseDelete(response);
   }
+}
+
+/* ---- custom batching rules ------------------------------------------------
+ * Triton loads this same library as the model's batch strategy
+ * (TRITON_BATCH_STRATEGY_PATH) and asks, on its batcher thread, whether each
+ * pending request may join the batch being formed. The binding's rule answers
+ * from the candidate's parameters and the requests already accepted. */
+typedef struct {
+  ModelState* ms;
+  PyObject* batch; /* list of accepted candidates */
+} BatchRecord;
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatcherInitialize(TRITONBACKEND_Batcher** batcher,
+                                                               TRITONBACKEND_Model* model)
+{
+  void* state = NULL;
+  TRITONSERVER_Error* err = api.TRITONBACKEND_ModelState(model, &state);
+  *batcher = (TRITONBACKEND_Batcher*)state;
+  return err;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatcherFinalize(TRITONBACKEND_Batcher* batcher)
+{
+  (void)batcher;
+  return NULL;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchInitialize(const TRITONBACKEND_Batcher* batcher,
+                                                             void** userp)
+{
+  BatchRecord* record = calloc(1, sizeof(BatchRecord));
+  record->ms = (ModelState*)batcher;
+  int entered = gil_enter();
+  record->batch = PyList_New(0);
+  gil_leave(entered);
+  *userp = record;
+  return NULL;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchFinalize(void* userp)
+{
+  BatchRecord* record = (BatchRecord*)userp;
+  int entered = gil_enter();
+  Py_XDECREF(record->batch);
+  gil_leave(entered);
+  free(record);
+  return NULL;
+}
+
+static PyObject* read_parameters(TRITONBACKEND_Request* request, TRITONSERVER_Error** err);
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchIncludeRequest(TRITONBACKEND_Request* request,
+                                                                 void* userp, bool* should_include)
+{
+  BatchRecord* record = (BatchRecord*)userp;
+  *should_include = true;
+  if (record->ms == NULL || record->ms->include == NULL || record->batch == NULL) return NULL;
+  TRITONSERVER_Error* err = NULL;
+  int entered = gil_enter();
+  PyObject* candidate = PyObject_CallNoArgs(g_request_type);
+  PyObject* params = candidate ? read_parameters(request, &err) : NULL;
+  PyObject* answer = NULL;
+  if (params != NULL && PyObject_SetAttr(candidate, s_parameters, params) == 0)
+    answer = PyObject_CallFunctionObjArgs(record->ms->include, record->batch, candidate, NULL);
+  if (answer != NULL) {
+    *should_include = PyObject_IsTrue(answer) == 1;
+  } else if (err == NULL) {
+    PyErr_WriteUnraisable(record->ms->include); /* the binding logs rule errors itself */
+  }
+  PyErr_Clear();
+  Py_XDECREF(answer);
+  Py_XDECREF(params);
+  Py_XDECREF(candidate);
+  gil_leave(entered);
+  if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
+  return NULL;
 }
 
 /* ---- decoupled models: several responses per request --------------------
@@ -1844,6 +1950,13 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
    * inputs. Still holding the GIL: async completions are collected and handed
    * to their event loops in one go, sync callers woken once the GIL is free. */
   t_deferred = PyDict_New();
+  /* With a batch rule, Triton's batcher thread takes the GIL while it holds its
+   * queue lock: never wait on Triton holding the GIL then. */
+  PyThreadState* saved = NULL;
+  if (ms->include != NULL) {
+    saved = PyEval_SaveThread();
+    t_depth = 0;
+  }
   for (uint32_t i = 0; i < count; i++)
     if (responses[i] != NULL) send_final(responses[i], errors[i]);
   free(responses);
@@ -1859,6 +1972,10 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   if (batch_size == 0) batch_size = count;
   api.TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, batch_size, exec_start,
                                                        compute_start, compute_end, exec_end);
+  if (saved != NULL) {
+    PyEval_RestoreThread(saved);
+    t_depth = 1;
+  }
   flush_deferred();
   gil_leave(entered);
   t_in_execute = 0;

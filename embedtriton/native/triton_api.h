@@ -25,6 +25,7 @@ typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
 typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
 typedef struct TRITONBACKEND_Backend TRITONBACKEND_Backend;
 typedef struct TRITONBACKEND_ResponseFactory TRITONBACKEND_ResponseFactory;
+typedef struct TRITONBACKEND_Batcher TRITONBACKEND_Batcher;
 
 typedef enum {
   TRITONSERVER_TYPE_INVALID, TRITONSERVER_TYPE_BOOL, TRITONSERVER_TYPE_UINT8,
