@@ -42,6 +42,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """In-process speed benchmarks (table + JSON in benchmarks/results/)."""
-    install(session)
+    """Speed benchmarks: in-process data path (table, JSON and plot) and continuous batching."""
+    install(session, "matplotlib")
     session.run("python", "benchmarks/bench_inprocess.py", *session.posargs)
+    session.run("python", "benchmarks/bench_continuous.py")

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -119,6 +120,15 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
     return run
 
 
+_iterative_bindings: weakref.WeakSet[Binding] = weakref.WeakSet()
+
+
+def request_done(key: int) -> None:
+    """Triton released a streamed request for good: drop its generator wherever it is."""
+    for binding in list(_iterative_bindings):
+        binding._forget(key)
+
+
 class Binding:
     """A bound model: what the native backend reads at load time and calls per batch."""
 
@@ -139,6 +149,10 @@ class Binding:
         self.decoupled = config.decoupled
         self.batch_rule = config.batch_rule
         self.sequence = config.sequence_batcher is not None
+        self.iterative = self.sequence and config.sequence_batcher.iterative
+        self._gens: dict[int, Iterator[Any]] = {}  # iterative: in-flight request -> its generator
+        if self.iterative:
+            _iterative_bindings.add(self)
         idle_us = config.sequence_batcher.max_sequence_idle_microseconds if self.sequence else 0
         self._idle_s = idle_us / 1e6
         self._states: dict[Any, dict[str, Any]] = {}  # correlation id -> the sequence's state
@@ -193,6 +207,53 @@ class Binding:
             f"model '{self.name}' must return a list with one dict of outputs per request; "
             f"it returned {type(result).__name__} (use @batch for a function of batched arrays)"
         )
+
+    def _knows(self, key: int) -> bool:
+        return key in self._gens
+
+    def _forget(self, key: int) -> None:
+        """A request's caller went away: close its generator."""
+        gen = self._gens.pop(key, None)
+        if gen is not None:
+            gen.close()
+
+    def _iterate(self, step: list[tuple[int, Request | None]]) -> list[tuple[Any, bool]]:
+        """One scheduling iteration of an iterative model: advance each request's generator
+        by one step. Returns (outputs | None | error message, done) per request."""
+        results: list[tuple[Any, bool]] = []
+        for key, request in step:
+            if key is None:  # padding added by the sequence batcher
+                results.append((None, True))
+                continue
+            gen = self._gens.get(key)
+            if gen is None:
+                if request is None:
+                    results.append((f"model '{self.name}' lost track of a request", True))
+                    continue
+                try:
+                    gen = self.infer_func(request)  # type: ignore[arg-type]
+                except Exception as exc:
+                    results.append((self._failed(exc), True))
+                    continue
+                if not hasattr(gen, "__next__"):
+                    results.append(
+                        (
+                            f"model '{self.name}' is iterative: its function must be a generator "
+                            f"of one request's outputs, not {type(gen).__name__}",
+                            True,
+                        )
+                    )
+                    continue
+                self._gens[key] = gen
+            try:
+                results.append((next(gen), False))
+            except StopIteration:
+                del self._gens[key]
+                results.append((None, True))
+            except Exception as exc:
+                del self._gens[key]
+                results.append((self._failed(exc), True))
+        return results
 
     def _include(self, batch: list[Request], candidate: Request) -> bool:
         """Called by Triton's batcher: may ``candidate`` join ``batch`` (the requests accepted

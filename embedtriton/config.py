@@ -193,8 +193,6 @@ class SequenceBatcher:
             raise InvalidArgumentError(
                 "SequenceBatcher: max_candidate_sequences and preferred_batch_size apply to strategy='oldest'"
             )
-        if self.iterative:
-            raise InvalidArgumentError("SequenceBatcher(iterative=True) is not available in this version yet")
 
     def to_triton(self) -> dict[str, Any]:
         controls = [
@@ -209,6 +207,8 @@ class SequenceBatcher:
             "max_sequence_idle_microseconds": self.max_sequence_idle_microseconds,
             "control_input": controls,
         }
+        if self.iterative:
+            out["iterative_sequence"] = True
         if self.strategy == "direct":
             out["direct"] = {}
         else:
@@ -258,6 +258,10 @@ class ModelConfig:
                     "ModelConfig.batch_rule shapes the dynamic batcher's batches: it needs batching=True "
                     "and no sequence_batcher"
                 )
+        if self.sequence_batcher is not None and self.sequence_batcher.iterative and not self.decoupled:
+            raise InvalidArgumentError(
+                "SequenceBatcher(iterative=True) streams each step: the model needs decoupled=True"
+            )
         if self.decoupled and self.response_cache:
             raise InvalidArgumentError("Triton's response cache does not serve decoupled models")
         for group in self.instance_group or []:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _capi
-from .binding import Binding, InferFunc, Request
+from .binding import Binding, InferFunc, Request, request_done
 from .config import (
     WARMUP_FOLDER,
     ModelConfig,
@@ -47,7 +47,7 @@ def _native_module() -> Any:
         from . import _native as native
 
         native.load(_capi.api().handle)
-        native.set_hooks(_bindings, Request, error_for_code, decode_bytes, encode_bytes)
+        native.set_hooks(_bindings, Request, error_for_code, decode_bytes, encode_bytes, request_done)
         _native = native
     return _native
 

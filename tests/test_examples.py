@@ -70,3 +70,10 @@ def test_batch_rules_example(tmp_path):
     budgets = out.split("tokens per batch: [")[1].split("]")[0]
     assert max(int(b) for b in budgets.split(", ")) <= 16
     assert "each of one adapter: True" in out
+
+
+def test_continuous_batching_example(tmp_path):
+    out = run_example("continuous_batching.py", tmp_path)
+    assert "12 tokens (first after" in out and "lorem ipsum dolor sit amet" in out
+    iterations, tokens = out.strip().splitlines()[-1].split(" iterations for ")
+    assert int(iterations) < int(tokens.split()[0])  # requests shared iterations

@@ -131,3 +131,71 @@ def test_sequence_batcher_validation():
         SequenceBatcher(strategy="newest")
     with pytest.raises(InvalidArgumentError, match="apply to strategy='oldest'"):
         SequenceBatcher(max_candidate_sequences=4)
+
+
+def iterative_server(step_seconds=0.0, closed=None):
+    def tokens(request):
+        """An iterative model's function takes one request and yields its outputs step by step."""
+        try:
+            for i in range(int(request["n"][0, 0])):
+                time.sleep(step_seconds)
+                yield {"token": np.array([[i]], np.int32)}
+        finally:
+            if closed is not None:
+                closed.append(int(request["n"][0, 0]))
+
+    server = Server()
+    server.bind(
+        "Tokens",
+        tokens,
+        [Tensor(name="n", dtype=np.int32, shape=(1,))],
+        [Tensor(name="token", dtype=np.int32, shape=(1,))],
+        ModelConfig(max_batch_size=4, decoupled=True, sequence_batcher=SequenceBatcher(iterative=True)),
+    )
+    return server
+
+
+def ask(model, n):
+    return [int(p["token"][0, 0]) for p in model.stream({"n": np.array([[n]], np.int32)})]
+
+
+def test_iterative_sequences_stream_each_step_and_let_new_requests_join():
+    server = iterative_server(step_seconds=0.002)
+    lengths = [3, 8, 1, 6, 2, 9, 4, 7]
+    results = {}
+    with server:
+        model = server.model("Tokens")
+        assert ask(model, 5) == [0, 1, 2, 3, 4]
+        threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, ask(model, n))) for n in lengths]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        stats = model.statistics()
+        assert server._bound["Tokens"]._gens == {}  # every finished request freed its slot
+    assert results == {n: list(range(n)) for n in lengths}
+    assert max(b["batch_size"] for b in stats["batch_stats"]) > 1  # requests shared iterations
+    # one iteration per token (+1 to see each generator end): far fewer than one batch per request-token
+    assert stats["execution_count"] < sum(lengths) + 5 + len(lengths) + 1
+
+
+def test_leaving_an_iterative_stream_closes_its_generator():
+    closed: list[int] = []
+    server = iterative_server(step_seconds=0.005, closed=closed)
+    with server:
+        model = server.model("Tokens")
+        got = []
+        for part in model.stream({"n": np.array([[1000]], np.int32)}):
+            got.append(part)
+            if len(got) == 3:
+                break
+        deadline = time.monotonic() + 5
+        while not closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert closed == [1000]
+        assert ask(model, 2) == [0, 1]
+
+
+def test_iterative_needs_decoupled():
+    with pytest.raises(InvalidArgumentError, match="decoupled=True"):
+        ModelConfig(sequence_batcher=SequenceBatcher(iterative=True))

@@ -34,6 +34,7 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DIMS 32
 #define CONTROL_PREFIX "_embedtriton_"
+#define RELEASE_RESCHEDULE 2 /* TRITONSERVER_REQUEST_RELEASE_RESCHEDULE */
 
 static et_api_t api;
 static int api_loaded = 0;
@@ -46,6 +47,7 @@ static PyObject* g_make_error = NULL;    /* (code, message) -> TritonError */
 static PyObject* g_decode_bytes = NULL;  /* (bytes, shape) -> object array */
 static PyObject* g_encode_bytes = NULL;  /* array -> bytes (Triton BYTES) */
 static PyObject* g_complete = NULL;      /* our own _complete, for asyncio */
+static PyObject* g_request_done = NULL;  /* (request key) -> None: close its generator */
 static PyObject* s_call_soon_threadsafe, *s_parameters, *s_execute,
     *s_max_batch_size, *s_output_specs, *s_name, *s_done, *s_set_result,
     *s_set_exception;
@@ -375,6 +377,7 @@ static void pending_remove(Call* c)
  * the response and resolving its future) and Triton (when it releases the
  * request, which is when Triton stops reading the input buffers). */
 static void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
+static int take_closed(void* request);
 
 /* Streams are unreferenced with the GIL held (they own loop and future). */
 static void call_unref(Call* c)
@@ -612,13 +615,21 @@ static long drain_graveyard(void)
 static void release_cb(TRITONSERVER_InferenceRequest* request,
                        const uint32_t flags, void* userp)
 {
-  (void)flags;
+  if (flags & RELEASE_RESCHEDULE) return; /* Triton keeps it for another iteration */
   Call* c = (Call*)userp;
+  if (c->is_stream && c->closed) take_closed(request); /* forget it: the pointer may be reused */
   bury(request, NULL);
   if (c->is_stream) pthread_mutex_lock(&c->mu);
   c->released = 1;
   if (c->is_stream) pthread_mutex_unlock(&c->mu);
   int entered = gil_enter();
+  if (c->is_stream && g_request_done != NULL) {
+    /* an iterative model's generator for it, if any, is done too (Triton may have
+     * dropped a cancelled request without running the model again) */
+    PyObject* r = PyObject_CallFunction(g_request_done, "N", PyLong_FromVoidPtr(request));
+    if (r == NULL) PyErr_WriteUnraisable(g_request_done);
+    Py_XDECREF(r);
+  }
   call_drop_inputs(c);
   call_unref(c);
   gil_leave(entered);
@@ -1125,6 +1136,39 @@ static PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_
   return r;
 }
 
+/* Streams whose consumer left while Triton still held the request. Triton's
+ * cancellation flag does not reliably survive a RESCHEDULE release, so the
+ * iterative path also checks this list (keyed by the request pointer). */
+static pthread_mutex_t closed_lock = PTHREAD_MUTEX_INITIALIZER;
+static void** closed_requests = NULL;
+static size_t closed_len = 0, closed_cap = 0;
+
+static void mark_closed(void* request)
+{
+  pthread_mutex_lock(&closed_lock);
+  if (closed_len == closed_cap) {
+    size_t cap = closed_cap ? 2 * closed_cap : 16;
+    void** grown = realloc(closed_requests, cap * sizeof(void*));
+    if (grown) closed_requests = grown, closed_cap = cap;
+  }
+  if (closed_len < closed_cap) closed_requests[closed_len++] = request;
+  pthread_mutex_unlock(&closed_lock);
+}
+
+static int take_closed(void* request)
+{
+  int found = 0;
+  pthread_mutex_lock(&closed_lock);
+  for (size_t i = 0; i < closed_len; i++)
+    if (closed_requests[i] == request) {
+      closed_requests[i] = closed_requests[--closed_len];
+      found = 1;
+      break;
+    }
+  pthread_mutex_unlock(&closed_lock);
+  return found;
+}
+
 /* stream_close(stream): the consumer is done; cancels the request if Triton
  * is still working on it. */
 static PyObject* py_stream_close(PyObject* self, PyObject* capsule)
@@ -1139,6 +1183,7 @@ static PyObject* py_stream_close(PyObject* self, PyObject* capsule)
   pthread_mutex_unlock(&c->mu);
   /* a request released meanwhile is buried, not deleted: still valid here */
   if (cancel) {
+    mark_closed(c->request);
     TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
     if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
   }
@@ -1236,6 +1281,7 @@ typedef struct {
   int decoupled;
   int sequence; /* sequence batcher: control inputs become Request attributes */
   PyObject* include; /* custom batching: binding._include(batch, candidate), or NULL */
+  PyObject* iterate; /* iterative sequences: binding._iterate(step), or NULL */
   Py_ssize_t n_outputs;
   OutputSpec* outputs;
 } ModelState;
@@ -1250,6 +1296,7 @@ static void model_state_free(ModelState* ms)
   free(ms->name);
   Py_XDECREF(ms->execute);
   Py_XDECREF(ms->include);
+  Py_XDECREF(ms->iterate);
   Py_XDECREF(ms->binding);
   free(ms);
 }
@@ -1306,6 +1353,11 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   PyObject* decoupled = PyObject_GetAttrString(binding, "decoupled");
   ms->decoupled = decoupled != NULL && PyObject_IsTrue(decoupled) == 1;
   Py_XDECREF(decoupled);
+  PyObject* iterative = PyObject_GetAttrString(binding, "iterative");
+  if (iterative != NULL && PyObject_IsTrue(iterative) == 1)
+    ms->iterate = PyObject_GetAttrString(binding, "_iterate");
+  Py_XDECREF(iterative);
+  PyErr_Clear();
   PyObject* rule = PyObject_GetAttrString(binding, "batch_rule");
   if (rule != NULL && rule != Py_None) ms->include = PyObject_GetAttrString(binding, "_include");
   Py_XDECREF(rule);
@@ -1861,6 +1913,141 @@ static void detach_view(PyArrayObject* arr)
   if (PyArray_SetBaseObject(arr, owner) < 0) PyErr_Clear();
 }
 
+/* ---- iterative sequences (continuous batching) -----------------------------
+ * Each in-flight request has a generator in the binding; every execute
+ * advances the generators of the requests Triton scheduled together by one
+ * step and streams each yield to its caller. A request whose generator is
+ * not done is released with RESCHEDULE: Triton puts it back, and new
+ * requests join the next iteration instead of waiting for the batch. */
+/* Whether a sequence request is real: the sequence batcher pads batches with
+ * copies of real requests whose READY control input is 0. */
+static int request_ready(TRITONBACKEND_Request* request)
+{
+  TRITONBACKEND_Input* input = NULL;
+  const void* data = NULL;
+  uint64_t size = 0;
+  TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+  int64_t mtype_id = 0;
+  TRITONSERVER_Error* err = api.TRITONBACKEND_RequestInput(request, CONTROL_PREFIX "ready", &input);
+  if (err == NULL) err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id);
+  if (err != NULL) {
+    api.TRITONSERVER_ErrorDelete(err);
+    return 1;
+  }
+  return size < 4 || *(const int32_t*)data != 0;
+}
+
+static void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                          TRITONBACKEND_Request** requests, uint32_t count, uint64_t exec_start)
+{
+  int entered = gil_enter();
+  t_deferred = PyDict_New();
+  PyObject* step = PyList_New(count); /* (key, Request or None) per request */
+  uint64_t* sizes = calloc(count, sizeof(uint64_t));
+  TRITONSERVER_Error** errors = calloc(count, sizeof(TRITONSERVER_Error*));
+  for (uint32_t i = 0; i < count && step; i++) {
+    if (!request_ready(requests[i])) { /* padding: nobody waits for it */
+      PyList_SET_ITEM(step, i, Py_BuildValue("(OO)", Py_None, Py_None));
+      continue;
+    }
+    PyObject* key = PyLong_FromVoidPtr(requests[i]);
+    PyObject* req = Py_NewRef(Py_None);
+    PyObject* views[MAX_DIMS * 4];
+    Py_ssize_t n_views = 0;
+    uint32_t n_inputs = 0;
+    api.TRITONBACKEND_RequestInputCount(requests[i], &n_inputs);
+    PyObject* known = PyObject_CallMethod(ms->binding, "_knows", "O", key);
+    if (known == Py_False && n_inputs <= MAX_DIMS * 4) { /* first iteration: hand over its inputs */
+      Py_DECREF(req);
+      req = build_request(requests[i], ms, views, &n_views, &sizes[i], &errors[i]);
+      for (Py_ssize_t v = 0; v < n_views; v++) { /* kept across iterations: own copies */
+        detach_view((PyArrayObject*)views[v]);
+        Py_DECREF(views[v]);
+      }
+      if (req == NULL) req = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(known);
+    PyErr_Clear();
+    PyList_SET_ITEM(step, i, Py_BuildValue("(NN)", key, req));
+  }
+  uint64_t compute_start = now_ns();
+  /* result: per request (outputs dict | None | error str, done) */
+  PyObject* result = step ? PyObject_CallOneArg(ms->iterate, step) : NULL;
+  uint64_t compute_end = now_ns();
+  if (result == NULL || !PyList_Check(result) || PyList_GET_SIZE(result) != (Py_ssize_t)count) {
+    TRITONSERVER_Error* e = error_from_python("model binding failed");
+    for (uint32_t i = 0; i < count; i++)
+      if (errors[i] == NULL) errors[i] = copy_error(e);
+    api.TRITONSERVER_ErrorDelete(e);
+  }
+  for (uint32_t i = 0; i < count; i++) {
+    PyObject* out = Py_None;
+    int done = 1;
+    TRITONSERVER_Error* err = errors[i];
+    if (step && PyTuple_GET_ITEM(PyList_GET_ITEM(step, i), 0) == Py_None) { /* padding */
+      if (err) api.TRITONSERVER_ErrorDelete(err);
+      api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
+      continue;
+    }
+    if (err == NULL) {
+      PyObject* item = PyList_GET_ITEM(result, i);
+      out = PyTuple_GET_ITEM(item, 0);
+      done = PyObject_IsTrue(PyTuple_GET_ITEM(item, 1)) == 1;
+      if (PyUnicode_Check(out)) err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(out));
+    }
+    TRITONBACKEND_ResponseFactory* factory = NULL;
+    if (api.TRITONBACKEND_ResponseFactoryNew(&factory, requests[i]) == NULL) {
+      bool cancelled = false;
+      if (!done && (take_closed(requests[i]) ||
+                    (api.TRITONBACKEND_RequestIsCancelled(requests[i], &cancelled) == NULL && cancelled))) {
+        PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(requests[i]));
+        Py_XDECREF(r);
+        PyErr_Clear();
+        done = 1;
+      }
+      if (err != NULL) {
+        factory_finish(&factory, err);
+      } else if (out != Py_None) {
+        TRITONBACKEND_Response* response = NULL;
+        err = api.TRITONBACKEND_ResponseNewFromFactory(&response, factory);
+        if (err == NULL) err = fill_response(ms, requests[i], response, out, sizes[i] ? sizes[i] : 1, i);
+        if (err != NULL) {
+          if (response) send_final(response, err);
+          PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(requests[i]));
+          Py_XDECREF(r);
+          PyErr_Clear();
+          done = 1;
+        } else {
+          TRITONSERVER_Error* send_err = api.TRITONBACKEND_ResponseSend(
+              response, done ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0, NULL);
+          if (send_err) api.TRITONSERVER_ErrorDelete(send_err), api.TRITONBACKEND_ResponseDelete(response);
+        }
+        api.TRITONBACKEND_ResponseFactoryDelete(factory);
+        factory = NULL;
+      } else if (done) {
+        factory_finish(&factory, NULL);
+      }
+      if (factory != NULL) api.TRITONBACKEND_ResponseFactoryDelete(factory);
+    }
+    if (done) {
+      api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], err == NULL, exec_start,
+                                                      compute_start, compute_end, now_ns());
+      api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
+    } else {
+      api.TRITONBACKEND_RequestRelease(requests[i], RELEASE_RESCHEDULE);
+    }
+    if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
+  }
+  api.TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, exec_start, compute_start,
+                                                       compute_end, now_ns());
+  Py_XDECREF(result);
+  Py_XDECREF(step);
+  free(sizes);
+  free(errors);
+  flush_deferred();
+  gil_leave(entered);
+}
+
 EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
     const uint32_t count)
@@ -1872,6 +2059,13 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   if (err != NULL) return err;
   ModelState* ms = (ModelState*)state;
   uint64_t exec_start = now_ns();
+  if (ms->iterate != NULL) {
+    t_in_execute = 1;
+    run_iterative(ms, instance, requests, count, exec_start);
+    t_in_execute = 0;
+    flush_wakes();
+    return NULL;
+  }
 
   TRITONSERVER_Error** errors = calloc(count, sizeof(TRITONSERVER_Error*));
   uint64_t* sizes = calloc(count, sizeof(uint64_t));
@@ -2013,10 +2207,11 @@ static PyObject* py_load(PyObject* self, PyObject* arg)
 static PyObject* py_set_hooks(PyObject* self, PyObject* args)
 {
   (void)self;
-  PyObject *bindings, *request_type, *make_error, *decode, *encode;
-  if (!PyArg_ParseTuple(args, "O!OOOO", &PyDict_Type, &bindings, &request_type, &make_error,
-                        &decode, &encode))
+  PyObject *bindings, *request_type, *make_error, *decode, *encode, *request_done;
+  if (!PyArg_ParseTuple(args, "O!OOOOO", &PyDict_Type, &bindings, &request_type, &make_error,
+                        &decode, &encode, &request_done))
     return NULL;
+  Py_XSETREF(g_request_done, Py_NewRef(request_done));
   Py_XSETREF(g_bindings, Py_NewRef(bindings));
   Py_XSETREF(g_request_type, Py_NewRef(request_type));
   Py_XSETREF(g_make_error, Py_NewRef(make_error));

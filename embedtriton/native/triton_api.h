@@ -183,6 +183,10 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestInputByIndex,                    \
     (TRITONBACKEND_Request * request, const uint32_t index,                    \
      TRITONBACKEND_Input * *input))                                            \
+  X(TRITONSERVER_Error*, TRITONBACKEND_RequestIsCancelled,                     \
+    (TRITONBACKEND_Request * request, bool* is_cancelled))                     \
+  X(TRITONSERVER_Error*, TRITONBACKEND_RequestInput,                           \
+    (TRITONBACKEND_Request * request, const char* name, TRITONBACKEND_Input** input)) \
   X(TRITONSERVER_Error*, TRITONBACKEND_InputProperties,                        \
     (TRITONBACKEND_Input * input, const char** name,                           \
      TRITONSERVER_DataType* datatype, const int64_t** shape,                   \
