@@ -1,18 +1,20 @@
 """Continuous batching (iterative sequences) against static batching, side by side.
 
-A toy token generator: every request asks for a number of tokens (mixed lengths), and
-producing one token costs STEP_MS per request still generating. Both models batch up to 8
-requests on one instance:
+A toy token generator: every request asks for a number of tokens (mixed lengths). One
+model step makes one token for every request in the batch and costs STEP_MS whatever the
+batch size (like one batched forward pass). Both models batch up to 8 requests on one
+instance:
 
 - static: a decoupled model on the dynamic batcher; a batch runs until its longest
-  request is done, and newcomers wait for the whole batch to drain;
-- continuous: an iterative-sequence model; each scheduling iteration advances every
-  in-flight request by one token, finished requests free their slot at once, and new
-  requests join at the next iteration.
+  request is done (finished requests leave their slots empty), and newcomers wait for
+  the whole batch to drain;
+- continuous: an iterative-sequence model in the batch-step form; each scheduling
+  iteration advances every in-flight request by one token, a finished request frees its
+  slot at once, and new requests join at the next iteration.
 
 Prints tokens/s and time to first token (TTFT) for each, medians of repeated runs.
 
-    nox -s bench -- continuous          (or: python benchmarks/bench_continuous.py)
+    python benchmarks/bench_continuous.py       (also part of `nox -s bench`)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embedtriton import DynamicBatcher, ModelConfig, SequenceBatcher, Server, Tensor
+from embedtriton import DynamicBatcher, Final, ModelConfig, SequenceBatcher, Server, Tensor
 
 STEP_MS = 1.0
 INPUTS = [Tensor(name="n", dtype=np.int32, shape=(1,))]
@@ -38,16 +40,20 @@ def static_model(requests):
     """Decoupled model: the whole batch steps together until its longest request is done."""
     wanted = [int(r["n"][0, 0]) for r in requests]
     for step in range(max(wanted)):
-        active = sum(1 for n in wanted if step < n)
-        time.sleep(STEP_MS / 1000 * active)
+        time.sleep(STEP_MS / 1000)  # one forward pass for the batch
         yield [{"token": np.array([[step]], np.int32)} if step < n else None for n in wanted]
 
 
-def continuous_model(request):
-    """Iterative model: one request's tokens, one per scheduling iteration."""
-    for step in range(int(request["n"][0, 0])):
-        time.sleep(STEP_MS / 1000)
-        yield {"token": np.array([[step]], np.int32)}
+def continuous_model(requests):
+    """Iterative model, batch-step form: one call per iteration with every in-flight request."""
+    time.sleep(STEP_MS / 1000)  # one forward pass for the batch
+    out = []
+    for r in requests:
+        made = r.state.get("made", 0)
+        r.state["made"] = made + 1
+        token = {"token": np.array([[made]], np.int32)}
+        out.append(Final(token) if made + 1 >= int(r["n"][0, 0]) else token)
+    return out
 
 
 def run(model, lengths: list[int], concurrency: int) -> dict[str, float]:
@@ -119,7 +125,7 @@ def main() -> None:
             rows[name] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     print(
         f"{args.requests} requests of 1-32 tokens, {args.concurrency} in flight, batches of up to 8, "
-        f"{STEP_MS} ms per request-token; medians of {args.repeats} runs"
+        f"{STEP_MS} ms per model step (any batch size); medians of {args.repeats} runs"
     )
     print(f"| {'batching':<11} | {'tokens/s':>9} | {'TTFT p50 ms':>11} | {'TTFT p90 ms':>11} |")
     print(f"|{'-' * 13}|{'-' * 11}|{'-' * 13}|{'-' * 13}|")

@@ -8,7 +8,7 @@ Bind plain Python callables as Triton models and call them in-process::
         out = server.model("AddSub").infer({"a": a, "b": b})
 """
 
-from .binding import Request, batch
+from .binding import Final, Request, batch
 from .config import (
     DynamicBatcher,
     InstanceGroup,
@@ -39,6 +39,7 @@ __all__ = [
     "AlreadyExistsError",
     "CancelledError",
     "DynamicBatcher",
+    "Final",
     "InstanceGroup",
     "InternalError",
     "InvalidArgumentError",

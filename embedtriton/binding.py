@@ -28,6 +28,17 @@ log = logging.getLogger("embedtriton")
 InferFunc = Callable[[list["Request"]], Sequence[Mapping[str, Any]]]
 
 
+class Final:
+    """The last outputs of a request in an iterative batch-step function (see
+    ``SequenceBatcher(iterative=True)``): ``Final(outputs)`` sends them and ends the
+    request's stream; ``Final()`` ends it without outputs."""
+
+    __slots__ = ("outputs",)
+
+    def __init__(self, outputs: Mapping[str, Any] | None = None) -> None:
+        self.outputs = outputs
+
+
 class Request(dict):
     """One inference request as the callable sees it: input name -> array.
 
@@ -151,6 +162,8 @@ class Binding:
         self.sequence = config.sequence_batcher is not None
         self.iterative = self.sequence and config.sequence_batcher.iterative
         self._gens: dict[int, Iterator[Any]] = {}  # iterative: in-flight request -> its generator
+        self._live: dict[int, Request] = {}  # iterative batch-step form: in-flight request -> Request
+        self._stepwise = self.iterative and not inspect.isgeneratorfunction(infer_func)
         if self.iterative:
             _iterative_bindings.add(self)
         idle_us = config.sequence_batcher.max_sequence_idle_microseconds if self.sequence else 0
@@ -209,17 +222,53 @@ class Binding:
         )
 
     def _knows(self, key: int) -> bool:
-        return key in self._gens
+        return key in self._gens or key in self._live
 
     def _forget(self, key: int) -> None:
         """A request's caller went away: close its generator."""
+        self._live.pop(key, None)
         gen = self._gens.pop(key, None)
         if gen is not None:
             gen.close()
 
+    def _iterate_batch(self, step: list[tuple[int, Request | None]]) -> list[tuple[Any, bool]]:
+        """Batch-step form: one call per iteration with every in-flight request; each keeps
+        its Request (and ``.state``) across iterations; ``Final(...)`` ends a request."""
+        keys = []
+        for key, request in step:
+            if key is not None and key not in self._live and request is not None:
+                request.state = {}
+                self._live[key] = request
+            keys.append(key if key in self._live else None)
+        live = [self._live[k] for k in keys if k is not None]
+        try:
+            outputs = self.infer_func(live) if live else []
+            if not isinstance(outputs, (list, tuple)) or len(outputs) != len(live):
+                raise TypeError(f"must return a list with one entry per request ({len(live)})")
+        except Exception as exc:
+            message = self._failed(exc)
+            for k in keys:
+                self._live.pop(k, None)
+            return [(message if k is not None else None, True) for k in keys]
+        answers = iter(outputs)
+        results: list[tuple[Any, bool]] = []
+        for k in keys:
+            if k is None:
+                results.append((None, True))
+                continue
+            out = next(answers)
+            if isinstance(out, Final):
+                del self._live[k]
+                results.append((out.outputs, True))
+            else:
+                results.append((out, False))
+        return results
+
     def _iterate(self, step: list[tuple[int, Request | None]]) -> list[tuple[Any, bool]]:
         """One scheduling iteration of an iterative model: advance each request's generator
         by one step. Returns (outputs | None | error message, done) per request."""
+        if self._stepwise:
+            return self._iterate_batch(step)
         results: list[tuple[Any, bool]] = []
         for key, request in step:
             if key is None:  # padding added by the sequence batcher

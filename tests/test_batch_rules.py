@@ -66,7 +66,7 @@ def test_a_rule_groups_requests_that_share_a_parameter():
     batches: list = []
     server = serve(same_adapter, batches)
     with server:
-        send_concurrently(server, [{"adapter": "ab"[i % 2]} for i in range(40)])
+        send_concurrently(server, [{"adapter": "ab"[i // 20]} for i in range(40)])  # two runs of arrivals
     assert all(len({p["adapter"] for p in b}) == 1 for b in batches)
     assert max(len(b) for b in batches) > 1
 

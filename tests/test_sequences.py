@@ -199,3 +199,44 @@ def test_leaving_an_iterative_stream_closes_its_generator():
 def test_iterative_needs_decoupled():
     with pytest.raises(InvalidArgumentError, match="decoupled=True"):
         ModelConfig(sequence_batcher=SequenceBatcher(iterative=True))
+
+
+def test_iterative_batch_step_form_keeps_slots_full():
+    from embedtriton import Final
+
+    calls: list[list[int]] = []
+
+    def step(requests):
+        """Batch-step form: every in-flight request, once per iteration, with its own state."""
+        calls.append([int(r["n"][0, 0]) for r in requests])
+        out = []
+        for r in requests:
+            made = r.state.setdefault("made", 0)
+            r.state["made"] = made + 1
+            token = {"token": np.array([[made]], np.int32)}
+            n = int(r["n"][0, 0])
+            out.append(token if made + 1 < n else Final(token if n else None))
+        time.sleep(0.002)
+        return out
+
+    server = Server()
+    server.bind(
+        "Steps",
+        step,
+        [Tensor(name="n", dtype=np.int32, shape=(1,))],
+        [Tensor(name="token", dtype=np.int32, shape=(1,))],
+        ModelConfig(max_batch_size=4, decoupled=True, sequence_batcher=SequenceBatcher(iterative=True)),
+    )
+    lengths = [6, 1, 3, 9, 2, 5, 4]
+    results = {}
+    with server:
+        model = server.model("Steps")
+        threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, ask(model, n))) for n in lengths]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert server._bound["Steps"]._live == {}
+    assert results == {n: list(range(n)) for n in lengths}
+    assert sum(len(c) for c in calls) == sum(lengths)  # one step per token, none wasted
+    assert len(calls) < sum(lengths)  # and requests shared iterations
