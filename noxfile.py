@@ -28,7 +28,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite through the real Triton runtime."""
-    install(session, "pytest", "pytest-timeout")
+    install(session, "pytest", "pytest-timeout", "grpcio", "tritonclient[grpc]==2.51.0")
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
 

@@ -327,6 +327,7 @@ class Server:
         self._backends: Path | None = None
         self._bound: dict[str, Binding] = {}
         self._log: Path | None = None
+        self._grpc: Any = None  # GrpcEndpoint while serving gRPC
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -418,6 +419,9 @@ class Server:
     def stop(self) -> None:
         """Stop Triton. Requests in flight finish or fail; none is left waiting."""
         with self._lock:
+            endpoint, self._grpc = self._grpc, None
+            if endpoint is not None:
+                endpoint.stop()
             handle, self._handle = self._handle, None
             if handle is None:
                 return
@@ -557,6 +561,20 @@ class Server:
     def models(self) -> list[Model]:
         """Handles on every bound model."""
         return [Model(self, name) for name in self._bound]
+
+    def serve_grpc(self, address: str = "127.0.0.1:8001", *, max_message_bytes: int = 64 * 1024 * 1024) -> int:
+        """Serve the models on a KServe-v2 gRPC endpoint (``inference.GRPCInferenceService``)
+        that stock Triton clients use; stopped by :meth:`stop`. Binds 127.0.0.1 unless told
+        otherwise; ``"host:0"`` picks a free port. Returns the port.
+        Needs ``pip install "embedtriton[grpc]"``."""
+        from .grpc import GrpcEndpoint
+
+        with self._lock:
+            if self._grpc is not None:
+                raise InvalidArgumentError(f"already serving gRPC on {self._grpc.address}")
+            self._grpc = GrpcEndpoint(self, address, max_message_bytes)
+            log.info("serving gRPC on %s (port %d)", address, self._grpc.port)
+            return self._grpc.port
 
     def metadata(self) -> dict[str, Any]:
         """Triton's server metadata (name, version, extensions)."""

@@ -1,0 +1,164 @@
+"""The KServe-v2 gRPC endpoint, driven by the stock tritonclient.grpc client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("grpc")
+
+from conftest import add_sub, add_sub_tensors  # noqa: E402
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from embedtriton import ModelConfig, SequenceBatcher, Server, Tensor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    seen_params = []
+
+    def echo(requests):
+        seen_params.extend(dict(r.parameters) for r in requests)
+        return [{"text": r["text"]} for r in requests]
+
+    def running_sum(requests):
+        out = []
+        for r in requests:
+            r.state["total"] = r.state.get("total", 0) + int(r["x"][0, 0])
+            out.append({"total": np.array([[r.state["total"]]], np.int64)})
+        return out
+
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    server.bind(
+        "Echo",
+        echo,
+        [Tensor(name="text", dtype=np.bytes_, shape=(-1,))],
+        [Tensor(name="text", dtype=np.bytes_, shape=(-1,))],
+    )
+    server.bind(
+        "Sum",
+        running_sum,
+        [Tensor(name="x", dtype=np.int64, shape=(1,))],
+        [Tensor(name="total", dtype=np.int64, shape=(1,))],
+        ModelConfig(max_batch_size=2, sequence_batcher=SequenceBatcher()),
+    )
+    with server:
+        port = server.serve_grpc("127.0.0.1:0")
+        server.seen_params = seen_params
+        yield server, f"127.0.0.1:{port}"
+
+
+def add_sub_inputs(a, b):
+    inputs = [grpcclient.InferInput("a", list(a.shape), "FP32"), grpcclient.InferInput("b", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_health_metadata_config_statistics_index(endpoint):
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("AddSub") and not client.is_model_ready("Nope")
+    assert client.get_server_metadata().version.startswith("2.")
+    meta = client.get_model_metadata("AddSub")
+    assert [t.name for t in meta.inputs] == ["a", "b"] and meta.inputs[0].datatype == "FP32"
+    config = client.get_model_config("AddSub").config
+    assert config.max_batch_size == 8 and config.backend == "embedtriton"
+    client.infer("AddSub", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
+    assert client.get_inference_statistics("AddSub").model_stats[0].inference_count >= 1
+    assert {m.name for m in client.get_model_repository_index().models} == {"AddSub", "Echo", "Sum"}
+
+
+def test_infer_raw_contents_and_requested_outputs(endpoint):
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    a, b = np.arange(4, dtype=np.float32).reshape(4, 1), np.ones((4, 1), np.float32)
+    result = client.infer("AddSub", add_sub_inputs(a, b), request_id="r-1")
+    np.testing.assert_array_equal(result.as_numpy("add"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("sub"), a - b)
+    assert result.get_response().id == "r-1"
+    only = client.infer("AddSub", add_sub_inputs(a, b), outputs=[grpcclient.InferRequestedOutput("sub")])
+    assert only.as_numpy("add") is None and only.as_numpy("sub") is not None
+
+
+def test_typed_contents_bytes_and_parameters(endpoint):
+    server, address = endpoint
+    import grpc
+
+    channel = grpc.insecure_channel(address)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    request = service_pb2.ModelInferRequest(model_name="Echo")
+    tensor = request.inputs.add(name="text", datatype="BYTES", shape=[1, 2])
+    tensor.contents.bytes_contents.extend([b"hello", b"\x00world"])
+    request.parameters["mode"].string_param = "fast"
+    request.parameters["k"].int64_param = 3
+    response = stub.ModelInfer(request)
+    assert response.outputs[0].name == "text" and list(response.outputs[0].shape) == [1, 2]
+    assert response.outputs[0].datatype == "BYTES"
+    assert response.raw_output_contents[0] == b"\x05\x00\x00\x00hello\x06\x00\x00\x00\x00world"
+    assert server.seen_params[-1] == {"mode": "fast", "k": 3}
+    channel.close()
+
+
+def test_errors_map_to_grpc_status_codes(endpoint):
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("Nope", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+    wrong = [grpcclient.InferInput("a", [1, 1], "FP64"), grpcclient.InferInput("b", [1, 1], "FP32")]
+    wrong[0].set_data_from_numpy(np.ones((1, 1), np.float64))
+    wrong[1].set_data_from_numpy(np.ones((1, 1), np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("AddSub", wrong)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and "FP64" in info.value.message()
+    assert client.is_server_live()  # still serving
+
+
+def test_sequences_through_grpc(endpoint):
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    totals = []
+    for i, value in enumerate([5, 6, 7]):
+        x = grpcclient.InferInput("x", [1, 1], "INT64")
+        x.set_data_from_numpy(np.array([[value]], np.int64))
+        result = client.infer("Sum", [x], sequence_id=42, sequence_start=i == 0, sequence_end=i == 2)
+        totals.append(int(result.as_numpy("total")[0, 0]))
+    assert totals == [5, 11, 18]
+
+
+def test_asyncio_client_many_in_flight(endpoint):
+    _, address = endpoint
+    import tritonclient.grpc.aio as aioclient
+
+    async def main():
+        client = aioclient.InferenceServerClient(address)
+        calls = []
+        for i in range(32):
+            inputs = [aioclient.InferInput("a", [1, 1], "FP32"), aioclient.InferInput("b", [1, 1], "FP32")]
+            inputs[0].set_data_from_numpy(np.full((1, 1), i, np.float32))
+            inputs[1].set_data_from_numpy(np.ones((1, 1), np.float32))
+            calls.append(client.infer("AddSub", inputs))
+        results = await asyncio.gather(*calls)
+        await client.close()
+        return [float(r.as_numpy("add")[0, 0]) for r in results]
+
+    assert asyncio.run(main()) == [i + 1.0 for i in range(32)]
+
+
+def test_stop_closes_the_endpoint():
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors())
+    server.start()
+    port = server.serve_grpc("127.0.0.1:0")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    assert client.is_server_live()
+    server.stop()
+    with pytest.raises(InferenceServerException):
+        client.is_server_live(client_timeout=2)
