@@ -5,10 +5,11 @@ Built on grpcio's asyncio server and the protobuf modules generated in
 ``Model.infer_async``. Install with ``pip install "embedtriton[grpc]"``.
 
 Implemented so far: ServerLive, ServerReady, ModelReady, ServerMetadata,
-ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex and ModelInfer
-(typed ``contents`` and ``raw_input_contents``, BYTES, parameters including
-priority, timeout and sequence fields, requested outputs). The other RPCs answer
-UNIMPLEMENTED.
+ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex, ModelInfer (typed
+``contents`` and ``raw_input_contents``, BYTES, parameters including priority,
+timeout and sequence fields, requested outputs) and ModelStreamInfer (decoupled
+models, with Triton's ``triton_enable_empty_final_response`` /
+``triton_final_response`` convention). The other RPCs answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -158,40 +159,106 @@ class _Service(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
         return service_pb2.RepositoryIndexResponse(models=entries)
 
+    def _decode(self, request: Any) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
+        """A ModelInferRequest as (model, inputs, keyword arguments for infer/stream)."""
+        model = self._model(request.model_name)
+        raw = list(request.raw_input_contents)
+        if raw and len(raw) != len(request.inputs):
+            raise InvalidArgumentError(
+                f"{len(raw)} raw input contents for {len(request.inputs)} inputs: give all or none"
+            )
+        inputs = {t.name: _input_array(t, raw[i] if raw else None) for i, t in enumerate(request.inputs)}
+        params = {k: _parameter(v) for k, v in request.parameters.items()}
+        params.pop("triton_enable_empty_final_response", None)
+        options: dict[str, Any] = {
+            "priority": params.pop("priority", None),
+            "timeout_us": params.pop("timeout", None),
+            "request_id": request.id or None,
+            "outputs": [o.name for o in request.outputs] or None,
+        }
+        sequence_id = params.pop("sequence_id", None)
+        start = bool(params.pop("sequence_start", False))
+        end = bool(params.pop("sequence_end", False))
+        if sequence_id not in (None, 0, ""):
+            options.update(correlation_id=sequence_id, sequence_start=start, sequence_end=end)
+        options["parameters"] = params or None
+        return model, inputs, options
+
+    @staticmethod
+    def _encode(request: Any, outputs: dict[str, np.ndarray]) -> Any:
+        response = service_pb2.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version or "1", id=request.id
+        )
+        for name, array in outputs.items():
+            datatype = triton_dtype(array.dtype)
+            response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+            response.raw_output_contents.append(
+                encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
+            )
+        return response
+
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         async def infer() -> Any:
-            model = self._model(request.model_name)
-            raw = list(request.raw_input_contents)
-            if raw and len(raw) != len(request.inputs):
-                raise InvalidArgumentError(
-                    f"{len(raw)} raw input contents for {len(request.inputs)} inputs: give all or none"
-                )
-            inputs = {t.name: _input_array(t, raw[i] if raw else None) for i, t in enumerate(request.inputs)}
-            params = {k: _parameter(v) for k, v in request.parameters.items()}
-            options: dict[str, Any] = {
-                "priority": params.pop("priority", None),
-                "timeout_us": params.pop("timeout", None),
-                "request_id": request.id or None,
-                "outputs": [o.name for o in request.outputs] or None,
-            }
-            sequence_id = params.pop("sequence_id", None)
-            start = bool(params.pop("sequence_start", False))
-            end = bool(params.pop("sequence_end", False))
-            if sequence_id not in (None, 0, ""):
-                options.update(correlation_id=sequence_id, sequence_start=start, sequence_end=end)
-            outputs = await model.infer_async(inputs, parameters=params or None, **options)
-            response = service_pb2.ModelInferResponse(
-                model_name=request.model_name, model_version=request.model_version or "1", id=request.id
-            )
-            for name, array in outputs.items():
-                datatype = triton_dtype(array.dtype)
-                response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-                response.raw_output_contents.append(
-                    encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
-                )
-            return response
+            model, inputs, options = self._decode(request)
+            return self._encode(request, await model.infer_async(inputs, **options))
 
         return await self._guard(context, infer)
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
+        """Bidirectional stream: each request runs as it arrives (decoupled models stream
+        0..N responses); errors come back as ``error_message`` and the stream goes on."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def serve_one(request: Any) -> None:
+            final_flag = (
+                _parameter(request.parameters["triton_enable_empty_final_response"])
+                if ("triton_enable_empty_final_response" in request.parameters)
+                else False
+            )
+            try:
+                model, inputs, options = self._decode(request)
+                binding = self.server._bound.get(model.name)
+                if binding is not None and binding.decoupled:
+                    async for outputs in model.stream_async(inputs, **options):
+                        response = self._encode(request, outputs)
+                        if final_flag:
+                            response.parameters["triton_final_response"].bool_param = False
+                        await queue.put(service_pb2.ModelStreamInferResponse(infer_response=response))
+                    if final_flag:
+                        empty = service_pb2.ModelInferResponse(
+                            model_name=request.model_name, model_version=request.model_version or "1", id=request.id
+                        )
+                        empty.parameters["triton_final_response"].bool_param = True
+                        await queue.put(service_pb2.ModelStreamInferResponse(infer_response=empty))
+                else:
+                    response = self._encode(request, await model.infer_async(inputs, **options))
+                    if final_flag:
+                        response.parameters["triton_final_response"].bool_param = True
+                    await queue.put(service_pb2.ModelStreamInferResponse(infer_response=response))
+            except TritonError as exc:
+                await queue.put(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
+
+        async def read_requests() -> None:
+            async for request in request_iterator:
+                task = asyncio.ensure_future(serve_one(request))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            while running:
+                await asyncio.gather(*list(running))
+            await queue.put(None)
+
+        reader = asyncio.ensure_future(read_requests())
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
 
 
 class GrpcEndpoint:

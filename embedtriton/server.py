@@ -328,6 +328,7 @@ class Server:
         self._bound: dict[str, Binding] = {}
         self._log: Path | None = None
         self._grpc: Any = None  # GrpcEndpoint while serving gRPC
+        self._metrics_http: Any = None  # ThreadingHTTPServer while serving /metrics
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -422,6 +423,10 @@ class Server:
             endpoint, self._grpc = self._grpc, None
             if endpoint is not None:
                 endpoint.stop()
+            httpd, self._metrics_http = self._metrics_http, None
+            if httpd is not None:
+                httpd.shutdown()
+                httpd.server_close()
             handle, self._handle = self._handle, None
             if handle is None:
                 return
@@ -575,6 +580,44 @@ class Server:
             self._grpc = GrpcEndpoint(self, address, max_message_bytes)
             log.info("serving gRPC on %s (port %d)", address, self._grpc.port)
             return self._grpc.port
+
+    def serve_metrics(self, address: str = "127.0.0.1:8002") -> int:
+        """Serve Triton's Prometheus metrics over HTTP at ``http://ADDRESS/metrics``; stopped by
+        :meth:`stop`. ``"host:0"`` picks a free port. Returns the port."""
+        import http.server
+
+        host, _, port = address.rpartition(":")
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served here")
+                    return
+                try:
+                    body = server.metrics().encode()
+                except TritonError as exc:
+                    self.send_error(503, str(exc))
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        with self._lock:
+            if self._metrics_http is not None:
+                raise InvalidArgumentError("already serving metrics")
+            try:
+                httpd = http.server.ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+            except (OSError, ValueError) as exc:
+                raise UnavailableError(f"cannot serve metrics on {address}: {exc}") from None
+            threading.Thread(target=httpd.serve_forever, name="embedtriton-metrics", daemon=True).start()
+            self._metrics_http = httpd
+            return httpd.server_address[1]
 
     def metadata(self) -> dict[str, Any]:
         """Triton's server metadata (name, version, extensions)."""

@@ -162,3 +162,105 @@ def test_stop_closes_the_endpoint():
     server.stop()
     with pytest.raises(InferenceServerException):
         client.is_server_live(client_timeout=2)
+
+
+def test_stream_infer_with_a_decoupled_model():
+    import queue
+
+    def counter(requests):
+        counts = [int(r["n"][0, 0]) for r in requests]
+        for i in range(max(counts)):
+            yield [{"i": np.array([[i]], np.int32)} if i < n else None for n in counts]
+
+    server = Server()
+    server.bind(
+        "Count",
+        counter,
+        [Tensor(name="n", dtype=np.int32, shape=(1,))],
+        [Tensor(name="i", dtype=np.int32, shape=(1,))],
+        ModelConfig(decoupled=True),
+    )
+    server.bind("AddSub", add_sub, *add_sub_tensors())
+    with server:
+        port = server.serve_grpc("127.0.0.1:0")
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        results: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        n = grpcclient.InferInput("n", [1, 1], "INT32")
+        n.set_data_from_numpy(np.array([[3]], np.int32))
+        client.async_stream_infer("Count", [n], request_id="c", enable_empty_final_response=True)
+        got, final = [], False
+        while not final:
+            result, error = results.get(timeout=10)
+            assert error is None
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            if not final:
+                got.append(int(result.as_numpy("i")[0, 0]))
+        assert got == [0, 1, 2]
+        # a plain model on the stream, and an error that does not end the stream
+        client.async_stream_infer("AddSub", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
+        result, error = results.get(timeout=10)
+        assert error is None and result.as_numpy("add")[0, 0] == 2
+        client.async_stream_infer("Nope", [n])
+        result, error = results.get(timeout=10)
+        assert result is None and "Nope" in str(error)
+        client.async_stream_infer("Count", [n])
+        values = [int(results.get(timeout=10)[0].as_numpy("i")[0, 0]) for _ in range(3)]
+        assert values == [0, 1, 2]
+        client.stop_stream()
+
+
+def test_metrics_endpoint(endpoint):
+    import urllib.error
+    import urllib.request
+
+    server, _ = endpoint
+    port = server.serve_metrics("127.0.0.1:0")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert "nv_inference_request_success" in text
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=10)
+    assert info.value.code == 404
+
+
+def test_serve_command(tmp_path):
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "models.py").write_text(
+        "import numpy as np\n"
+        "from embedtriton import Tensor, batch\n"
+        "def bind(server):\n"
+        "    server.bind('Double', batch(lambda x: {'y': x * 2}),\n"
+        "                [Tensor(name='x', dtype=np.float32, shape=(1,))], [Tensor(name='y', dtype=np.float32, shape=(1,))])\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "embedtriton", "serve", "models:bind", "--grpc", "127.0.0.1:0", "--metrics", ""],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = process.stderr.readline()
+            lines.append(line)
+            if "ready:" in line or not line:
+                break
+        assert any("ready: Double" in line for line in lines), lines
+        port = int(re.search(r"port (\d+)", "".join(lines)).group(1))
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        x = grpcclient.InferInput("x", [1, 1], "FP32")
+        x.set_data_from_numpy(np.full((1, 1), 21, np.float32))
+        assert client.infer("Double", [x]).as_numpy("y")[0, 0] == 42
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert "stopped" in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -1,0 +1,59 @@
+"""``embedtriton serve module:attr`` — bind models and serve them until interrupted.
+
+``attr`` is a function that takes a :class:`embedtriton.Server` and binds models on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import sys
+import threading
+
+from .server import Server, ServerConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="embedtriton", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="bind models with module:attr and serve them")
+    serve.add_argument("target", help="module:function that binds models on the Server it is given")
+    serve.add_argument("--grpc", default="127.0.0.1:8001", help="gRPC address ('' for none)")
+    serve.add_argument("--metrics", default="127.0.0.1:8002", help="Prometheus /metrics address ('' for none)")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("embedtriton")
+    module_name, _, attr = args.target.partition(":")
+    if not module_name or not attr:
+        parser.error(f"target must look like module:function, not {args.target!r}")
+    sys.path.insert(0, "")
+    try:
+        bind = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        parser.error(f"cannot load {args.target}: {exc}")
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    server = Server(ServerConfig())
+    bind(server)
+    with server:
+        names = [m.name for m in server.models()]
+        if args.grpc:
+            port = server.serve_grpc(args.grpc)
+            log.info("gRPC (KServe v2) on %s (port %d)", args.grpc, port)
+        if args.metrics:
+            port = server.serve_metrics(args.metrics)
+            log.info("metrics on http://%s/metrics (port %d)", args.metrics, port)
+        log.info("ready: %s", ", ".join(names) or "no models")
+        stop.wait()
+        log.info("stopping")
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
