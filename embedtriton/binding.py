@@ -114,20 +114,10 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
         return run_async_stream
 
     @functools.wraps(func)
-    def run(requests: list[Request]) -> list[dict[str, Any]]:
-        extra = {"parameters": [r.parameters for r in requests]} if wants_parameters else {}
-        if len(requests) == 1:
-            outputs = func(**requests[0], **extra)
-            return [dict(outputs)]
-        names = requests[0].keys()
-        inputs = {name: np.concatenate([r[name] for r in requests]) for name in names}
-        outputs = func(**inputs, **extra)
-        sizes = [len(next(iter(r.values()))) if r else 1 for r in requests]
-        bounds = np.cumsum(sizes)[:-1]
-        split = {name: np.split(np.asarray(value), bounds) for name, value in outputs.items()}
-        return [{name: parts[i] for name, parts in split.items()} for i in range(len(requests))]
+    def run(requests: list[Request]) -> list[dict[str, Any] | None]:
+        kwargs, bounds = gather(requests)
+        return split(func(**kwargs), len(requests), bounds)
 
-    run.__embedtriton_batch__ = True  # type: ignore[attr-defined]
     return run
 
 

@@ -274,7 +274,7 @@ class Model:
     @property
     def ready(self) -> bool:
         """Whether Triton reports the model READY."""
-        server = self._server._handle_or_none()
+        server = self._server._handle
         if server is None:
             return False
         ready = _capi.flag()
@@ -482,7 +482,7 @@ class Server:
         return self._flag("ServerIsReady")
 
     def _flag(self, function: str) -> bool:
-        handle = self._handle_or_none()
+        handle = self._handle
         if handle is None:
             return False
         value = _capi.flag()
@@ -720,9 +720,6 @@ class Server:
             ):
                 break
             time.sleep(0.0005)
-
-    def _handle_or_none(self) -> int | None:
-        return self._handle
 
     def _require_handle(self) -> int:
         handle = self._handle

@@ -19,7 +19,6 @@
 #include <numpy/arrayobject.h>
 
 #include <dlfcn.h>
-#include <errno.h>
 #include <pthread.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -502,6 +501,17 @@ static void call_complete(Call* c)
   gil_leave(entered);
 }
 
+/* An asyncio stream consumer: wake its loop (loop and the wake-up callable live
+ * until the call is freed). */
+static void wake_stream_consumer(Call* c)
+{
+  int entered = gil_enter();
+  PyObject* r = PyObject_CallMethodObjArgs(c->loop, s_call_soon_threadsafe, c->future, NULL);
+  if (r == NULL) PyErr_Clear(); /* the loop is closed */
+  Py_XDECREF(r);
+  gil_leave(entered);
+}
+
 static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
 {
   Queued* q = response ? malloc(sizeof(Queued)) : NULL;
@@ -524,13 +534,7 @@ static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, u
     bury(NULL, q->response);
     free(q);
   }
-  if (notify) { /* asyncio consumer: wake its loop (loop and notify live until the call is freed) */
-    int entered = gil_enter();
-    PyObject* r = PyObject_CallMethodObjArgs(c->loop, s_call_soon_threadsafe, c->future, NULL);
-    if (r == NULL) PyErr_Clear(); /* the loop is closed */
-    Py_XDECREF(r);
-    gil_leave(entered);
-  }
+  if (notify) wake_stream_consumer(c);
 }
 
 static void response_cb(TRITONSERVER_InferenceResponse* response,
@@ -1249,11 +1253,7 @@ static PyObject* py_abort_pending(PyObject* self, PyObject* arg)
       pthread_cond_signal(&found->cv);
       int notify = !found->closed && found->loop != NULL;
       pthread_mutex_unlock(&found->mu);
-      if (notify) {
-        PyObject* r = PyObject_CallMethodObjArgs(found->loop, s_call_soon_threadsafe, found->future, NULL);
-        if (r == NULL) PyErr_Clear();
-        Py_XDECREF(r);
-      }
+      if (notify) wake_stream_consumer(found);
     } else if (found->is_async) {
       schedule_async(found);
     } else {
@@ -2262,16 +2262,6 @@ static PyObject* py_drain(PyObject* self, PyObject* unused)
   return PyLong_FromLong(n);
 }
 
-static PyObject* py_pending_count(PyObject* self, PyObject* unused)
-{
-  (void)self, (void)unused;
-  long n = 0;
-  pthread_mutex_lock(&pending_lock);
-  for (Call* c = pending.next; c != &pending; c = c->next) n++;
-  pthread_mutex_unlock(&pending_lock);
-  return PyLong_FromLong(n);
-}
-
 static PyMethodDef methods[] = {
     {"load", py_load, METH_O, "Resolve the Triton C API from a dlopen handle."},
     {"set_hooks", py_set_hooks, METH_VARARGS, "Install the Python hooks."},
@@ -2287,7 +2277,6 @@ static PyMethodDef methods[] = {
     {"open_server", py_open_server, METH_O, "Accept requests for a server."},
     {"close_server", py_close_server, METH_O, "Stop accepting requests for a server."},
     {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
-    {"pending_count", py_pending_count, METH_NOARGS, "Calls in flight (all servers)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
