@@ -32,6 +32,7 @@ from .errors import (
     UnsupportedError,
 )
 from .server import Model, Server, ServerConfig
+from .tracing import Tracing
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "ServerConfig",
     "Tensor",
     "TimeoutAction",
+    "Tracing",
     "TritonError",
     "UnavailableError",
     "UnknownError",

@@ -71,6 +71,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "TRITONSERVER_ServerOptionsSetLogError": (_P, [_P, c_bool]),
     "TRITONSERVER_ServerOptionsSetLogVerbose": (_P, [_P, c_int]),
     "TRITONSERVER_ServerOptionsSetLogFile": (_P, [_P, c_char_p]),
+    "TRITONSERVER_ServerOptionsSetLogFormat": (_P, [_P, c_int]),
     "TRITONSERVER_ServerOptionsSetMetrics": (_P, [_P, c_bool]),
     "TRITONSERVER_ServerOptionsSetGpuMetrics": (_P, [_P, c_bool]),
     "TRITONSERVER_ServerOptionsSetCpuMetrics": (_P, [_P, c_bool]),

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from . import tracing
 from .config import ModelConfig, Tensor
 from .tensors import DATATYPE_VALUE, triton_dtype
 
@@ -59,7 +60,13 @@ class Request(dict):
         "sequence_end",
         "sequence_ready",
         "state",
+        "_span",
     )
+
+    @property
+    def span(self) -> Any:
+        """The request's OpenTelemetry span when it is traced (see ``Tracing``), else None."""
+        return getattr(self, "_span", None)
 
     def __repr__(self) -> str:
         shapes = {k: tuple(v.shape) for k, v in self.items()}
@@ -196,9 +203,16 @@ class Binding:
         """
         if self.sequence:
             return self._execute_sequence(requests)
+        traced = tracing.spans_of(requests) if tracing.live_spans else None
         try:
-            result = self.infer_func(requests)
+            if traced is None:
+                result = self.infer_func(requests)
+            else:
+                with traced:
+                    result = self.infer_func(requests)
         except Exception as exc:
+            if traced is not None:
+                tracing.mark_failed(requests, exc)
             return self._failed(exc)
         if self.decoupled:
             return self._steps(result, len(requests))

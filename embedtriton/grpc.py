@@ -1,21 +1,23 @@
-"""KServe-v2 gRPC endpoint (``inference.GRPCInferenceService``) for the in-process models.
+"""KServe-v2 gRPC endpoint (``inference.GRPCInferenceService``) and gRPC health checking.
 
-Built on grpcio's asyncio server and the protobuf modules generated in
-``tritonclient[grpc]``; every call goes through the same in-process path as
-``Model.infer_async``. Install with ``pip install "embedtriton[grpc]"``.
+The service is written against a small transport interface (:class:`Service`):
+``on_message(call, bytes)``, ``on_half_close(call)``, ``on_cancel(call)``, and a call with
+``method``, ``metadata``, ``send(bytes)`` and ``finish(code, message)``. Messages are
+parsed and built with the protobuf modules generated in ``tritonclient[grpc]`` and
+``grpcio-health-checking``. Inference requests go through the same native path as
+``Model.infer``; their completions are encoded and sent from the thread that completes
+them, with no event-loop hop. The transport is grpcio's asyncio server (see
+:class:`GrpcEndpoint`).
 
-Implemented so far: ServerLive, ServerReady, ModelReady, ServerMetadata,
-ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex, ModelInfer (typed
-``contents`` and ``raw_input_contents``, BYTES, parameters including priority,
-timeout and sequence fields, requested outputs) and ModelStreamInfer (decoupled
-models, with Triton's ``triton_enable_empty_final_response`` /
-``triton_final_response`` convention). The other RPCs answer UNIMPLEMENTED.
+Install with ``pip install "embedtriton[grpc]"``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from .errors import (
     UnavailableError,
     UnsupportedError,
 )
+from .shared_memory import SystemSharedMemory
 from .tensors import decode_bytes, encode_bytes, triton_dtype
 
 if TYPE_CHECKING:
@@ -37,9 +40,19 @@ if TYPE_CHECKING:
 try:
     import grpc
     from google.protobuf import json_format
-    from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+    from google.protobuf.message import DecodeError
+    from grpc_health.v1 import health_pb2
+    from tritonclient.grpc import model_config_pb2, service_pb2
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError('the gRPC endpoint needs grpcio and tritonclient[grpc]: pip install "embedtriton[grpc]"') from exc
+    raise ImportError(
+        'the gRPC endpoint needs grpcio, grpcio-health-checking and tritonclient[grpc]: pip install "embedtriton[grpc]"'
+    ) from exc
+
+log = logging.getLogger("embedtriton")
+
+# gRPC status codes
+OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 5, 6
+RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
 
 _NUMPY = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -51,21 +64,25 @@ _CONTENTS = {
     "UINT64": "uint64_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
     "INT64": "int64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }  # fmt: skip
-_STATUS = [
-    (InvalidArgumentError, "INVALID_ARGUMENT"),
-    (NotFoundError, "NOT_FOUND"),
-    (UnavailableError, "UNAVAILABLE"),
-    (UnsupportedError, "UNIMPLEMENTED"),
-    (AlreadyExistsError, "ALREADY_EXISTS"),
-    (CancelledError, "CANCELLED"),
+_CODES = [
+    (InvalidArgumentError, INVALID_ARGUMENT),
+    (NotFoundError, NOT_FOUND),
+    (UnavailableError, UNAVAILABLE),
+    (UnsupportedError, UNIMPLEMENTED),
+    (AlreadyExistsError, ALREADY_EXISTS),
+    (CancelledError, CANCELLED),
 ]
+_KSERVE = "/inference.GRPCInferenceService/"
+_STREAM_INFER = _KSERVE + "ModelStreamInfer"
+_HEALTH = "/grpc.health.v1.Health/"
+_STREAM_ITEM, _STREAM_EMPTY, _STREAM_END = 0, 1, 2  # native.stream_next statuses
 
 
-def _status(error: TritonError) -> grpc.StatusCode:
-    for cls, name in _STATUS:
+def _code(error: BaseException) -> int:
+    for cls, code in _CODES:
         if isinstance(error, cls):
-            return getattr(grpc.StatusCode, name)
-    return grpc.StatusCode.INTERNAL
+            return code
+    return INTERNAL
 
 
 def _parameter(value: Any) -> Any:
@@ -73,80 +90,249 @@ def _parameter(value: Any) -> Any:
     return getattr(value, which) if which else None
 
 
-def _input_array(tensor: Any, raw: bytes | None) -> np.ndarray:
-    shape = tuple(int(d) for d in tensor.shape)
-    datatype = tensor.datatype
-    if raw is not None:
-        if datatype == "BYTES":
-            return decode_bytes(raw, shape)
-        if datatype not in _NUMPY:
-            raise InvalidArgumentError(f"input '{tensor.name}': datatype {datatype} is not supported")
-        dtype = np.dtype(_NUMPY[datatype])
-        if len(raw) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
-            raise InvalidArgumentError(
-                f"input '{tensor.name}': {len(raw)} bytes of raw contents do not fill shape {list(shape)} of {datatype}"
-            )
-        return np.frombuffer(raw, dtype=dtype).reshape(shape)
-    field = _CONTENTS.get(datatype)
-    if field is None:
-        raise InvalidArgumentError(f"input '{tensor.name}': datatype {datatype} has no typed contents")
-    values = list(getattr(tensor.contents, field))
-    if datatype == "BYTES":
-        array = np.empty(len(values), dtype=object)
-        array[:] = values
-    else:
-        array = np.array(values, dtype=_NUMPY[datatype])
-    if array.size != int(np.prod(shape, dtype=np.int64)):
-        raise InvalidArgumentError(f"input '{tensor.name}': {array.size} values do not fill shape {list(shape)}")
-    return array.reshape(shape)
+def _shm_params(tensor: Any) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) when a tensor names a shared-memory region."""
+    params = tensor.parameters
+    if "shared_memory_region" not in params:
+        return None
+    region = _parameter(params["shared_memory_region"])
+    size = _parameter(params["shared_memory_byte_size"]) if "shared_memory_byte_size" in params else None
+    offset = _parameter(params["shared_memory_offset"]) if "shared_memory_offset" in params else 0
+    if not isinstance(region, str) or not isinstance(size, int) or not isinstance(offset, int):
+        raise InvalidArgumentError(
+            f"tensor '{tensor.name}': shared memory needs string shared_memory_region and integer "
+            "shared_memory_byte_size (and optional shared_memory_offset) parameters"
+        )
+    return region, offset, size
 
 
-class _Service(service_pb2_grpc.GRPCInferenceServiceServicer):
+class _Immediate:
+    """Stands in for an event loop in the native completion path: completions run at
+    once, on the Triton thread that delivers them (with the GIL)."""
+
+    @staticmethod
+    def call_soon_threadsafe(fn: Callable[..., Any], *args: Any) -> None:
+        fn(*args)
+
+
+_IMMEDIATE = _Immediate()
+
+
+class _Reply:
+    """The future-like target of one ModelInfer (or one non-decoupled request of a stream)."""
+
+    __slots__ = ("service", "call", "request", "in_shm", "stream")
+
+    def __init__(self, service: Service, call: Any, request: Any, in_shm: set[str], stream: _Stream | None) -> None:
+        self.service, self.call, self.request, self.in_shm, self.stream = service, call, request, in_shm, stream
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, outputs: dict[str, Any]) -> None:
+        try:
+            response = self.service._encode(self.request, outputs, self.in_shm)
+        except Exception as exc:
+            self.set_exception(exc)
+            return
+        if self.stream is None:
+            self.call.send(response.SerializeToString())
+            self.call.finish(OK)
+        else:
+            if self.stream.final_flag(self.request):
+                response.parameters["triton_final_response"].bool_param = True
+            self.stream.send(service_pb2.ModelStreamInferResponse(infer_response=response))
+            self.stream.done_one()
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self.stream is None:
+            self.call.finish(_code(exc), str(exc))
+        else:
+            self.stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
+            self.stream.done_one()
+
+
+class _Stream:
+    """One ModelStreamInfer call: requests run as they arrive; the call ends once the
+    client has half-closed and every request has finished."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.lock = threading.Lock()
+        self.pending = 0
+        self.half_closed = False
+        self.cancelled = False
+        self.handles: set[Any] = set()  # native stream handles of decoupled requests
+
+    @staticmethod
+    def final_flag(request: Any) -> bool:
+        p = request.parameters.get("triton_enable_empty_final_response")
+        return bool(p is not None and _parameter(p))
+
+    def send(self, message: Any) -> None:
+        if not self.cancelled:
+            self.call.send(message.SerializeToString())
+
+    def begin_one(self) -> None:
+        with self.lock:
+            self.pending += 1
+
+    def done_one(self) -> None:
+        with self.lock:
+            self.pending -= 1
+            finished = self.half_closed and self.pending == 0
+        if finished:
+            self.call.finish(OK)
+
+    def close(self) -> None:
+        with self.lock:
+            self.half_closed = True
+            finished = self.pending == 0
+        if finished:
+            self.call.finish(OK)
+
+
+class Service:
+    """KServe-v2 inference service plus ``grpc.health.v1`` for one :class:`Server`."""
+
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.shm = SystemSharedMemory()
+        s = service_pb2
+        self._unary: dict[str, tuple[Any, Callable[[Any, Any], Any]]] = {
+            _KSERVE + "ServerLive": (s.ServerLiveRequest, self.server_live),
+            _KSERVE + "ServerReady": (s.ServerReadyRequest, self.server_ready),
+            _KSERVE + "ModelReady": (s.ModelReadyRequest, self.model_ready),
+            _KSERVE + "ServerMetadata": (s.ServerMetadataRequest, self.server_metadata),
+            _KSERVE + "ModelMetadata": (s.ModelMetadataRequest, self.model_metadata),
+            _KSERVE + "ModelConfig": (s.ModelConfigRequest, self.model_config),
+            _KSERVE + "ModelStatistics": (s.ModelStatisticsRequest, self.model_statistics),
+            _KSERVE + "RepositoryIndex": (s.RepositoryIndexRequest, self.repository_index),
+            _KSERVE + "RepositoryModelLoad": (s.RepositoryModelLoadRequest, self.model_load),
+            _KSERVE + "RepositoryModelUnload": (s.RepositoryModelUnloadRequest, self.model_unload),
+            _KSERVE + "SystemSharedMemoryStatus": (s.SystemSharedMemoryStatusRequest, self.shm_status),
+            _KSERVE + "SystemSharedMemoryRegister": (s.SystemSharedMemoryRegisterRequest, self.shm_register),
+            _KSERVE + "SystemSharedMemoryUnregister": (s.SystemSharedMemoryUnregisterRequest, self.shm_unregister),
+            _KSERVE + "CudaSharedMemoryStatus": (s.CudaSharedMemoryStatusRequest, self.cuda_shm),
+            _KSERVE + "CudaSharedMemoryRegister": (s.CudaSharedMemoryRegisterRequest, self.cuda_shm),
+            _KSERVE + "CudaSharedMemoryUnregister": (s.CudaSharedMemoryUnregisterRequest, self.cuda_shm),
+            _KSERVE + "TraceSetting": (s.TraceSettingRequest, self.trace_setting),
+            _KSERVE + "LogSettings": (s.LogSettingsRequest, self.log_settings),
+            _KSERVE + "ModelInfer": (s.ModelInferRequest, self.model_infer),
+            _HEALTH + "Check": (health_pb2.HealthCheckRequest, self.health_check),
+            _HEALTH + "Watch": (health_pb2.HealthCheckRequest, self.health_watch),
+        }
+        self._watch_lock = threading.Lock()
+        self._watchers: dict[Any, tuple[str, int]] = {}  # Watch calls -> (service, last status sent)
+        self._watch_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
-    async def _guard(self, context: Any, call: Any) -> Any:
+    # -- transport interface ----------------------------------------------------
+
+    def on_message(self, call: Any, data: bytes) -> None:
+        """One request message of ``call``."""
+        if call.method == _STREAM_INFER:
+            self._stream_message(call, data)
+            return
+        entry = self._unary.get(call.method)
+        if entry is None:
+            call.finish(UNIMPLEMENTED, f"method {call.method} is not implemented by this server")
+            return
+        if call.user is not None:
+            call.finish(INVALID_ARGUMENT, f"{call.method} takes one request message")
+            return
         try:
-            return await call() if asyncio.iscoroutinefunction(call) else call()
-        except TritonError as exc:
-            await context.abort(_status(exc), str(exc))
+            call.user = entry[0].FromString(data)
+        except DecodeError:
+            call.finish(INVALID_ARGUMENT, f"malformed {entry[0].DESCRIPTOR.name} message")
 
-    async def ServerLive(self, request: Any, context: Any) -> Any:
+    def on_half_close(self, call: Any) -> None:
+        """The client sent its last message: run a unary call; end a drained stream."""
+        if call.method == _STREAM_INFER:
+            stream = call.user
+            if stream is None:
+                call.finish(OK)
+            else:
+                stream.close()
+            return
+        entry = self._unary.get(call.method)
+        if entry is None:
+            call.finish(UNIMPLEMENTED, f"method {call.method} is not implemented by this server")
+            return
+        request = call.user
+        if request is None:
+            request = entry[0]()  # an empty message is valid protobuf
+        try:
+            response = entry[1](request, call)
+        except TritonError as exc:
+            call.finish(_code(exc), str(exc))
+            return
+        except Exception as exc:  # a bug of ours: report it, keep serving
+            log.exception("gRPC %s failed", call.method)
+            call.finish(INTERNAL, f"{type(exc).__name__}: {exc}")
+            return
+        if response is not None:  # None: the call completes later (ModelInfer, Watch)
+            call.send(response.SerializeToString())
+            call.finish(OK)
+
+    def on_cancel(self, call: Any) -> None:
+        """The client went away: stop its streams' requests."""
+        with self._watch_lock:
+            self._watchers.pop(call, None)
+        stream = call.user if call.method == _STREAM_INFER else None
+        if isinstance(stream, _Stream):
+            stream.cancelled = True
+            from . import _native
+
+            for handle in list(stream.handles):
+                _native.stream_close(handle)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._watch_lock:
+            watchers, self._watchers = list(self._watchers), {}
+        for call in watchers:
+            call.finish(UNAVAILABLE, "the server is stopping")
+        self.shm.unregister()
+
+    # -- server and model information ---------------------------------------------
+
+    def server_live(self, request: Any, call: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=self.server.live)
 
-    async def ServerReady(self, request: Any, context: Any) -> Any:
+    def server_ready(self, request: Any, call: Any) -> Any:
         return service_pb2.ServerReadyResponse(ready=self.server.ready)
-
-    async def ModelReady(self, request: Any, context: Any) -> Any:
-        ready = request.name in {m.name for m in self.server.models()} and self.server.model(request.name).ready
-        return service_pb2.ModelReadyResponse(ready=ready)
-
-    async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        meta = await self._guard(context, self.server.metadata)
-        return service_pb2.ServerMetadataResponse(
-            name=meta.get("name", ""), version=meta.get("version", ""), extensions=meta.get("extensions", [])
-        )
 
     def _model(self, name: str) -> Any:
         return self.server.model(name)  # NotFoundError for unknown names
 
-    async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        meta = await self._guard(context, lambda: self._model(request.name).metadata())
+    def model_ready(self, request: Any, call: Any) -> Any:
+        ready = request.name in self.server._bound and self.server.model(request.name).ready
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    def server_metadata(self, request: Any, call: Any) -> Any:
+        meta = self.server.metadata()
+        return service_pb2.ServerMetadataResponse(
+            name=meta.get("name", ""), version=meta.get("version", ""), extensions=meta.get("extensions", [])
+        )
+
+    def model_metadata(self, request: Any, call: Any) -> Any:
+        meta = self._model(request.name).metadata()
         return json_format.ParseDict(meta, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True)
 
-    async def ModelConfig(self, request: Any, context: Any) -> Any:
-        config = await self._guard(context, lambda: self._model(request.name).config())
+    def model_config(self, request: Any, call: Any) -> Any:
+        config = self._model(request.name).config()
         parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
         return service_pb2.ModelConfigResponse(config=parsed)
 
-    async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        names = [request.name] if request.name else [m.name for m in self.server.models()]
-        stats = await self._guard(context, lambda: [self._model(n).statistics() for n in names])
+    def model_statistics(self, request: Any, call: Any) -> Any:
+        names = [request.name] if request.name else list(self.server._bound)
+        stats = [self._model(n).statistics() for n in names]
         return json_format.ParseDict(
             {"model_stats": stats}, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
         )
 
-    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+    def repository_index(self, request: Any, call: Any) -> Any:
         entries = []
         for model in self.server.models():
             ready = model.ready
@@ -159,113 +345,419 @@ class _Service(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
         return service_pb2.RepositoryIndexResponse(models=entries)
 
-    def _decode(self, request: Any) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
-        """A ModelInferRequest as (model, inputs, keyword arguments for infer/stream)."""
+    def model_load(self, request: Any, call: Any) -> Any:
+        if request.parameters:
+            raise InvalidArgumentError(
+                "RepositoryModelLoad reloads a bound model as bound; config and file parameters are not supported"
+            )
+        self._run_blocking(call, lambda: self.server.load(request.model_name), service_pb2.RepositoryModelLoadResponse)
+
+    def model_unload(self, request: Any, call: Any) -> Any:
+        self._run_blocking(
+            call, lambda: self.server.unload(request.model_name), service_pb2.RepositoryModelUnloadResponse
+        )
+
+    @staticmethod
+    def _run_blocking(call: Any, work: Callable[[], Any], response: Any) -> None:
+        """Run slow work (model load/unload) off the transport's thread; answer when done."""
+
+        def run() -> None:
+            try:
+                work()
+            except TritonError as exc:
+                call.finish(_code(exc), str(exc))
+                return
+            except Exception as exc:
+                log.exception("gRPC %s failed", call.method)
+                call.finish(INTERNAL, f"{type(exc).__name__}: {exc}")
+                return
+            call.send(response().SerializeToString())
+            call.finish(OK)
+
+        threading.Thread(target=run, name="embedtriton-grpc-admin", daemon=True).start()
+
+    # -- settings -----------------------------------------------------------------
+
+    def log_settings(self, request: Any, call: Any) -> Any:
+        changes = {}
+        for key, value in request.settings.items():
+            which = value.WhichOneof("parameter_choice")
+            if which is None:
+                continue
+            changes["log_verbose_level" if key == "log_verbose_level" else key] = getattr(value, which)
+        settings = self.server.log_settings(**changes)
+        response = service_pb2.LogSettingsResponse()
+        for key, value in settings.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = str(value)
+        return response
+
+    def trace_setting(self, request: Any, call: Any) -> Any:
+        tracer = self.server._tracer
+        if tracer is None:
+            raise UnavailableError("tracing is off: start the server with ServerConfig(tracing=Tracing(...))")
+        if request.model_name:
+            raise InvalidArgumentError("trace settings are server-wide here; leave model_name empty")
+        changes: dict[str, Any] = {}
+        for key, value in request.settings.items():
+            values = list(value.value)
+            if key == "trace_level":
+                changes["level"] = "OFF" if not values or "OFF" in values else "TIMESTAMPS"
+                if any(v not in ("OFF", "TIMESTAMPS") for v in values):
+                    raise InvalidArgumentError(f"trace_level {values}: only TIMESTAMPS and OFF are supported")
+            elif key in ("trace_rate", "trace_count"):
+                try:
+                    changes[key[6:]] = int(values[0]) if values else {"trace_rate": 1, "trace_count": -1}[key]
+                except ValueError:
+                    raise InvalidArgumentError(f"{key} must be an integer, not {values[0]!r}") from None
+            else:
+                raise InvalidArgumentError(
+                    f"trace setting '{key}' is not supported (spans go to the OpenTelemetry TracerProvider); "
+                    "supported: trace_level, trace_rate, trace_count"
+                )
+        settings = tracer.update(**changes) if changes else tracer.settings
+        response = service_pb2.TraceSettingResponse()
+        response.settings["trace_level"].value.append(settings.level)
+        response.settings["trace_rate"].value.append(str(settings.rate))
+        response.settings["trace_count"].value.append(str(settings.count))
+        return response
+
+    # -- shared memory --------------------------------------------------------------
+
+    def shm_register(self, request: Any, call: Any) -> Any:
+        self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    def shm_unregister(self, request: Any, call: Any) -> Any:
+        self.shm.unregister(request.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    def shm_status(self, request: Any, call: Any) -> Any:
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for r in self.shm.status(request.name):
+            response.regions[r.name].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                )
+            )
+        return response
+
+    def cuda_shm(self, request: Any, call: Any) -> Any:
+        raise UnsupportedError(
+            "CUDA shared memory is not supported by this endpoint; use system shared memory "
+            "(SystemSharedMemoryRegister) or send tensors in the request"
+        )
+
+    # -- health ---------------------------------------------------------------------
+
+    def _health(self, service: str) -> int | None:
+        H = health_pb2.HealthCheckResponse
+        if not service:
+            return H.SERVING if self.server.ready else H.NOT_SERVING
+        if service not in self.server._bound:
+            return None
+        return H.SERVING if self.server.model(service).ready else H.NOT_SERVING
+
+    def health_check(self, request: Any, call: Any) -> Any:
+        status = self._health(request.service)
+        if status is None:
+            raise NotFoundError(f"unknown service '{request.service}': use '' for the server or a model name")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    def health_watch(self, request: Any, call: Any) -> None:
+        status = self._health(request.service)
+        if status is None:
+            status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        call.send(health_pb2.HealthCheckResponse(status=status).SerializeToString())
+        with self._watch_lock:
+            self._watchers[call] = (request.service, status)
+            if self._watch_thread is None:
+                self._watch_thread = threading.Thread(target=self._watch, name="embedtriton-health", daemon=True)
+                self._watch_thread.start()
+
+    def _watch(self) -> None:
+        """Send each watcher its status when it changes (checked every 0.2 s)."""
+        while not self._stopping.wait(0.2):
+            with self._watch_lock:
+                watchers = list(self._watchers.items())
+            for call, (service, last) in watchers:
+                status = self._health(service)
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if status is None else status
+                if status != last:
+                    call.send(health_pb2.HealthCheckResponse(status=status).SerializeToString())
+                    with self._watch_lock:
+                        if call in self._watchers:
+                            self._watchers[call] = (service, status)
+
+    # -- inference ------------------------------------------------------------------
+
+    def _decode(self, request: Any) -> tuple[Any, dict[str, Any], dict[str, Any], set[str]]:
+        """A ModelInferRequest as (model, inputs, keyword arguments for _submit, outputs in shm)."""
         model = self._model(request.model_name)
-        raw = list(request.raw_input_contents)
+        raw = request.raw_input_contents
         if raw and len(raw) != len(request.inputs):
             raise InvalidArgumentError(
                 f"{len(raw)} raw input contents for {len(request.inputs)} inputs: give all or none"
             )
-        inputs = {t.name: _input_array(t, raw[i] if raw else None) for i, t in enumerate(request.inputs)}
+        inputs = {t.name: self._input_array(t, raw[i] if raw else None) for i, t in enumerate(request.inputs)}
         params = {k: _parameter(v) for k, v in request.parameters.items()}
         params.pop("triton_enable_empty_final_response", None)
+        in_shm: set[str] = set()
+        outputs: Any = None
+        if request.outputs:
+            buffers: dict[str, Any] = {}
+            for o in request.outputs:
+                shm = _shm_params(o)
+                if shm is not None:
+                    region, offset, size = shm
+                    buffers[o.name] = self.shm.get(region).view(offset, size, f"output '{o.name}'")
+                    in_shm.add(o.name)
+                else:
+                    buffers[o.name] = None
+            outputs = buffers if in_shm else tuple(buffers)
         options: dict[str, Any] = {
             "priority": params.pop("priority", None),
             "timeout_us": params.pop("timeout", None),
             "request_id": request.id or None,
-            "outputs": [o.name for o in request.outputs] or None,
+            "outputs": outputs,
         }
         sequence_id = params.pop("sequence_id", None)
         start = bool(params.pop("sequence_start", False))
         end = bool(params.pop("sequence_end", False))
         if sequence_id not in (None, 0, ""):
-            options.update(correlation_id=sequence_id, sequence_start=start, sequence_end=end)
+            options["sequence"] = (sequence_id, (1 if start else 0) | (2 if end else 0))
         options["parameters"] = params or None
-        return model, inputs, options
+        return model, inputs, options, in_shm
+
+    def _input_array(self, tensor: Any, raw: bytes | None) -> np.ndarray:
+        shape = tuple(int(d) for d in tensor.shape)
+        datatype = tensor.datatype
+        shm = _shm_params(tensor)
+        if shm is not None:
+            region, offset, size = shm
+            data: Any = self.shm.get(region).view(offset, size, f"input '{tensor.name}'")
+        else:
+            data = raw
+        if data is not None:
+            if datatype == "BYTES":
+                return decode_bytes(bytes(data) if shm else data, shape)
+            if datatype not in _NUMPY:
+                raise InvalidArgumentError(f"input '{tensor.name}': datatype {datatype} is not supported")
+            dtype = np.dtype(_NUMPY[datatype])
+            if len(data) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+                raise InvalidArgumentError(
+                    f"input '{tensor.name}': {len(data)} bytes do not fill shape {list(shape)} of {datatype}"
+                )
+            return np.frombuffer(data, dtype=dtype).reshape(shape)  # a view: no copy
+        field = _CONTENTS.get(datatype)
+        if field is None:
+            raise InvalidArgumentError(f"input '{tensor.name}': datatype {datatype} has no typed contents")
+        values = list(getattr(tensor.contents, field))
+        if datatype == "BYTES":
+            array = np.empty(len(values), dtype=object)
+            array[:] = values
+        else:
+            array = np.array(values, dtype=_NUMPY[datatype])
+        if array.size != int(np.prod(shape, dtype=np.int64)):
+            raise InvalidArgumentError(f"input '{tensor.name}': {array.size} values do not fill shape {list(shape)}")
+        return array.reshape(shape)
 
     @staticmethod
-    def _encode(request: Any, outputs: dict[str, np.ndarray]) -> Any:
+    def _encode(request: Any, outputs: dict[str, Any], in_shm: set[str] = frozenset()) -> Any:  # type: ignore[assignment]
         response = service_pb2.ModelInferResponse(
             model_name=request.model_name, model_version=request.model_version or "1", id=request.id
         )
         for name, array in outputs.items():
             datatype = triton_dtype(array.dtype)
-            response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-            response.raw_output_contents.append(
-                encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
-            )
+            tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+            if name in in_shm:  # already written into the client's region
+                tensor.parameters["shared_memory_byte_size"].int64_param = array.nbytes
+                response.raw_output_contents.append(b"")
+            else:
+                response.raw_output_contents.append(
+                    encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
+                )
         return response
 
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
-        async def infer() -> Any:
-            model, inputs, options = self._decode(request)
-            return self._encode(request, await model.infer_async(inputs, **options))
+    def _submit(self, call: Any, request: Any, target: Any, stream: bool) -> Any:
+        model, inputs, options, in_shm = self._decode(request)
+        tracer = self.server._tracer
+        parent = tracer.context_from_metadata(dict(call.metadata)) if tracer is not None else None
+        return model._submit(
+            inputs, options["outputs"], options["request_id"], options["priority"], options["timeout_us"],
+            options["parameters"], _IMMEDIATE, target(in_shm), stream, options.get("sequence"), parent,
+        )  # fmt: skip
 
-        return await self._guard(context, infer)
+    def model_infer(self, request: Any, call: Any) -> None:
+        self._submit(call, request, lambda in_shm: _Reply(self, call, request, in_shm, None), False)
 
-    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
-        """Bidirectional stream: each request runs as it arrives (decoupled models stream
-        0..N responses); errors come back as ``error_message`` and the stream goes on."""
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
-
-        async def serve_one(request: Any) -> None:
-            final_flag = (
-                _parameter(request.parameters["triton_enable_empty_final_response"])
-                if ("triton_enable_empty_final_response" in request.parameters)
-                else False
-            )
-            try:
-                model, inputs, options = self._decode(request)
-                binding = self.server._bound.get(model.name)
-                if binding is not None and binding.decoupled:
-                    async for outputs in model.stream_async(inputs, **options):
-                        response = self._encode(request, outputs)
-                        if final_flag:
-                            response.parameters["triton_final_response"].bool_param = False
-                        await queue.put(service_pb2.ModelStreamInferResponse(infer_response=response))
-                    if final_flag:
-                        empty = service_pb2.ModelInferResponse(
-                            model_name=request.model_name, model_version=request.model_version or "1", id=request.id
-                        )
-                        empty.parameters["triton_final_response"].bool_param = True
-                        await queue.put(service_pb2.ModelStreamInferResponse(infer_response=empty))
-                else:
-                    response = self._encode(request, await model.infer_async(inputs, **options))
-                    if final_flag:
-                        response.parameters["triton_final_response"].bool_param = True
-                    await queue.put(service_pb2.ModelStreamInferResponse(infer_response=response))
-            except TritonError as exc:
-                await queue.put(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
-
-        async def read_requests() -> None:
-            async for request in request_iterator:
-                task = asyncio.ensure_future(serve_one(request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running:
-                await asyncio.gather(*list(running))
-            await queue.put(None)
-
-        reader = asyncio.ensure_future(read_requests())
+    def _stream_message(self, call: Any, data: bytes) -> None:
+        stream = call.user
+        if stream is None:
+            stream = call.user = _Stream(call)
         try:
-            while True:
-                item = await queue.get()
-                if item is None:
+            request = service_pb2.ModelInferRequest.FromString(data)
+        except DecodeError:
+            stream.send(service_pb2.ModelStreamInferResponse(error_message="malformed ModelInferRequest message"))
+            return
+        stream.begin_one()
+        try:
+            binding = self.server._bound.get(request.model_name)
+            if binding is not None and binding.decoupled:
+                self._stream_decoupled(stream, call, request)
+            else:
+                self._submit(call, request, lambda in_shm: _Reply(self, call, request, in_shm, stream), False)
+        except TritonError as exc:
+            stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
+            stream.done_one()
+
+    def _stream_decoupled(self, stream: _Stream, call: Any, request: Any) -> None:
+        """One request of a decoupled model: its responses go out as they arrive."""
+        from . import _native
+
+        final_flag = stream.final_flag(request)
+        state: dict[str, Any] = {"handle": None, "early": False, "in_shm": set()}
+        lock = threading.Lock()
+
+        def drain() -> None:
+            handle = state["handle"]
+            if handle is None:  # a response came before _submit returned
+                state["early"] = True
+                return
+            with lock:
+                if state.get("ended"):
                     return
-                yield item
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
+                while True:
+                    try:
+                        status, outputs = _native.stream_next(handle, False)
+                    except TritonError as exc:
+                        stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
+                        status = _STREAM_END
+                    if status == _STREAM_EMPTY:
+                        return
+                    if status == _STREAM_END:
+                        break
+                    response = self._encode(request, outputs, state["in_shm"])
+                    if final_flag:
+                        response.parameters["triton_final_response"].bool_param = False
+                    stream.send(service_pb2.ModelStreamInferResponse(infer_response=response))
+                state["ended"] = True
+            if final_flag:
+                empty = service_pb2.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version or "1", id=request.id
+                )
+                empty.parameters["triton_final_response"].bool_param = True
+                stream.send(service_pb2.ModelStreamInferResponse(infer_response=empty))
+            stream.handles.discard(handle)
+            _native.stream_close(handle)
+            stream.done_one()
+
+        def target(in_shm: set[str]) -> Callable[[], None]:
+            state["in_shm"] = in_shm
+            return drain
+
+        handle = self._submit(call, request, target, True)
+        state["handle"] = handle
+        stream.handles.add(handle)
+        if state["early"] or stream.cancelled:
+            drain()
+
+
+class _GrpcioCall:
+    """The transport interface's call, over one grpcio asyncio RPC."""
+
+    __slots__ = ("method", "metadata", "peer", "user", "_loop", "_queue", "_finished")
+
+    def __init__(self, method: str, metadata: Any, peer: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.method = method
+        self.metadata = [(m.key, m.value) for m in metadata or ()]
+        self.peer = peer
+        self.user: Any = None
+        self._loop = loop
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._finished = False
+
+    def _put(self, item: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the endpoint stopped
+            pass
+
+    def send(self, data: bytes) -> None:
+        if not self._finished:
+            self._put(data)
+
+    def finish(self, code: int, message: str = "") -> None:
+        if not self._finished:
+            self._finished = True
+            self._put((code, message))
+
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class _Generic(grpc.GenericRpcHandler):
+    """Every method as a raw-bytes stream-stream handler (on the wire unary and streaming
+    calls look the same), fed to :class:`Service`."""
+
+    def __init__(self, svc: Service) -> None:
+        self._svc = svc
+
+    def service(self, handler_call_details: Any) -> Any:
+        method = handler_call_details.method
+        svc = self._svc
+
+        async def behaviour(requests: Any, context: Any) -> Any:
+            call = _GrpcioCall(method, context.invocation_metadata(), context.peer(), asyncio.get_running_loop())
+
+            async def pump() -> None:
+                try:
+                    async for data in requests:
+                        svc.on_message(call, data)
+                    svc.on_half_close(call)
+                except Exception as exc:  # a bug of ours: fail this call, keep serving
+                    if not isinstance(exc, asyncio.CancelledError):
+                        log.exception("gRPC %s failed", method)
+                        call.finish(INTERNAL, f"{type(exc).__name__}: {exc}")
+
+            reader = asyncio.ensure_future(pump())
+            done = False
+            try:
+                while True:
+                    item = await call._queue.get()
+                    if isinstance(item, tuple):
+                        done = True
+                        code, message = item
+                        if code != OK:
+                            await context.abort(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+                        return
+                    yield item
+            finally:
+                if not done:
+                    call._finished = True
+                    svc.on_cancel(call)
+                reader.cancel()
+
+        return grpc.stream_stream_rpc_method_handler(behaviour)
 
 
 class GrpcEndpoint:
-    """A grpcio asyncio server on its own thread and event loop."""
+    """A gRPC server on its own thread: the KServe-v2 and health services of a Server."""
 
-    def __init__(self, server: Server, address: str, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        server: Server,
+        address: str,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        tls: tuple[str, str, str | None] | None = None,
+    ) -> None:
         self.address = address
+        self.service = Service(server)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-grpc", daemon=True)
         self._thread.start()
@@ -273,11 +765,15 @@ class GrpcEndpoint:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
+        credentials = _credentials(tls) if tls else None
 
         async def start() -> tuple[Any, int]:
             grpc_server = grpc.aio.server(options=options)
-            service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Service(server), grpc_server)
-            port = grpc_server.add_insecure_port(address)
+            grpc_server.add_generic_rpc_handlers([_Generic(self.service)])
+            if credentials is not None:
+                port = grpc_server.add_secure_port(address, credentials)
+            else:
+                port = grpc_server.add_insecure_port(address)
             await grpc_server.start()
             return grpc_server, port
 
@@ -294,6 +790,7 @@ class GrpcEndpoint:
         """Stop serving: calls in progress get ``grace`` seconds to finish."""
         if self._loop.is_closed():
             return
+        self.service.stop()
         future = asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop)
         try:
             future.result(timeout=grace + 5)
@@ -301,3 +798,21 @@ class GrpcEndpoint:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
             self._loop.close()
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read the TLS {what} '{path}': {exc.strerror}") from None
+
+
+def _credentials(tls: tuple[str, str, str | None]) -> Any:
+    """Server TLS credentials; with a client CA, clients must present a certificate it signed."""
+    cert, key, client_ca = tls
+    return grpc.ssl_server_credentials(
+        [(_read(key, "private key"), _read(cert, "certificate"))],
+        root_certificates=_read(client_ca, "client CA") if client_ca else None,
+        require_client_auth=bool(client_ca),
+    )

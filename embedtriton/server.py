@@ -31,6 +31,7 @@ from .config import (
 from .errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, error_for_code
 from .runtime import load_runtime
 from .tensors import decode_bytes, encode_bytes
+from .tracing import Tracer, Tracing
 
 log = logging.getLogger("embedtriton")
 
@@ -76,6 +77,12 @@ class ServerConfig:
     min_supported_compute_capability: float = 6.0
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     model_repository: str | None = None  # a folder we may write to; a temporary one by default
+    tracing: Tracing | None = None  # OpenTelemetry spans from Triton's trace timestamps; off by default
+    grpc_address: str | None = None  # serve gRPC from start() on, e.g. "127.0.0.1:8001"
+    grpc_max_message_bytes: int = 64 * 1024 * 1024
+    grpc_tls_cert: str | None = None  # PEM files; see Server.serve_grpc
+    grpc_tls_key: str | None = None
+    grpc_tls_client_ca: str | None = None
 
     def cache_settings(self) -> list[tuple[str, str]]:
         """``[(cache name, config JSON)]`` from ``cache_config``."""
@@ -150,11 +157,13 @@ class Model:
         target: Any = None,
         stream: bool = False,
         sequence: tuple[int | str, int] | None = None,
+        trace_parent: Any = None,
     ) -> Any:
         """Hand one request to the native data path (it validates the arguments).
 
         Without a loop: waits and returns the outputs. With a loop: resolves ``target`` (a
         future) there. ``stream``: returns a stream handle; ``target`` wakes an asyncio consumer.
+        ``trace_parent``: the OpenTelemetry context of a remote caller (gRPC), when tracing.
         """
         binding = self._server._bound.get(self.name)
         if not stream and binding is not None and binding.decoupled:
@@ -162,6 +171,20 @@ class Model:
         # With a batch rule, Triton's batcher calls Python: hand requests over without the GIL.
         release_gil = binding is not None and binding.batch_rule is not None
         native = _native or _native_module()
+        tracer = self._server._tracer
+        if tracer is not None:
+            span, sink, traced = tracer.begin(
+                self.name, self.version, inputs, request_id, parameters, trace_parent, trace_parent is not None
+            )
+            if span is not None:
+                try:
+                    return native.submit(
+                        self._server._handle, self.name, self.version, inputs, outputs, request_id,
+                        priority, timeout_us, traced, loop, target, stream, sequence, release_gil, sink,
+                    )  # fmt: skip
+                except Exception as exc:
+                    tracer.abandon(span, traced, exc)
+                    raise
         return native.submit(
             self._server._handle, self.name, self.version, inputs, outputs, request_id,
             priority, timeout_us, parameters, loop, target, stream, sequence, release_gil,
@@ -328,6 +351,12 @@ class Server:
         self._bound: dict[str, Binding] = {}
         self._log: Path | None = None
         self._grpc: Any = None  # GrpcEndpoint while serving gRPC
+        self._tracer: Tracer | None = Tracer(self.config.tracing) if self.config.tracing else None
+        cfg = self.config
+        self._log_state: dict[str, Any] = {
+            "log_info": cfg.log_info, "log_warning": cfg.log_warning, "log_error": cfg.log_error,
+            "log_verbose_level": cfg.log_verbose, "log_format": "default",
+        }  # fmt: skip
         self._metrics_http: Any = None  # ThreadingHTTPServer while serving /metrics
 
     # -- lifecycle -----------------------------------------------------------
@@ -412,6 +441,8 @@ class Server:
             try:
                 for binding in list(self._bound.values()):
                     self._load(binding)
+                if cfg.grpc_address:
+                    self.serve_grpc(cfg.grpc_address)
             except BaseException:
                 self.stop()
                 raise
@@ -557,6 +588,63 @@ class Server:
                 _bindings.pop(str(self._model_dir(binding.name)), None)
                 shutil.rmtree(self._model_dir(binding.name), ignore_errors=True)
 
+    def unload(self, model_name: str) -> None:
+        """Unload a bound model but keep it bound (its requests fail until :meth:`load`)."""
+        with self._lock:
+            binding = self._bound.get(model_name)
+            if binding is None:
+                raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
+            if self._handle is None:
+                raise UnavailableError("the server is not running")
+            self._unload(self._handle, model_name)
+            binding.wait_finalized(self.config.exit_timeout_secs, _native.drain)
+
+    def load(self, model_name: str) -> None:
+        """Load a bound model again (after :meth:`unload`); loading a loaded model reloads it."""
+        with self._lock:
+            binding = self._bound.get(model_name)
+            if binding is None:
+                raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
+            if self._handle is None:
+                raise UnavailableError("the server is not running")
+            self._load(binding)
+
+    def log_settings(self, **changes: Any) -> dict[str, Any]:
+        """Triton's log settings, after applying ``changes`` (``log_info``, ``log_warning``,
+        ``log_error``: bool; ``log_verbose_level``: int; ``log_format``: "default" or
+        "ISO8601"). Triton's logger is process-wide: this affects every server."""
+        known = {"log_info", "log_warning", "log_error", "log_verbose_level", "log_format"}
+        unknown = set(changes) - known
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown log setting(s) {sorted(unknown)}; known: {sorted(known)} "
+                "(log_file is fixed: the server reads its own log to report load errors)"
+            )
+        current = self._log_state
+        fmt = changes.get("log_format", current["log_format"])
+        if fmt not in ("default", "ISO8601"):
+            raise InvalidArgumentError(f"log_format must be 'default' or 'ISO8601', not {fmt!r}")
+        verbose = changes.get("log_verbose_level", current["log_verbose_level"])
+        if not isinstance(verbose, int) or isinstance(verbose, bool) or verbose < 0:
+            raise InvalidArgumentError(f"log_verbose_level must be an integer >= 0, not {verbose!r}")
+        for flag in ("log_info", "log_warning", "log_error"):
+            if not isinstance(changes.get(flag, False), bool):
+                raise InvalidArgumentError(f"{flag} must be a bool, not {changes[flag]!r}")
+        api = _capi.api()
+        options = _capi.out_handle()
+        api.ServerOptionsNew(byref(options))
+        try:  # Triton applies these setters to its global logger at once
+            new = {**current, **changes}
+            api.ServerOptionsSetLogInfo(options, new["log_info"])
+            api.ServerOptionsSetLogWarn(options, new["log_warning"])
+            api.ServerOptionsSetLogError(options, new["log_error"])
+            api.ServerOptionsSetLogVerbose(options, new["log_verbose_level"])
+            api.ServerOptionsSetLogFormat(options, 1 if new["log_format"] == "ISO8601" else 0)
+        finally:
+            api.ServerOptionsDelete(options)
+        self._log_state = new
+        return {**new, "log_file": str(self._log or self.config.log_file or "")}
+
     def model(self, name: str) -> Model:
         """A handle on model ``name``."""
         if name not in self._bound:
@@ -567,17 +655,41 @@ class Server:
         """Handles on every bound model."""
         return [Model(self, name) for name in self._bound]
 
-    def serve_grpc(self, address: str = "127.0.0.1:8001", *, max_message_bytes: int = 64 * 1024 * 1024) -> int:
-        """Serve the models on a KServe-v2 gRPC endpoint (``inference.GRPCInferenceService``)
-        that stock Triton clients use; stopped by :meth:`stop`. Binds 127.0.0.1 unless told
-        otherwise; ``"host:0"`` picks a free port. Returns the port.
-        Needs ``pip install "embedtriton[grpc]"``."""
+    def serve_grpc(
+        self,
+        address: str = "127.0.0.1:8001",
+        *,
+        max_message_bytes: int | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
+    ) -> int:
+        """Serve the models on a KServe-v2 gRPC endpoint (``inference.GRPCInferenceService``
+        plus ``grpc.health.v1.Health``) that stock Triton clients use; stopped by :meth:`stop`.
+
+        Binds 127.0.0.1 unless told otherwise; ``"host:0"`` picks a free port. Returns the
+        port. ``max_message_bytes`` caps request and response messages (64 MiB by default);
+        ``tls_cert``/``tls_key`` (PEM files) turn on TLS, and ``tls_client_ca`` also requires
+        clients to present a certificate signed by that CA. Defaults come from
+        :class:`ServerConfig`'s ``grpc_*`` fields. Needs ``pip install "embedtriton[grpc]"``.
+        """
         from .grpc import GrpcEndpoint
 
+        cfg = self.config
+        max_message_bytes = max_message_bytes or cfg.grpc_max_message_bytes
+        tls_cert, tls_key = tls_cert or cfg.grpc_tls_cert, tls_key or cfg.grpc_tls_key
+        tls_client_ca = tls_client_ca or cfg.grpc_tls_client_ca
+        if bool(tls_cert) != bool(tls_key):
+            raise InvalidArgumentError("TLS needs both tls_cert and tls_key (PEM files)")
+        if tls_client_ca and not tls_cert:
+            raise InvalidArgumentError("tls_client_ca (client-certificate verification) needs tls_cert and tls_key")
+        if max_message_bytes <= 0:
+            raise InvalidArgumentError(f"max_message_bytes must be > 0, not {max_message_bytes}")
+        tls = (tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
         with self._lock:
             if self._grpc is not None:
                 raise InvalidArgumentError(f"already serving gRPC on {self._grpc.address}")
-            self._grpc = GrpcEndpoint(self, address, max_message_bytes)
+            self._grpc = GrpcEndpoint(self, address, max_message_bytes, tls)
             log.info("serving gRPC on %s (port %d)", address, self._grpc.port)
             return self._grpc.port
 

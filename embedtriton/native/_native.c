@@ -260,13 +260,44 @@ typedef struct {
   int taken;
 } Ticket;
 
+/* An output the caller asked to receive in its own writable buffer (e.g. a
+ * client's shared-memory region): Triton's output buffer is that memory. */
+typedef struct Preset {
+  const char* name; /* the UTF-8 of a key of the caller's dict (kept alive by owner) */
+  PyObject* owner;  /* the caller's outputs dict */
+  PyObject* target; /* the buffer object */
+  Py_buffer view;
+} Preset;
+
+static const Preset* find_preset(const Preset* presets, Py_ssize_t n, const char* name)
+{
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (strcmp(presets[i].name, name) == 0) return &presets[i];
+  return NULL;
+}
+
+struct Call;
+static const Preset* call_preset(struct Call* c, const char* name);
+
 static TRITONSERVER_Error* alloc_fn(
     TRITONSERVER_ResponseAllocator* a, const char* tensor_name,
     size_t byte_size, TRITONSERVER_MemoryType memory_type,
     int64_t memory_type_id, void* userp, void** buffer, void** buffer_userp,
     TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id)
 {
-  (void)a, (void)memory_type, (void)memory_type_id, (void)userp;
+  (void)a, (void)memory_type, (void)memory_type_id;
+  const Preset* preset = userp ? call_preset((struct Call*)userp, tensor_name) : NULL;
+  if (preset != NULL) { /* no ticket: the memory is the caller's */
+    if ((size_t)preset->view.len < byte_size)
+      return new_error(TRITONSERVER_ERROR_INVALID_ARG,
+                       "output '%s' needs %zu bytes but its buffer holds %zd",
+                       tensor_name, byte_size, preset->view.len);
+    *buffer = preset->view.buf;
+    *buffer_userp = NULL;
+    *actual_memory_type = TRITONSERVER_MEMORY_CPU;
+    *actual_memory_type_id = 0;
+    return NULL;
+  }
   Ticket* ticket = malloc(sizeof(Ticket));
   void* block = NULL;
   if (ticket == NULL || posix_memalign(&block, 64, byte_size ? byte_size : 1) != 0) {
@@ -333,6 +364,9 @@ typedef struct Call {
   Py_ssize_t n_keep;
   PyObject** keep; /* input arrays (and BYTES buffers) Triton reads from */
   PyObject* keep_inline[8];
+  Py_ssize_t n_presets;
+  struct Preset* presets; /* outputs to write into the caller's buffers */
+  struct TraceRecord* trace; /* when traced: Triton's timestamps for this request */
 } Call;
 
 /* Servers that accept requests. submit() holds the read lock while it hands
@@ -377,6 +411,7 @@ static void pending_remove(Call* c)
  * request, which is when Triton stops reading the input buffers). */
 static void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
 static int take_closed(void* request);
+static void trace_deliver(struct TraceRecord* r);
 
 /* Streams are unreferenced with the GIL held (they own loop and future). */
 static void call_unref(Call* c)
@@ -395,8 +430,19 @@ static void call_unref(Call* c)
       pthread_cond_destroy(&c->cv);
     }
     if (c->keep != c->keep_inline) free(c->keep);
+    for (Py_ssize_t i = 0; i < c->n_presets; i++) {
+      PyBuffer_Release(&c->presets[i].view);
+      Py_DECREF(c->presets[i].target);
+      Py_DECREF(c->presets[i].owner);
+    }
+    free(c->presets);
     free(c);
   }
+}
+
+static const Preset* call_preset(struct Call* c, const char* name)
+{
+  return find_preset(c->presets, c->n_presets, name);
 }
 
 /* With the GIL: drop the input references Triton was reading from. */
@@ -634,12 +680,16 @@ static void release_cb(TRITONSERVER_InferenceRequest* request,
     if (r == NULL) PyErr_WriteUnraisable(g_request_done);
     Py_XDECREF(r);
   }
+  if (c->trace != NULL) {
+    trace_deliver(c->trace);
+    c->trace = NULL;
+  }
   call_drop_inputs(c);
   call_unref(c);
   gil_leave(entered);
 }
 
-static PyObject* collect_response(TRITONSERVER_InferenceResponse* resp);
+static PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c);
 
 /* With the GIL: the outputs of a finished call as a dict, or NULL + error. */
 static PyObject* call_collect(Call* c)
@@ -650,11 +700,11 @@ static PyObject* call_collect(Call* c)
   if (c->response == NULL)
     return raise_triton(TRITONSERVER_ERROR_INTERNAL,
                         "Triton completed the request without a response");
-  return collect_response(c->response);
+  return collect_response(c->response, c);
 }
 
 /* With the GIL: a response's outputs as a dict, or NULL + its error raised. */
-static PyObject* collect_response(TRITONSERVER_InferenceResponse* resp)
+static PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
 {
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceResponseError(resp);
   if (err != NULL) return raise_from(err, 0);
@@ -683,7 +733,21 @@ static PyObject* collect_response(TRITONSERVER_InferenceResponse* resp)
     for (uint64_t d = 0; d < ndim && d < MAX_DIMS; d++) dims[d] = (npy_intp)shape[d];
     PyObject* arr;
     int typenum = numpy_typenum_of(dtype);
-    if (dtype == TRITONSERVER_TYPE_BYTES) {
+    const Preset* preset = c->n_presets ? call_preset(c, name) : NULL;
+    if (preset != NULL) { /* in the caller's buffer (a cached response is copied there) */
+      if ((size_t)preset->view.len < size) {
+        arr = raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "an output does not fit its buffer");
+      } else {
+        if (base != preset->view.buf) memcpy(preset->view.buf, base, size);
+        arr = dtype == TRITONSERVER_TYPE_BYTES || typenum < 0 || ndim > MAX_DIMS
+                  ? raise_triton(TRITONSERVER_ERROR_UNSUPPORTED,
+                                 "only numeric outputs can be written into a buffer")
+                  : PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL,
+                                preset->view.buf, 0, NPY_ARRAY_CARRAY, NULL);
+        if (arr && PyArray_SetBaseObject((PyArrayObject*)arr, Py_NewRef(preset->target)) < 0)
+          Py_CLEAR(arr);
+      }
+    } else if (dtype == TRITONSERVER_TYPE_BYTES) {
       PyObject* shape_t = PyTuple_New((Py_ssize_t)ndim);
       for (uint64_t d = 0; shape_t && d < ndim; d++)
         PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
@@ -866,7 +930,75 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future,
-                               int stream, PyObject* sequence, int release_gil);
+                               int stream, PyObject* sequence, int release_gil,
+                               PyObject* trace_sink);
+
+/* ---- traces: Triton's timestamps for one request, handed to Python ------- */
+
+typedef struct TraceRecord {
+  atomic_int refs; /* the call's and the trace's */
+  PyObject* sink;  /* called once with (trace id, timestamps tuple) */
+  uint64_t id;
+  uint64_t ts[TRITONSERVER_TRACE_ACTIVITIES];
+} TraceRecord;
+
+static void trace_activity(TRITONSERVER_InferenceTrace* trace, int activity,
+                           uint64_t timestamp_ns, void* userp)
+{
+  (void)trace;
+  TraceRecord* r = (TraceRecord*)userp;
+  if (activity >= 0 && activity < TRITONSERVER_TRACE_ACTIVITIES) r->ts[activity] = timestamp_ns;
+}
+
+/* With the GIL: hand the timestamps to the sink (once), drop one reference. */
+static void trace_deliver(TraceRecord* r)
+{
+  if (r->sink != NULL) {
+    PyObject* stamps = PyTuple_New(TRITONSERVER_TRACE_ACTIVITIES);
+    for (int i = 0; stamps && i < TRITONSERVER_TRACE_ACTIVITIES; i++)
+      PyTuple_SET_ITEM(stamps, i, PyLong_FromUnsignedLongLong(r->ts[i]));
+    PyObject* res = stamps ? PyObject_CallFunction(r->sink, "KN", (unsigned long long)r->id, stamps)
+                           : NULL;
+    if (res == NULL) PyErr_WriteUnraisable(r->sink);
+    Py_XDECREF(res);
+    Py_CLEAR(r->sink);
+  }
+  if (atomic_fetch_sub(&r->refs, 1) == 1) free(r);
+}
+
+/* Triton lets go of the trace when it deletes the request, which we do late
+ * (see bury()); the timestamps are delivered earlier, when the request is
+ * released (release_cb), and REQUEST_END is recorded by then. */
+static void trace_release(TRITONSERVER_InferenceTrace* trace, void* userp)
+{
+  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceTraceDelete(trace);
+  if (err) api.TRITONSERVER_ErrorDelete(err);
+  int entered = gil_enter();
+  trace_deliver((TraceRecord*)userp);
+  gil_leave(entered);
+}
+
+/* With the GIL: a trace whose timestamps go to sink, or NULL with an error. */
+static TRITONSERVER_InferenceTrace* trace_new(PyObject* sink, TraceRecord** record)
+{
+  TraceRecord* r = calloc(1, sizeof(TraceRecord));
+  if (r == NULL) return (TRITONSERVER_InferenceTrace*)PyErr_NoMemory();
+  atomic_init(&r->refs, 1);
+  TRITONSERVER_InferenceTrace* trace = NULL;
+  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceTraceNew(
+      &trace, TRITONSERVER_TRACE_LEVEL_TIMESTAMPS, 0, trace_activity, trace_release, r);
+  if (err != NULL) {
+    free(r);
+    raise_from(err, 1);
+    return NULL;
+  }
+  atomic_fetch_add(&r->refs, 1); /* the call's */
+  *record = r;
+  err = api.TRITONSERVER_InferenceTraceId(trace, &r->id);
+  if (err) api.TRITONSERVER_ErrorDelete(err);
+  r->sink = Py_NewRef(sink);
+  return trace;
+}
 
 /* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError. */
 static PyObject* as_dict(PyObject* obj, const char* message)
@@ -888,10 +1020,11 @@ static PyObject* as_dict(PyObject* obj, const char* message)
 static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs < 11 || nargs > 14) {
-    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 14 arguments");
+  if (nargs < 11 || nargs > 15) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 15 arguments");
     return NULL;
   }
+  PyObject* trace_sink = nargs == 15 ? args[14] : Py_None;
   int release_gil = nargs == 14 && PyObject_IsTrue(args[13]) == 1;
   int stream = nargs >= 12 && PyObject_IsTrue(args[11]) == 1;
   PyObject* sequence = nargs >= 13 ? args[12] : Py_None; /* (correlation id, flags) */
@@ -914,7 +1047,8 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "request_id must be a string");
   /* The common case costs nothing; other mappings and sequences are converted. */
   PyObject* inputs = Py_NewRef(args[3]);
-  PyObject* outputs = args[4] == Py_None || PyTuple_Check(args[4]) ? Py_NewRef(args[4]) : NULL;
+  PyObject* outputs = args[4] == Py_None || PyTuple_Check(args[4]) || PyDict_Check(args[4])
+                          ? Py_NewRef(args[4]) : NULL;
   PyObject* parameters = args[8] == Py_None ? Py_NewRef(Py_None) : NULL;
   int ok = 1;
   if (!PyDict_Check(inputs)) {
@@ -945,7 +1079,7 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
     } else {
       result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
                              timeout_us, parameters, loop, args[10], stream, sequence,
-                             release_gil);
+                             release_gil, trace_sink);
     }
   }
   Py_XDECREF(inputs);
@@ -958,7 +1092,8 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future,
-                               int stream, PyObject* sequence, int release_gil)
+                               int stream, PyObject* sequence, int release_gil,
+                               PyObject* trace_sink)
 {
   TRITONSERVER_InferenceRequest* req = NULL;
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
@@ -996,7 +1131,35 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     PyErr_NoMemory();
     goto fail;
   }
-  if (outputs != Py_None) {
+  if (outputs != Py_None && PyDict_Check(outputs)) { /* name -> writable buffer or None */
+    c->presets = calloc((size_t)PyDict_GET_SIZE(outputs) + 1, sizeof(Preset));
+    if (c->presets == NULL) {
+      PyErr_NoMemory();
+      goto fail;
+    }
+    pos = 0;
+    while (PyDict_Next(outputs, &pos, &key, &value)) {
+      const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+      if (name == NULL) {
+        PyErr_Clear();
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "output names must be strings");
+        goto fail;
+      }
+      if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
+      if (value == Py_None) continue;
+      Preset* p = &c->presets[c->n_presets];
+      if (PyObject_GetBuffer(value, &p->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                     "an output buffer must be a writable, contiguous buffer");
+        goto fail;
+      }
+      p->name = name;
+      p->owner = Py_NewRef(outputs);
+      p->target = Py_NewRef(value);
+      c->n_presets++;
+    }
+  } else if (outputs != Py_None) {
     Py_ssize_t n = PyTuple_GET_SIZE(outputs);
     for (Py_ssize_t i = 0; i < n; i++) {
       const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(outputs, i));
@@ -1046,8 +1209,8 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
       if ((err = set_parameter(req, key, value))) goto fail_err;
   }
   if ((err = api.TRITONSERVER_InferenceRequestSetReleaseCallback(req, release_cb, c)) ||
-      (err = api.TRITONSERVER_InferenceRequestSetResponseCallback(req, allocator, NULL,
-                                                                   response_cb, c)))
+      (err = api.TRITONSERVER_InferenceRequestSetResponseCallback(
+           req, allocator, c->n_presets ? c : NULL, response_cb, c)))
     goto fail_err;
 
   atomic_fetch_add(&c->refs, 1); /* Triton's, dropped in release_cb */
@@ -1057,6 +1220,13 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   } else {
     atomic_init(&c->done, WAIT_PENDING);
   }
+  TRITONSERVER_InferenceTrace* trace = NULL;
+  if (trace_sink != Py_None && (trace = trace_new(trace_sink, &c->trace)) == NULL) {
+    atomic_fetch_sub(&c->refs, 1);
+    Py_CLEAR(c->loop);
+    Py_CLEAR(c->future);
+    goto fail;
+  }
   pending_add(c);
   atomic_fetch_add(&in_flight, 1);
   /* The GIL stays held: handing over a request does not block, and releasing
@@ -1065,13 +1235,17 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
    * (errors, cache hits) find the GIL already held. */
   if (release_gil) { /* a model with a batch rule: see TRITONBACKEND_ModelBatchIncludeRequest */
     Py_BEGIN_ALLOW_THREADS
-    err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
+    err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
     Py_END_ALLOW_THREADS
   } else {
-    err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
+    err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
   }
   pthread_rwlock_unlock(&servers_lock);
   if (err != NULL) { /* Triton did not take the request: no callbacks */
+    if (c->trace != NULL) { /* the sink sees no times; Triton drops its side with the request */
+      trace_deliver(c->trace);
+      c->trace = NULL;
+    }
     pending_remove(c);
     atomic_fetch_sub(&in_flight, 1);
     api.TRITONSERVER_InferenceRequestDelete(req);
@@ -1132,7 +1306,7 @@ static PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_
                           "the server stopped before this stream completed");
     return Py_BuildValue("(iO)", finished ? 2 : 1, Py_None);
   }
-  PyObject* outputs = collect_response(q->response);
+  PyObject* outputs = collect_response(q->response, c);
   bury(NULL, q->response);
   free(q);
   if (outputs == NULL) return NULL;

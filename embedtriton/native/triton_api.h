@@ -53,6 +53,13 @@ typedef enum {
 } TRITONSERVER_Error_Code;
 
 enum { TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1 };
+enum { TRITONSERVER_TRACE_LEVEL_TIMESTAMPS = 0x4 };
+enum { TRITONSERVER_TRACE_ACTIVITIES = 7 }; /* REQUEST_START (0) .. REQUEST_END (6) */
+
+typedef void (*TRITONSERVER_InferenceTraceActivityFn_t)(
+    TRITONSERVER_InferenceTrace* trace, int activity, uint64_t timestamp_ns, void* userp);
+typedef void (*TRITONSERVER_InferenceTraceReleaseFn_t)(TRITONSERVER_InferenceTrace* trace,
+                                                       void* userp);
 enum { TRITONSERVER_REQUEST_RELEASE_ALL = 1 };
 
 typedef TRITONSERVER_Error* (*TRITONSERVER_ResponseAllocatorAllocFn_t)(
@@ -146,6 +153,14 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(
     (TRITONSERVER_Server * server,                                             \
      TRITONSERVER_InferenceRequest * inference_request,                        \
      TRITONSERVER_InferenceTrace * trace))                                     \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceNew,                       \
+    (TRITONSERVER_InferenceTrace * *trace, int level, uint64_t parent_id,     \
+     TRITONSERVER_InferenceTraceActivityFn_t activity_fn,                      \
+     TRITONSERVER_InferenceTraceReleaseFn_t release_fn, void* trace_userp))    \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceDelete,                    \
+    (TRITONSERVER_InferenceTrace * trace))                                     \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceId,                        \
+    (TRITONSERVER_InferenceTrace * trace, uint64_t * id))                      \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceResponseDelete,                 \
     (TRITONSERVER_InferenceResponse * inference_response))                     \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceResponseError,                  \
