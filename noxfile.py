@@ -28,7 +28,15 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite through the real Triton runtime."""
-    install(session, "pytest", "pytest-timeout", "grpcio", "tritonclient[grpc]==2.51.0")
+    install(
+        session,
+        "pytest",
+        "pytest-timeout",
+        "grpcio",
+        "tritonclient[grpc]==2.51.0",
+        "grpcio-health-checking<1.63",  # its later releases need protobuf 5+, tritonclient 2.51 pins <5
+        "opentelemetry-sdk",
+    )
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
 

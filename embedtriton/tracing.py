@@ -181,7 +181,6 @@ class Tracer:
             self.failed(span, exc)
             span.end()
 
-
     def context_from_metadata(self, metadata: Mapping[str, str]) -> Any:
         """The parent context carried by W3C ``traceparent``/``tracestate`` headers, or None."""
         if "traceparent" not in metadata:

@@ -1,0 +1,278 @@
+"""gRPC endpoint extensions: shared memory, health, TLS, limits, admin RPCs and tracing."""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+grpc = pytest.importorskip("grpc")
+shm = pytest.importorskip("tritonclient.utils.shared_memory")
+health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+health_pb2_grpc = pytest.importorskip("grpc_health.v1.health_pb2_grpc")
+
+from conftest import add_sub, add_sub_tensors  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from embedtriton import ModelConfig, Server, ServerConfig, Tensor  # noqa: E402
+
+
+def add_sub_inputs(a, b):
+    inputs = [grpcclient.InferInput("a", list(a.shape), "FP32"), grpcclient.InferInput("b", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    seen = {}
+
+    def identity(requests):
+        for r in requests:
+            seen["address"] = r["x"].__array_interface__["data"][0]  # where the model reads from
+            seen["x"] = r["x"].copy()
+        return [{"y": r["x"] * 2} for r in requests]
+
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    server.bind(
+        "Double",
+        identity,
+        [Tensor(name="x", dtype=np.float32, shape=(-1,))],
+        [Tensor(name="y", dtype=np.float32, shape=(-1,))],
+        ModelConfig(max_batch_size=4),
+    )
+    with server:
+        port = server.serve_grpc("127.0.0.1:0", max_message_bytes=4 * 1024 * 1024)
+        server.seen = seen
+        yield server, f"127.0.0.1:{port}"
+
+
+# -- system shared memory ------------------------------------------------------------
+
+
+def test_system_shared_memory_inputs_and_outputs(endpoint):
+    server, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    x = np.arange(1024, dtype=np.float32).reshape(1, 1024)
+    nbytes = x.nbytes
+    key = f"/embedtriton-test-{time.monotonic_ns()}"
+    handle = shm.create_shared_memory_region("io", key, 2 * nbytes)
+    try:
+        shm.set_shared_memory_region(handle, [x])
+        client.register_system_shared_memory("io", key, 2 * nbytes)
+        status = client.get_system_shared_memory_status()
+        assert status.regions["io"].key == key and status.regions["io"].byte_size == 2 * nbytes
+
+        inp = grpcclient.InferInput("x", [1, 1024], "FP32")
+        inp.set_shared_memory("io", nbytes)
+        out = grpcclient.InferRequestedOutput("y")
+        out.set_shared_memory("io", nbytes, offset=nbytes)
+        result = client.infer("Double", [inp], outputs=[out])
+        assert list(result.get_output("y").shape) == [1, 1024]
+        y = shm.get_contents_as_numpy(handle, np.float32, [1, 1024], offset=nbytes)
+        np.testing.assert_array_equal(y, x * 2)  # written straight into the client's region
+        np.testing.assert_array_equal(server.seen["x"], x)
+        region = server._grpc.service.shm.get("io").mapping
+        assert server.seen["address"] == ctypes.addressof(ctypes.c_char.from_buffer(region))  # no copy on the way in
+
+        # a request that does not fit the region is refused; the server keeps serving
+        big = grpcclient.InferInput("x", [1, 4096], "FP32")
+        big.set_shared_memory("io", 4096 * 4)
+        with pytest.raises(InferenceServerException, match="do not fit shared-memory region 'io'"):
+            client.infer("Double", [big])
+        unknown = grpcclient.InferInput("x", [1, 1024], "FP32")
+        unknown.set_shared_memory("nope", nbytes)
+        with pytest.raises(InferenceServerException, match="'nope' is not registered"):
+            client.infer("Double", [unknown])
+        with pytest.raises(InferenceServerException, match="already registered"):
+            client.register_system_shared_memory("io", key, nbytes)
+        client.unregister_system_shared_memory("io")
+        assert not client.get_system_shared_memory_status().regions
+    finally:
+        shm.destroy_shared_memory_region(handle)
+    with pytest.raises(InferenceServerException, match="cannot open shared-memory region"):
+        client.register_system_shared_memory("gone", "/embedtriton-does-not-exist", 16)
+    assert client.infer("AddSub", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
+
+
+def test_cuda_shared_memory_is_unimplemented(endpoint):
+    _, address = endpoint
+    channel = grpc.insecure_channel(address)
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.CudaSharedMemoryStatus(service_pb2.CudaSharedMemoryStatusRequest())
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "system shared memory" in info.value.details()
+
+
+# -- health, admin and settings -----------------------------------------------------
+
+
+def test_grpc_health_follows_server_and_model_readiness(endpoint):
+    server, address = endpoint
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+    SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert stub.Check(health_pb2.HealthCheckRequest()).status == SERVING
+    assert stub.Check(health_pb2.HealthCheckRequest(service="Double")).status == SERVING
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Check(health_pb2.HealthCheckRequest(service="Nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+    watch = stub.Watch(health_pb2.HealthCheckRequest(service="Double"))
+    assert next(watch).status == SERVING
+    client = grpcclient.InferenceServerClient(address)
+    client.unload_model("Double")  # RepositoryModelUnload
+    try:
+        assert not client.is_model_ready("Double")
+        assert stub.Check(health_pb2.HealthCheckRequest(service="Double")).status == NOT_SERVING
+        assert next(watch).status == NOT_SERVING  # Watch reports the change
+        with pytest.raises(InferenceServerException):
+            client.infer("Double", [_double_input()])
+    finally:
+        client.load_model("Double")  # RepositoryModelLoad
+    assert client.is_model_ready("Double")
+    assert next(watch).status == SERVING
+    watch.cancel()
+    assert client.infer("Double", [_double_input()]).as_numpy("y")[0, 0] == 2.0
+    with pytest.raises(InferenceServerException, match="no model 'Nope'"):
+        client.load_model("Nope")
+
+
+def _double_input():
+    inp = grpcclient.InferInput("x", [1, 1], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 1), np.float32))
+    return inp
+
+
+def test_log_settings(endpoint):
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    before = client.get_log_settings(as_json=True)["settings"]
+    assert before["log_error"]["bool_param"] is True
+    try:
+        after = client.update_log_settings({"log_verbose_level": 2, "log_info": True}, as_json=True)["settings"]
+        assert after["log_verbose_level"]["uint32_param"] == 2 and after["log_info"]["bool_param"] is True
+        with pytest.raises(InferenceServerException, match="log_file is fixed"):
+            client.update_log_settings({"log_file": "/tmp/x.log"})
+        with pytest.raises(InferenceServerException, match="log_format must be"):
+            client.update_log_settings({"log_format": "fancy"})
+    finally:
+        client.update_log_settings({"log_verbose_level": 0, "log_info": False})
+
+
+def test_trace_setting_without_tracing_is_a_clear_error(endpoint):
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    with pytest.raises(InferenceServerException, match="tracing is off"):
+        client.get_trace_settings()
+
+
+# -- limits and malformed input ------------------------------------------------------
+
+
+def test_oversized_and_malformed_requests_get_status_codes(endpoint):
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    big = np.zeros((1, 2 * 1024 * 1024), np.float32)  # 8 MiB > the 4 MiB limit
+    inp = grpcclient.InferInput("x", list(big.shape), "FP32")
+    inp.set_data_from_numpy(big)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("Double", [inp])
+    assert "RESOURCE_EXHAUSTED" in str(info.value.status())
+
+    channel = grpc.insecure_channel(address)
+    raw = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    with pytest.raises(grpc.RpcError) as err:
+        raw(b"\xff\xff\xff garbage")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in err.value.details()
+    unknown = channel.unary_unary("/inference.GRPCInferenceService/NoSuchMethod")
+    with pytest.raises(grpc.RpcError) as err:
+        unknown(b"")
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    wrong = grpcclient.InferInput("x", [1, 4], "INT32")
+    wrong.set_data_from_numpy(np.ones((1, 4), np.int32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("Double", [wrong])
+    assert "INVALID_ARGUMENT" in str(info.value.status()) and "INT32" in str(info.value)
+    short = grpcclient.InferInput("x", [1, 4], "FP32")
+    short._raw_content = b"\x00" * 3  # 3 bytes cannot fill 4 floats
+    short._input.ClearField("contents")
+    with pytest.raises(InferenceServerException, match="do not fill shape"):
+        client.infer("Double", [short])
+    assert client.infer("Double", [_double_input()]).as_numpy("y")[0, 0] == 2.0  # still serving
+
+
+# -- TLS -------------------------------------------------------------------------------
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """A CA, a server certificate for localhost and a client certificate, made with openssl."""
+    d = tmp_path_factory.mktemp("certs")
+    try:
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+                 "-days", "2", "-subj", "/CN=test-ca", cwd=d)  # fmt: skip
+        for name in ("server", "client"):
+            _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                     "-subj", "/CN=localhost", cwd=d)  # fmt: skip
+            (d / f"{name}.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+            _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                     "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"openssl could not make test certificates: {exc}")
+    return d
+
+
+def test_tls_and_client_certificates(certs):
+    read = lambda name: (certs / name).read_bytes()  # noqa: E731
+    server = Server(ServerConfig(grpc_tls_cert=str(certs / "server.pem"), grpc_tls_key=str(certs / "server.key")))
+    server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    with server:
+        port = server.serve_grpc("127.0.0.1:0", tls_client_ca=str(certs / "ca.pem"))
+        address = f"localhost:{port}"
+        a = np.ones((1, 1), np.float32)
+        client = grpcclient.InferenceServerClient(
+            address, ssl=True, root_certificates=str(certs / "ca.pem"),
+            private_key=str(certs / "client.key"), certificate_chain=str(certs / "client.pem"),
+        )  # fmt: skip
+        assert client.infer("AddSub", add_sub_inputs(a, a)).as_numpy("add")[0, 0] == 2.0
+
+        no_cert = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=read("ca.pem")))
+        with pytest.raises(grpc.RpcError) as info:
+            health_pb2_grpc.HealthStub(no_cert).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # handshake refused: no client certificate
+
+        plain = grpcclient.InferenceServerClient(address)
+        with pytest.raises(InferenceServerException):
+            plain.is_server_live(client_timeout=5)
+    with pytest.raises(Exception, match="TLS needs both"):
+        Server().serve_grpc("127.0.0.1:0", tls_cert=str(certs / "server.pem"))
+
+
+# -- the command's address can also come from ServerConfig -----------------------------
+
+
+def test_grpc_address_in_server_config():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = Server(ServerConfig(grpc_address=f"127.0.0.1:{port}"))
+    server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    with server:
+        assert grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_model_ready("AddSub")
+    with pytest.raises(InferenceServerException):
+        grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live(client_timeout=2)

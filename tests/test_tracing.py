@@ -1,0 +1,176 @@
+"""OpenTelemetry spans built from Triton's trace timestamps (in-process and over gRPC)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("opentelemetry.sdk.trace")
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.trace import StatusCode  # noqa: E402
+
+from embedtriton import InvalidArgumentError, ModelConfig, Server, ServerConfig, Tensor, Tracing  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def traced():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen = []
+
+    def double(requests):
+        current = trace.get_current_span()
+        seen.append((current.get_span_context().span_id, [r.span for r in requests]))
+        if any(r.parameters.get("fail") for r in requests):
+            raise ValueError("asked to fail")
+        return [{"y": r["x"] * 2} for r in requests]
+
+    server = Server(ServerConfig(tracing=Tracing(tracer_provider=provider)))
+    server.bind(
+        "Double",
+        double,
+        [Tensor(name="x", dtype=np.float32, shape=(-1,))],
+        [Tensor(name="y", dtype=np.float32, shape=(-1,))],
+        ModelConfig(max_batch_size=4),
+    )
+    with server:
+        exporter.clear()
+        yield server, provider, exporter, seen
+
+
+def _wait_for(exporter, name, count=1):
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        spans = [s for s in exporter.get_finished_spans() if s.name == name]
+        if len(spans) >= count:
+            return spans
+        time.sleep(0.01)
+    raise AssertionError(f"no {count} finished span(s) named {name!r}: {exporter.get_finished_spans()}")
+
+
+def test_in_process_request_span_has_timed_children(traced):
+    server, provider, exporter, seen = traced
+    exporter.clear()
+    seen.clear()
+    with provider.get_tracer("app").start_as_current_span("handler") as parent:
+        out = server.model("Double").infer({"x": np.ones((2, 3), np.float32)}, request_id="req-7")
+    assert out["y"][0, 0] == 2.0
+    (request,) = _wait_for(exporter, "Double")
+    (queue,) = _wait_for(exporter, "queue")
+    (compute,) = _wait_for(exporter, "compute")
+    # parents: app span -> request span -> queue / compute
+    assert request.parent.span_id == parent.get_span_context().span_id
+    assert request.context.trace_id == parent.get_span_context().trace_id
+    assert queue.parent.span_id == request.context.span_id and compute.parent.span_id == request.context.span_id
+    attrs = request.attributes
+    assert attrs["triton.model.name"] == "Double" and attrs["triton.model.version"] == "1"
+    assert attrs["triton.request.id"] == "req-7" and attrs["triton.batch_size"] == 2 and attrs["triton.trace.id"] > 0
+    # Triton's own timestamps, in order
+    assert request.start_time <= queue.start_time <= queue.end_time <= compute.start_time
+    events = {e.name: e.timestamp for e in compute.events}
+    assert compute.start_time <= events["compute_input_end"] <= events["compute_output_start"] <= compute.end_time
+    assert compute.end_time <= request.end_time
+    # the callable ran with the request's span current
+    (current_id, spans) = seen[-1]
+    assert current_id == request.context.span_id and spans[0].get_span_context().span_id == current_id
+
+
+def test_failed_model_marks_its_span(traced):
+    server, _, exporter, _ = traced
+    exporter.clear()
+    with pytest.raises(Exception, match="asked to fail"):
+        server.model("Double").infer({"x": np.ones((1, 1), np.float32)}, parameters={"fail": True})
+    (request,) = _wait_for(exporter, "Double")
+    assert request.status.status_code == StatusCode.ERROR and "asked to fail" in request.status.description
+
+
+def test_bad_input_ends_its_span_with_an_error(traced):
+    server, _, exporter, _ = traced
+    exporter.clear()
+    with pytest.raises(InvalidArgumentError):
+        server.model("Double").infer({"x": np.ones((1, 1), np.int64)})
+    (request,) = _wait_for(exporter, "Double")
+    assert request.status.status_code == StatusCode.ERROR
+
+
+def test_sampling_rate_and_count(traced):
+    server, _, exporter, _ = traced
+    tracer = server._tracer
+    try:
+        tracer.update(rate=3)
+        exporter.clear()
+        for _ in range(9):
+            server.model("Double").infer({"x": np.ones((1, 1), np.float32)})
+        assert len(_wait_for(exporter, "Double", 3)) == 3
+        time.sleep(0.1)
+        assert len([s for s in exporter.get_finished_spans() if s.name == "Double"]) == 3
+        tracer.update(rate=1, count=2)
+        exporter.clear()
+        for _ in range(5):
+            server.model("Double").infer({"x": np.ones((1, 1), np.float32)})
+        time.sleep(0.1)
+        assert len([s for s in exporter.get_finished_spans() if s.name == "Double"]) == 2
+        with pytest.raises(InvalidArgumentError, match="rate must be"):
+            tracer.update(rate=0)
+    finally:
+        tracer.update(rate=1, count=-1, level="TIMESTAMPS")
+
+
+def test_grpc_traceparent_is_the_parent_and_trace_setting_works(traced):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    server, _, exporter, _ = traced
+    port = server.serve_grpc("127.0.0.1:0")
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        inp = grpcclient.InferInput("x", [1, 2], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 2), np.float32))
+        trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        exporter.clear()
+        client.infer("Double", [inp], headers={"traceparent": f"00-{trace_id}-{parent_id}-01"})
+        (request,) = _wait_for(exporter, "Double")
+        assert format(request.context.trace_id, "032x") == trace_id
+        assert format(request.parent.span_id, "016x") == parent_id and request.parent.is_remote
+        assert request.kind == trace.SpanKind.SERVER
+
+        settings = client.update_trace_settings(settings={"trace_rate": "2"}, as_json=True)["settings"]
+        assert settings["trace_rate"]["value"] == ["2"] and settings["trace_level"]["value"] == ["TIMESTAMPS"]
+        client.update_trace_settings(settings={"trace_level": ["OFF"]})
+        exporter.clear()
+        client.infer("Double", [inp])
+        time.sleep(0.1)
+        assert not [s for s in exporter.get_finished_spans() if s.name == "Double"]
+        with pytest.raises(Exception, match="not supported"):
+            client.update_trace_settings(settings={"trace_file": "/tmp/t.json"})
+    finally:
+        server._tracer.update(rate=1, count=-1, level="TIMESTAMPS")
+        server._grpc.stop()
+        server._grpc = None
+
+
+def test_no_tracing_no_spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace_seen = []
+
+    def double(requests):
+        trace_seen.append(requests[0].span)
+        return [{"y": r["x"] * 2} for r in requests]
+
+    server = Server()
+    server.bind(
+        "Double",
+        double,
+        [Tensor(name="x", dtype=np.float32, shape=(-1,))],
+        [Tensor(name="y", dtype=np.float32, shape=(-1,))],
+        ModelConfig(max_batch_size=4),
+    )
+    with server, provider.get_tracer("app").start_as_current_span("handler"):
+        server.model("Double").infer({"x": np.ones((1, 1), np.float32)})
+    assert [s.name for s in exporter.get_finished_spans()] == ["handler"] and trace_seen == [None]
