@@ -77,3 +77,13 @@ def test_continuous_batching_example(tmp_path):
     assert "12 tokens (first after" in out and "lorem ipsum dolor sit amet" in out
     iterations, tokens = out.strip().splitlines()[-1].split(" iterations for ")
     assert int(iterations) < int(tokens.split()[0])  # requests shared iterations
+
+
+def test_grpc_serving_example(tmp_path):
+    pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("opentelemetry.sdk.trace")
+    out = run_example("grpc_serving.py", tmp_path)
+    assert "add = [11. 22. 33.], sub = [ -9. -18. -27.]" in out
+    assert "shared memory: add = [11. 22. 33.]" in out
+    assert "health of 'AddSub': SERVING" in out
+    assert "span AddSub" in out and "span queue" in out and "parent 00f067aa0ba902b7" in out
