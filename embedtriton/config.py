@@ -283,18 +283,26 @@ class ModelConfig:
 
 @dataclass(frozen=True, init=False)
 class Tensor:
-    """An input or output of a model: ``Tensor(name=None, dtype, shape)``.
+    """An input or output of a model: ``Tensor(name=None, dtype, shape, device="cpu")``.
 
     ``shape`` excludes the batch axis; ``-1`` marks a variable dimension. ``dtype`` is a
     numpy dtype; ``np.bytes_`` or ``object`` means Triton BYTES. Unnamed inputs are named
     ``INPUT_1``, ``INPUT_2``, ...; unnamed outputs ``OUTPUT_1``, ...
+    ``device``: where the model wants the tensor, ``"cpu"`` or ``"gpu"`` (needs a CUDA GPU).
     """
 
     name: str | None
     dtype: np.dtype
     shape: tuple[int, ...]
+    device: str
 
-    def __init__(self, name: str | None = None, dtype: Any = None, shape: Sequence[int] | None = None):
+    def __init__(
+        self,
+        name: str | None = None,
+        dtype: Any = None,
+        shape: Sequence[int] | None = None,
+        device: str = "cpu",
+    ):
         if dtype is None or shape is None:
             raise InvalidArgumentError("Tensor needs a dtype and a shape, e.g. Tensor(dtype=np.float32, shape=(1,))")
         if name is not None and (not isinstance(name, str) or not name):
@@ -310,6 +318,9 @@ class Tensor:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "dtype", np_dtype)
         object.__setattr__(self, "shape", dims)
+        if device not in ("cpu", "gpu"):
+            raise InvalidArgumentError(f"Tensor device must be 'cpu' or 'gpu', not {device!r}")
+        object.__setattr__(self, "device", device)
 
 
 def _non_negative(what: str, value: int) -> None:
@@ -320,7 +331,7 @@ def _non_negative(what: str, value: int) -> None:
 def name_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
     """Give unnamed tensors their positional names (INPUT_1, ...) and check for duplicates."""
     named = [
-        t if t.name else Tensor(name=f"{prefix}_{i}", dtype=t.dtype, shape=t.shape)
+        t if t.name else Tensor(name=f"{prefix}_{i}", dtype=t.dtype, shape=t.shape, device=t.device)
         for i, t in enumerate(tensors, start=1)
     ]
     names = [t.name for t in named]

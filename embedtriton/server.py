@@ -28,9 +28,16 @@ from .config import (
     warmup_file_bytes,
     warmup_file_name,
 )
-from .errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, error_for_code
+from .errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    TritonError,
+    UnavailableError,
+    UnsupportedError,
+    error_for_code,
+)
 from .runtime import load_runtime
-from .tensors import decode_bytes, encode_bytes
+from .tensors import decode_bytes, encode_bytes, require_gpu
 from .tracing import Tracer, Tracing
 
 log = logging.getLogger("embedtriton")
@@ -109,6 +116,19 @@ def _sequence(correlation_id: int | str | None, start: bool, end: bool) -> tuple
     return correlation_id, (1 if start else 0) | (2 if end else 0)
 
 
+def _output_device(device: str) -> None:
+    """Outputs come back as host numpy arrays ("cpu"); "gpu" needs a CUDA GPU."""
+    if device == "cpu":
+        return
+    if device != "gpu":
+        raise InvalidArgumentError(f"output_device must be 'cpu' or 'gpu', not {device!r}")
+    require_gpu("output_device='gpu'")
+    raise UnsupportedError(
+        "output_device='gpu' (outputs allocated in GPU memory) is not in this build yet: it still "
+        "needs its run on a GPU machine; use output_device='cpu'"
+    )
+
+
 class Model:
     """A handle on one model of a :class:`Server`.
 
@@ -136,12 +156,14 @@ class Model:
         correlation_id: int | str | None = None,
         sequence_start: bool = False,
         sequence_end: bool = False,
+        output_device: str = "cpu",
     ) -> dict[str, Any]:
         """Run one request and return its outputs (name -> numpy array).
 
         ``inputs`` maps input names to arrays (with the batch axis when the model batches).
         ``outputs`` limits which outputs come back (all by default).
         """
+        _output_device(output_device)
         sequence = _sequence(correlation_id, sequence_start, sequence_end)
         return self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, sequence=sequence)
 
@@ -202,6 +224,7 @@ class Model:
         correlation_id: int | str | None = None,
         sequence_start: bool = False,
         sequence_end: bool = False,
+        output_device: str = "cpu",
     ) -> asyncio.Future[dict[str, Any]]:
         """:meth:`infer` for asyncio: ``await model.infer_async(...)``; many may be in flight.
 
@@ -211,6 +234,7 @@ class Model:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         try:
+            _output_device(output_device)
             sequence = _sequence(correlation_id, sequence_start, sequence_end)
             self._submit(inputs, outputs, request_id, priority, timeout_us, parameters, loop, future, sequence=sequence)
         except Exception as exc:
@@ -229,6 +253,7 @@ class Model:
         correlation_id: int | str | None = None,
         sequence_start: bool = False,
         sequence_end: bool = False,
+        output_device: str = "cpu",
     ) -> Iterator[dict[str, Any]]:
         """Run one request on a decoupled model and iterate over its responses as they come.
 
@@ -236,6 +261,7 @@ class Model:
         it. Leaving the loop early (``break``, an exception, closing the iterator) cancels
         the request and closes the model's generator.
         """
+        _output_device(output_device)
         sequence = _sequence(correlation_id, sequence_start, sequence_end)
         handle = self._submit(
             inputs, outputs, request_id, priority, timeout_us, parameters, stream=True, sequence=sequence
@@ -266,8 +292,10 @@ class Model:
         correlation_id: int | str | None = None,
         sequence_start: bool = False,
         sequence_end: bool = False,
+        output_device: str = "cpu",
     ) -> AsyncIterator[dict[str, Any]]:
         """:meth:`stream` for asyncio: ``async for part in model.stream_async(...)``."""
+        _output_device(output_device)
         loop = asyncio.get_running_loop()
         arrived = asyncio.Event()
         sequence = _sequence(correlation_id, sequence_start, sequence_end)
@@ -410,6 +438,7 @@ class Server:
                 api.ServerOptionsSetCpuMetrics(options, cfg.metrics and cfg.cpu_metrics)
                 api.ServerOptionsSetPinnedMemoryPoolByteSize(options, cfg.pinned_memory_pool_byte_size)
                 for device, size in cfg.cuda_memory_pool_byte_size.items():
+                    require_gpu("ServerConfig.cuda_memory_pool_byte_size", int(device))
                     api.ServerOptionsSetCudaMemoryPoolByteSize(options, device, size)
                 api.ServerOptionsSetMinSupportedComputeCapability(options, cfg.min_supported_compute_capability)
                 for backend, settings in cfg.backend_config.items():
@@ -557,6 +586,13 @@ class Server:
                 f"model '{model_name}' has response_cache=True but the server has no cache; "
                 "configure one, e.g. Server(ServerConfig(cache_config=['local,size=1048576']))"
             )
+        for group in config.instance_group or []:
+            if group.kind == "GPU":
+                for gpu in group.gpus or [0]:
+                    require_gpu(f"model '{model_name}': InstanceGroup(kind='GPU')", gpu)
+        for tensor in [*inputs, *outputs]:
+            if tensor.device == "gpu":
+                require_gpu(f"model '{model_name}': Tensor {tensor.name or '(unnamed)'} with device='gpu'")
         binding = Binding(
             model_name, infer_func, name_tensors(inputs, "INPUT"), name_tensors(outputs, "OUTPUT"), config
         )
