@@ -357,3 +357,76 @@ def test_wheel_bundled_nghttp2(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "wheel"
+
+
+# ---- TLS ----
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    if not Path("/usr/bin/openssl").exists() and subprocess.run(["which", "openssl"]).returncode != 0:
+        pytest.skip("no openssl CLI")
+    d = tmp_path_factory.mktemp("certs")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test-ca", cwd=d)
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+        _openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext", cwd=d,
+        )  # fmt: skip
+    return d
+
+
+def tls_channel(port, certs, client_cert=False):
+    ca = (certs / "ca.pem").read_bytes()
+    if client_cert:
+        creds = grpc.ssl_channel_credentials(
+            ca, (certs / "client.key").read_bytes(), (certs / "client.pem").read_bytes()
+        )
+    else:
+        creds = grpc.ssl_channel_credentials(ca)
+    return grpc.secure_channel(f"localhost:{port}", creds)
+
+
+def test_tls_call_and_plaintext_rejected(certs):
+    srv = _h2.Server("127.0.0.1", 0, Handler(), MAX, (str(certs / "server.pem"), str(certs / "server.key"), None), None)
+    try:
+        with tls_channel(srv.port, certs) as ch:
+            assert unary(ch, "Echo")(b"secret", timeout=10) == b"secret"
+            data = os.urandom(1 << 20) * 4
+            assert unary(ch, "Echo")(data, timeout=30) == data
+        with make_channel(srv.port) as plain:
+            with pytest.raises(grpc.RpcError) as err:
+                unary(plain, "Echo")(b"x", timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        with tls_channel(srv.port, certs) as ch:  # still serving
+            assert unary(ch, "Echo")(b"again", timeout=10) == b"again"
+    finally:
+        srv.stop(0)
+
+
+def test_tls_client_certificate_required(certs):
+    tls = (str(certs / "server.pem"), str(certs / "server.key"), str(certs / "ca.pem"))
+    srv = _h2.Server("127.0.0.1", 0, Handler(), MAX, tls, None)
+    try:
+        with tls_channel(srv.port, certs) as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                unary(ch, "Echo")(b"no cert", timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        with tls_channel(srv.port, certs, client_cert=True) as ch:
+            assert unary(ch, "Echo")(b"with cert", timeout=10) == b"with cert"
+    finally:
+        srv.stop(0)
+
+
+def test_tls_bad_files(certs, tmp_path):
+    with pytest.raises(ValueError, match="certificate"):
+        _h2.Server("127.0.0.1", 0, Handler(), MAX, (str(tmp_path / "missing.pem"), str(certs / "server.key")), None)
+    with pytest.raises(ValueError, match="private key"):
+        _h2.Server("127.0.0.1", 0, Handler(), MAX, (str(certs / "server.pem"), str(certs / "client.key")), None)
