@@ -1,4 +1,4 @@
-"""Builds the native module, which is also the Triton backend library (see embedtriton/native)."""
+"""Builds the native modules: _native (also the Triton backend library) and _h2 (gRPC transport); see embedtriton/native."""
 
 import numpy
 from setuptools import Extension, setup
@@ -12,6 +12,13 @@ setup(
             include_dirs=[numpy.get_include()],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
             libraries=["dl", "pthread"],
-        )
+        ),
+        Extension(
+            "embedtriton._h2",
+            sources=["embedtriton/native/_h2.c"],
+            depends=["embedtriton/native/nghttp2_api.h"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+            libraries=["dl", "pthread"],
+        ),
     ]
 )

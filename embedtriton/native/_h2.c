@@ -1,0 +1,1517 @@
+/* embedtriton._h2: a small gRPC-over-HTTP/2 server transport on libnghttp2.
+ *
+ * One IO thread runs epoll over the listening socket, an eventfd and the
+ * connections. Each loop iteration:
+ *   1. epoll_wait with the GIL released;
+ *   2. read sockets and feed nghttp2 (no GIL); nghttp2 callbacks only record
+ *      events (message, half-close, close) in srv->ev;
+ *   3. take the GIL once and hand the recorded events to the Python handler;
+ *   4. apply what send()/finish() queued (from any thread) to the sessions;
+ *   5. write what nghttp2 has to send, close finished connections.
+ *
+ * Lifetimes: a Stream (C) exists from the request's HEADERS until its CLOSE
+ * event has been dispatched; it owns one reference to its Call (Python),
+ * created at the first event. Call.st points back at the Stream and is cleared
+ * (under srv->mu) before the Stream is freed, so a late send() from another
+ * thread finds NULL and does nothing. Only the IO thread frees Streams.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <glob.h>
+#include <libgen.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nghttp2_api.h"
+
+/* ------------------------------------------------------------------------ */
+/* dynamically loaded libraries                                              */
+
+#define ET_DECL_NG(ret, name, args) ret(*name) args;
+static struct {
+  ET_NGHTTP2_FUNCS(ET_DECL_NG)
+} ng;
+static int ng_loaded;
+
+#define ET_DECL_SSL(ret, name, args) ret(*name) args;
+static struct {
+  ET_SSL_FUNCS(ET_DECL_SSL)
+} ossl;
+static int ossl_loaded;
+
+static int load_symbols(void *h, const char *prefix, const char *const *names, void **slots, size_t n, char *err,
+                        size_t errlen) {
+  for (size_t i = 0; i < n; i++) {
+    char full[128];
+    snprintf(full, sizeof full, "%s%s", prefix, names[i]);
+    slots[i] = dlsym(h, full);
+    if (!slots[i]) {
+      snprintf(err, errlen, "symbol %s not found", full);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+#define ET_NAME(ret, name, args) #name,
+static const char *const ng_names[] = {ET_NGHTTP2_FUNCS(ET_NAME)};
+static const char *const ssl_names[] = {ET_SSL_FUNCS(ET_NAME)};
+
+static int load_nghttp2(const char *libpath) {
+  if (ng_loaded) return 0;
+  char err[512] = "", err2[512] = "";
+  void *h = dlopen("libnghttp2.so.14", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(err, sizeof err, "%s", dlerror());
+    if (libpath) {
+      h = dlopen(libpath, RTLD_NOW | RTLD_LOCAL);
+      if (!h) snprintf(err2, sizeof err2, "%s", dlerror());
+    }
+  }
+  if (!h) {
+    PyErr_Format(PyExc_ImportError,
+                 "embedtriton._h2 needs libnghttp2: dlopen(libnghttp2.so.14) failed (%s)%s%s%s; install libnghttp2-14 "
+                 "or the nvidia-pytriton wheel, which bundles it",
+                 err, libpath ? "; dlopen of " : ", and no fallback path was given", libpath ? libpath : "",
+                 libpath ? (err2[0] ? err2 : "") : "");
+    return -1;
+  }
+  if (load_symbols(h, "nghttp2_", ng_names, (void **)&ng, sizeof ng_names / sizeof *ng_names, err, sizeof err) < 0) {
+    PyErr_Format(PyExc_ImportError, "libnghttp2 is too old or not nghttp2: %s", err);
+    dlclose(h);
+    return -1;
+  }
+  ng_loaded = 1;
+  return 0;
+}
+
+static int load_openssl(const char *libpath) {
+  if (ossl_loaded) return 0;
+  void *h = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+  char err[512] = "";
+  if (!h) snprintf(err, sizeof err, "%s", dlerror());
+  if (!h && libpath) { /* the nvidia-pytriton wheel bundles libssl-<hash>.so.3 beside libnghttp2 */
+    char dir[4096], pattern[4200];
+    snprintf(dir, sizeof dir, "%s", libpath);
+    snprintf(pattern, sizeof pattern, "%s/libssl*.so.3", dirname(dir));
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) == 0) {
+      for (size_t i = 0; i < g.gl_pathc && !h; i++) h = dlopen(g.gl_pathv[i], RTLD_NOW | RTLD_LOCAL);
+      globfree(&g);
+    }
+  }
+  if (!h) {
+    PyErr_Format(PyExc_ImportError, "TLS needs OpenSSL 3: dlopen(libssl.so.3) failed (%s)", err);
+    return -1;
+  }
+  if (load_symbols(h, "", ssl_names, (void **)&ossl, sizeof ssl_names / sizeof *ssl_names, err, sizeof err) < 0) {
+    PyErr_Format(PyExc_ImportError, "libssl.so.3 is unusable: %s", err);
+    dlclose(h);
+    return -1;
+  }
+  ossl_loaded = 1;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* data structures                                                           */
+
+typedef struct OutBuf {
+  struct OutBuf *next;
+  size_t len, off;
+  uint8_t data[];
+} OutBuf;
+
+typedef struct ServerObject ServerObject;
+typedef struct CallObject CallObject;
+typedef struct Conn Conn;
+typedef struct Stream Stream;
+
+#define PEER_LEN 80
+
+struct Stream {
+  Conn *conn; /* NULL once nghttp2 closed the stream or the connection died */
+  int32_t id;
+  Stream *cprev, *cnext; /* the connection's streams */
+  CallObject *call;      /* strong reference; created with the GIL at the first event */
+  char peer[PEER_LEN];
+
+  /* request headers (IO thread) */
+  char *path;
+  char **meta; /* name, value, name, value, ... (NUL-terminated copies) */
+  size_t nmeta, capmeta;
+  int is_post, ctype_ok, headers_done, rejected;
+
+  /* incoming message framing (IO thread) */
+  uint8_t pfx[5];
+  int pfx_have, in_msg, skipping, remote_closed;
+  uint8_t *msg;
+  size_t msg_len, msg_have;
+
+  /* outgoing (IO thread) */
+  OutBuf *oq_head, *oq_tail;
+  int headers_sent, trailers_sent, fin_ready, closed;
+
+  /* shared with threads calling send/finish: guarded by srv->mu */
+  OutBuf *pq_head, *pq_tail;
+  int finish_req, finished_by_app, fin_code;
+  char *fin_msg; /* percent-encoded, written once when finish_req is set */
+  int dirty;
+  Stream *dprev, *dnext;
+};
+
+struct Conn {
+  ServerObject *srv;
+  int fd;
+  SSL *ssl;
+  int handshaking, dead, epollout;
+  nghttp2_session *sess;
+  uint8_t *out;
+  size_t outlen, outoff, outcap;
+  Stream *streams;
+  int nstreams;
+  char peer[PEER_LEN];
+  Conn *prev, *next;
+};
+
+enum { EV_MSG, EV_HALF_CLOSE, EV_CLOSE };
+typedef struct {
+  int type;
+  Stream *st;
+  uint8_t *data;
+  size_t len;
+} Event;
+
+struct ServerObject {
+  PyObject_HEAD
+  PyObject *on_message, *on_half_close, *on_cancel;
+  size_t max_msg;
+  int port;
+  int listen_fd, epfd, evfd;
+  pthread_t thread;
+  int started, joined, thread_ref;
+  pthread_mutex_t join_mu;
+  PyThreadState *tstate; /* IO thread's */
+  nghttp2_session_callbacks *cbs;
+  SSL_CTX *ssl_ctx;
+
+  /* guarded by mu */
+  pthread_mutex_t mu;
+  Stream *dirty_head;
+  int wake_pending, in_dispatch, stop_req;
+  double grace;
+
+  /* IO thread only */
+  Conn *conns;
+  Event *ev;
+  size_t nev, capev;
+  Stream **work;
+  size_t capwork;
+  int stopping, hard;
+  double deadline;
+  uint8_t *rbuf;
+  ServerObject *reg_next; /* registry of running servers (GIL) */
+};
+
+struct CallObject {
+  PyObject_HEAD
+  ServerObject *srv; /* strong */
+  Stream *st;        /* guarded by srv->mu; NULL once the stream is gone */
+  PyObject *method, *user, *metadata;
+  char **meta;
+  size_t nmeta;
+  char peer[PEER_LEN];
+};
+
+static PyTypeObject ServerType, CallType;
+static ServerObject *registry; /* servers whose IO thread is running */
+
+#define RBUF_SIZE (256 * 1024)
+#define FLUSH_AT (256 * 1024)
+
+static void *xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n);
+  if (!q) abort(); /* out of memory in the IO thread: nothing sensible left to do */
+  return q;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' become %XX */
+static char *percent_encode(const char *s, size_t n) {
+  char *out = malloc(n * 3 + 1), *o = out;
+  if (!out) return NULL;
+  static const char hex[] = "0123456789ABCDEF";
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c >= 0x20 && c <= 0x7e && c != '%') {
+      *o++ = (char)c;
+    } else {
+      *o++ = '%';
+      *o++ = hex[c >> 4];
+      *o++ = hex[c & 15];
+    }
+  }
+  *o = 0;
+  return out;
+}
+
+static void wake(ServerObject *srv) {
+  uint64_t one = 1;
+  ssize_t r = write(srv->evfd, &one, sizeof one);
+  (void)r;
+}
+
+/* Put st on the dirty list; return 1 if the caller must wake the IO thread. Holds mu. */
+static int mark_dirty_locked(ServerObject *srv, Stream *st) {
+  if (!st->dirty) {
+    st->dirty = 1;
+    st->dprev = NULL;
+    st->dnext = srv->dirty_head;
+    if (srv->dirty_head) srv->dirty_head->dprev = st;
+    srv->dirty_head = st;
+  }
+  if (srv->in_dispatch || srv->wake_pending) return 0;
+  srv->wake_pending = 1;
+  return 1;
+}
+
+static void unlink_dirty_locked(ServerObject *srv, Stream *st) {
+  if (!st->dirty) return;
+  if (st->dprev) st->dprev->dnext = st->dnext;
+  else srv->dirty_head = st->dnext;
+  if (st->dnext) st->dnext->dprev = st->dprev;
+  st->dirty = 0;
+  st->dprev = st->dnext = NULL;
+}
+
+/* Request the end of a call with a status (takes ownership of enc_msg). Holds mu.
+ * Returns 1 if it took effect, 0 if the call was already finishing. */
+static int finish_locked(ServerObject *srv, Stream *st, int code, char *enc_msg, int by_app, int *need_wake) {
+  if (st->finish_req) {
+    free(enc_msg);
+    return 0;
+  }
+  st->finish_req = 1;
+  st->finished_by_app = by_app;
+  st->fin_code = code;
+  st->fin_msg = enc_msg;
+  *need_wake = mark_dirty_locked(srv, st);
+  return 1;
+}
+
+/* A status decided by the transport itself (IO thread, no GIL). */
+static void finish_internal(Stream *st, int code, const char *msg) {
+  ServerObject *srv = st->conn ? st->conn->srv : NULL;
+  if (!srv) return;
+  char *enc = percent_encode(msg, strlen(msg));
+  int need_wake = 0;
+  pthread_mutex_lock(&srv->mu);
+  finish_locked(srv, st, code, enc, 0, &need_wake);
+  pthread_mutex_unlock(&srv->mu);
+  /* no wake needed: the IO thread applies dirty streams later in this iteration */
+}
+
+static void free_outbufs(OutBuf *b) {
+  while (b) {
+    OutBuf *n = b->next;
+    free(b);
+    b = n;
+  }
+}
+
+static void free_meta(char **meta, size_t nmeta) {
+  if (!meta) return;
+  for (size_t i = 0; i < 2 * nmeta; i++) free(meta[i]);
+  free(meta);
+}
+
+static void stream_free(Stream *st) {
+  free(st->path);
+  free_meta(st->meta, st->nmeta);
+  free(st->msg);
+  free_outbufs(st->oq_head);
+  free_outbufs(st->pq_head);
+  free(st->fin_msg);
+  free(st);
+}
+
+static void push_event(ServerObject *srv, int type, Stream *st, uint8_t *data, size_t len) {
+  if (srv->nev == srv->capev) {
+    srv->capev = srv->capev ? srv->capev * 2 : 64;
+    srv->ev = xrealloc(srv->ev, srv->capev * sizeof *srv->ev);
+  }
+  srv->ev[srv->nev++] = (Event){type, st, data, len};
+}
+
+/* The stream is over for nghttp2 (closed) or its connection died. */
+static void stream_detach(Stream *st) {
+  Conn *c = st->conn;
+  if (!c) return;
+  if (st->cprev) st->cprev->cnext = st->cnext;
+  else c->streams = st->cnext;
+  if (st->cnext) st->cnext->cprev = st->cprev;
+  c->nstreams--;
+  st->conn = NULL;
+  st->closed = 1;
+  push_event(c->srv, EV_CLOSE, st, NULL, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* nghttp2 callbacks (IO thread, no GIL)                                     */
+
+#define MAKE_NV(n, v, vl) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
+
+static ssize_t data_read_cb(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length, uint32_t *flags,
+                            nghttp2_data_source *src, void *ud) {
+  (void)ud;
+  Stream *st = src->ptr;
+  size_t n = 0;
+  while (n < length && st->oq_head) {
+    OutBuf *b = st->oq_head;
+    size_t take = b->len - b->off;
+    if (take > length - n) take = length - n;
+    memcpy(buf + n, b->data + b->off, take);
+    n += take;
+    b->off += take;
+    if (b->off == b->len) {
+      st->oq_head = b->next;
+      if (!st->oq_head) st->oq_tail = NULL;
+      free(b);
+    }
+  }
+  if (!st->oq_head) {
+    if (st->fin_ready && !st->trailers_sent) {
+      char code[16];
+      int cl = snprintf(code, sizeof code, "%d", st->fin_code);
+      const char *m = st->fin_msg ? st->fin_msg : "";
+      nghttp2_nv tr[2] = {MAKE_NV("grpc-status", code, (size_t)cl), MAKE_NV("grpc-message", m, strlen(m))};
+      *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+      if (ng.submit_trailer(sess, id, tr, m[0] ? 2 : 1) != 0) *flags &= ~(uint32_t)NGHTTP2_DATA_FLAG_NO_END_STREAM;
+      st->trailers_sent = 1;
+      return (ssize_t)n;
+    }
+    if (n == 0) return NGHTTP2_ERR_DEFERRED;
+  }
+  return (ssize_t)n;
+}
+
+/* Send DATA frames as large as flow control and the peer's frame size allow (up to 1 MiB). */
+static ssize_t read_length_cb(nghttp2_session *sess, uint8_t type, int32_t id, int32_t swin, int32_t stwin,
+                              uint32_t maxframe, void *ud) {
+  (void)sess, (void)type, (void)id, (void)ud;
+  ssize_t n = maxframe;
+  if (swin < n) n = swin;
+  if (stwin < n) n = stwin;
+  if (n > (1 << 20)) n = 1 << 20;
+  return n < 1 ? 1 : n;
+}
+
+static int on_begin_headers(nghttp2_session *sess, const nghttp2_frame *f, void *ud) {
+  Conn *c = ud;
+  if (f->hd.type != NGHTTP2_HEADERS || ng.session_get_stream_user_data(sess, f->hd.stream_id)) return 0;
+  Stream *st = calloc(1, sizeof *st);
+  if (!st) return NGHTTP2_ERR_CALLBACK_FAILURE;
+  st->conn = c;
+  st->id = f->hd.stream_id;
+  memcpy(st->peer, c->peer, PEER_LEN);
+  st->cnext = c->streams;
+  if (c->streams) c->streams->cprev = st;
+  c->streams = st;
+  c->nstreams++;
+  ng.session_set_stream_user_data(sess, st->id, st);
+  return 0;
+}
+
+static char *dup_n(const uint8_t *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (!d) abort();
+  memcpy(d, s, n);
+  d[n] = 0;
+  return d;
+}
+
+static int on_header(nghttp2_session *sess, const nghttp2_frame *f, const uint8_t *name, size_t namelen,
+                     const uint8_t *value, size_t valuelen, uint8_t flags, void *ud) {
+  (void)flags, (void)ud;
+  Stream *st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
+  if (!st || st->headers_done) return 0; /* trailers from the client: ignored */
+  if (namelen && name[0] == ':') {
+    if (namelen == 5 && !memcmp(name, ":path", 5)) {
+      free(st->path);
+      st->path = dup_n(value, valuelen);
+    } else if (namelen == 7 && !memcmp(name, ":method", 7)) {
+      st->is_post = valuelen == 4 && !memcmp(value, "POST", 4);
+    }
+    return 0;
+  }
+  if (namelen == 12 && !memcmp(name, "content-type", 12))
+    st->ctype_ok = valuelen >= 16 && !memcmp(value, "application/grpc", 16) &&
+                   (valuelen == 16 || value[16] == '+' || value[16] == ';');
+  if (st->nmeta == st->capmeta) {
+    st->capmeta = st->capmeta ? st->capmeta * 2 : 8;
+    st->meta = xrealloc(st->meta, 2 * st->capmeta * sizeof(char *));
+  }
+  st->meta[2 * st->nmeta] = dup_n(name, namelen);
+  st->meta[2 * st->nmeta + 1] = dup_n(value, valuelen);
+  st->nmeta++;
+  return 0;
+}
+
+static void reject(nghttp2_session *sess, Stream *st, const char *status, const char *msg) {
+  char *enc = percent_encode(msg, strlen(msg));
+  nghttp2_nv h[4] = {MAKE_NV(":status", status, strlen(status)), MAKE_NV("content-type", "application/grpc", 16),
+                     MAKE_NV("grpc-status", "13", 2), MAKE_NV("grpc-message", enc, strlen(enc))};
+  ng.submit_response(sess, st->id, h, 4, NULL);
+  free(enc);
+  st->rejected = 1;
+  st->headers_sent = st->trailers_sent = 1;
+  st->finish_req = st->finished_by_app = 1; /* nobody else can see this stream yet */
+}
+
+static void on_remote_end(Stream *st) {
+  st->remote_closed = 1;
+  if (st->rejected || st->skipping) return;
+  if (st->pfx_have || st->in_msg) {
+    st->skipping = 1;
+    finish_internal(st, 13, "the request ended inside a message");
+    return;
+  }
+  push_event(st->conn->srv, EV_HALF_CLOSE, st, NULL, 0);
+}
+
+static int on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, void *ud) {
+  (void)ud;
+  if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
+  Stream *st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
+  if (!st) return 0;
+  if (f->hd.type == NGHTTP2_HEADERS && !st->headers_done) {
+    st->headers_done = 1;
+    if (!st->is_post) reject(sess, st, "405", "gRPC requests must use POST");
+    else if (!st->ctype_ok) reject(sess, st, "415", "content-type must be application/grpc");
+    else if (!st->path) reject(sess, st, "400", "missing :path");
+  }
+  if (f->hd.flags & NGHTTP2_FLAG_END_STREAM) on_remote_end(st);
+  return 0;
+}
+
+static int on_data_chunk(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t *data, size_t len, void *ud) {
+  (void)flags;
+  Conn *c = ud;
+  Stream *st = ng.session_get_stream_user_data(sess, id);
+  if (!st || st->rejected || st->skipping) return 0;
+  while (len) {
+    if (!st->in_msg) {
+      size_t take = 5 - (size_t)st->pfx_have;
+      if (take > len) take = len;
+      memcpy(st->pfx + st->pfx_have, data, take);
+      st->pfx_have += (int)take;
+      data += take;
+      len -= take;
+      if (st->pfx_have < 5) break;
+      st->pfx_have = 0;
+      uint32_t mlen = (uint32_t)st->pfx[1] << 24 | (uint32_t)st->pfx[2] << 16 | (uint32_t)st->pfx[3] << 8 | st->pfx[4];
+      if (st->pfx[0] != 0) {
+        st->skipping = 1;
+        finish_internal(st, st->pfx[0] == 1 ? 12 : 13,
+                        st->pfx[0] == 1 ? "compression is not supported" : "invalid message flags");
+        return 0;
+      }
+      if (mlen > c->srv->max_msg) {
+        char m[160];
+        snprintf(m, sizeof m, "received message larger than max (%u vs. %zu bytes)", mlen, c->srv->max_msg);
+        st->skipping = 1;
+        finish_internal(st, 8, m);
+        return 0;
+      }
+      if (mlen == 0) {
+        push_event(c->srv, EV_MSG, st, NULL, 0);
+        continue;
+      }
+      st->msg = malloc(mlen);
+      if (!st->msg) {
+        st->skipping = 1;
+        finish_internal(st, 8, "out of memory for the request message");
+        return 0;
+      }
+      st->msg_len = mlen;
+      st->msg_have = 0;
+      st->in_msg = 1;
+    } else {
+      size_t take = st->msg_len - st->msg_have;
+      if (take > len) take = len;
+      memcpy(st->msg + st->msg_have, data, take);
+      st->msg_have += take;
+      data += take;
+      len -= take;
+      if (st->msg_have == st->msg_len) {
+        push_event(c->srv, EV_MSG, st, st->msg, st->msg_len);
+        st->msg = NULL;
+        st->in_msg = 0;
+      }
+    }
+  }
+  return 0;
+}
+
+static int on_frame_send(nghttp2_session *sess, const nghttp2_frame *f, void *ud) {
+  (void)ud;
+  if (f->hd.type != NGHTTP2_HEADERS || !(f->hd.flags & NGHTTP2_FLAG_END_STREAM)) return 0;
+  Stream *st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
+  /* We ended our side before the client ended its own: tell it to stop sending. */
+  if (st && !st->remote_closed) ng.submit_rst_stream(sess, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+  return 0;
+}
+
+static int on_stream_close(nghttp2_session *sess, int32_t id, uint32_t code, void *ud) {
+  (void)code, (void)ud;
+  Stream *st = ng.session_get_stream_user_data(sess, id);
+  if (st) stream_detach(st);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* connections                                                               */
+
+static void conn_want_out(Conn *c, int on) {
+  if (c->epollout == on) return;
+  struct epoll_event e = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = c};
+  epoll_ctl(c->srv->epfd, EPOLL_CTL_MOD, c->fd, &e);
+  c->epollout = on;
+}
+
+/* > 0 bytes, 0 end of stream, -1 would block, -2 error */
+static ssize_t conn_recv(Conn *c, uint8_t *buf, size_t len) {
+  if (c->ssl) {
+    int n = ossl.SSL_read(c->ssl, buf, (int)len);
+    if (n > 0) return n;
+    int e = ossl.SSL_get_error(c->ssl, n);
+    if (e == ET_SSL_ERROR_WANT_READ || e == ET_SSL_ERROR_WANT_WRITE) return -1;
+    ossl.ERR_clear_error();
+    return e == ET_SSL_ERROR_ZERO_RETURN ? 0 : -2;
+  }
+  for (;;) {
+    ssize_t n = recv(c->fd, buf, len, 0);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? -1 : -2;
+  }
+}
+
+static ssize_t conn_send(Conn *c, const uint8_t *buf, size_t len) {
+  if (c->ssl) {
+    int n = ossl.SSL_write(c->ssl, buf, len > INT32_MAX ? INT32_MAX : (int)len);
+    if (n > 0) return n;
+    int e = ossl.SSL_get_error(c->ssl, n);
+    if (e == ET_SSL_ERROR_WANT_READ || e == ET_SSL_ERROR_WANT_WRITE) return -1;
+    ossl.ERR_clear_error();
+    return -2;
+  }
+  for (;;) {
+    ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? -1 : -2;
+  }
+}
+
+static void tls_handshake(Conn *c) {
+  ossl.ERR_clear_error();
+  int r = ossl.SSL_do_handshake(c->ssl);
+  if (r == 1) {
+    c->handshaking = 0;
+    conn_want_out(c, 0);
+    return;
+  }
+  int e = ossl.SSL_get_error(c->ssl, r);
+  if (e == ET_SSL_ERROR_WANT_READ) conn_want_out(c, 0);
+  else if (e == ET_SSL_ERROR_WANT_WRITE) conn_want_out(c, 1);
+  else c->dead = 1;
+  ossl.ERR_clear_error();
+}
+
+static void conn_readable(Conn *c) {
+  if (c->dead) return;
+  if (c->handshaking) {
+    tls_handshake(c);
+    if (c->handshaking || c->dead) return;
+  }
+  uint8_t *buf = c->srv->rbuf;
+  for (int i = 0; i < 16 || c->ssl; i++) {
+    ssize_t n = conn_recv(c, buf, RBUF_SIZE);
+    if (n == -1) break;
+    if (n <= 0) {
+      c->dead = 1;
+      return;
+    }
+    if (ng.session_mem_recv(c->sess, buf, (size_t)n) < 0) { /* protocol error, bad preface, ... */
+      c->dead = 1;
+      return;
+    }
+    if (!c->ssl && (size_t)n < RBUF_SIZE) break; /* drained; epoll is level-triggered anyway */
+  }
+}
+
+static void conn_append(Conn *c, const uint8_t *p, size_t n) {
+  if (c->outlen + n > c->outcap) {
+    size_t cap = c->outcap ? c->outcap : 64 * 1024;
+    while (cap < c->outlen + n) cap *= 2;
+    c->out = xrealloc(c->out, cap);
+    c->outcap = cap;
+  }
+  memcpy(c->out + c->outlen, p, n);
+  c->outlen += n;
+}
+
+static void conn_flush(Conn *c) {
+  if (c->dead || c->handshaking) return;
+  for (;;) {
+    while (c->outoff < c->outlen) {
+      ssize_t w = conn_send(c, c->out + c->outoff, c->outlen - c->outoff);
+      if (w == -1) {
+        conn_want_out(c, 1);
+        return;
+      }
+      if (w < 0) {
+        c->dead = 1;
+        return;
+      }
+      c->outoff += (size_t)w;
+    }
+    c->outoff = c->outlen = 0;
+    while (c->outlen < FLUSH_AT) {
+      const uint8_t *p;
+      ssize_t n = ng.session_mem_send(c->sess, &p);
+      if (n < 0) {
+        c->dead = 1;
+        return;
+      }
+      if (n == 0) break;
+      conn_append(c, p, (size_t)n);
+    }
+    if (c->outlen == 0) break;
+  }
+  if (c->outcap > 4 * FLUSH_AT) { /* give back what a large message grew */
+    free(c->out);
+    c->out = NULL;
+    c->outcap = 0;
+  }
+  conn_want_out(c, 0);
+}
+
+static nghttp2_session_callbacks *make_callbacks(void) {
+  nghttp2_session_callbacks *cbs;
+  if (ng.session_callbacks_new(&cbs) != 0) return NULL;
+  ng.session_callbacks_set_on_begin_headers_callback(cbs, on_begin_headers);
+  ng.session_callbacks_set_on_header_callback(cbs, on_header);
+  ng.session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
+  ng.session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
+  ng.session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data_chunk);
+  ng.session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
+  ng.session_callbacks_set_data_source_read_length_callback(cbs, read_length_cb);
+  return cbs;
+}
+
+static void format_peer(const struct sockaddr_storage *sa, char *out) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (sa->ss_family == AF_INET) {
+    const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+    inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
+    snprintf(out, PEER_LEN, "ipv4:%s:%u", host, ntohs(s->sin_port));
+  } else if (sa->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+    inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
+    snprintf(out, PEER_LEN, "ipv6:[%s]:%u", host, ntohs(s->sin6_port));
+  } else {
+    snprintf(out, PEER_LEN, "unknown");
+  }
+}
+
+static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *sa) {
+  Conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    close(fd);
+    return;
+  }
+  c->srv = srv;
+  c->fd = fd;
+  format_peer(sa, c->peer);
+  if (ng.session_server_new(&c->sess, srv->cbs, c) != 0) {
+    free(c);
+    close(fd);
+    return;
+  }
+  nghttp2_settings_entry iv[3] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 1024},
+                                  {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 8 << 20},
+                                  {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, 1 << 20}};
+  ng.submit_settings(c->sess, NGHTTP2_FLAG_NONE, iv, 3);
+  ng.session_set_local_window_size(c->sess, NGHTTP2_FLAG_NONE, 0, 16 << 20);
+  if (srv->ssl_ctx) {
+    c->ssl = ossl.SSL_new(srv->ssl_ctx);
+    if (!c->ssl || ossl.SSL_set_fd(c->ssl, fd) != 1) {
+      if (c->ssl) ossl.SSL_free(c->ssl);
+      ng.session_del(c->sess);
+      free(c);
+      close(fd);
+      return;
+    }
+    ossl.SSL_set_accept_state(c->ssl);
+    c->handshaking = 1;
+  }
+  struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+  epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &e);
+  c->next = srv->conns;
+  if (srv->conns) srv->conns->prev = c;
+  srv->conns = c;
+}
+
+static void conn_close(Conn *c) {
+  ServerObject *srv = c->srv;
+  while (c->streams) stream_detach(c->streams);
+  ng.session_del(c->sess);
+  if (c->ssl) ossl.SSL_free(c->ssl);
+  epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  close(c->fd);
+  free(c->out);
+  if (c->prev) c->prev->next = c->next;
+  else srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  free(c);
+}
+
+static void accept_all(ServerObject *srv) {
+  for (;;) {
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    int fd = accept4(srv->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return; /* EAGAIN, or out of descriptors: try again on the next readiness */
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    conn_new(srv, fd, &sa);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* dispatch to Python (IO thread, takes the GIL once per batch)              */
+
+static CallObject *make_call(ServerObject *srv, Stream *st) {
+  CallObject *call = PyObject_GC_New(CallObject, &CallType);
+  if (!call) return NULL;
+  Py_INCREF(srv);
+  call->srv = srv;
+  call->st = NULL;
+  call->user = Py_NewRef(Py_None);
+  call->metadata = NULL;
+  call->method = PyUnicode_DecodeLatin1(st->path, (Py_ssize_t)strlen(st->path), "replace");
+  call->meta = st->meta;
+  call->nmeta = st->nmeta;
+  st->meta = NULL;
+  st->nmeta = 0;
+  memcpy(call->peer, st->peer, PEER_LEN);
+  PyObject_GC_Track((PyObject *)call);
+  if (!call->method) {
+    Py_DECREF(call);
+    return NULL;
+  }
+  pthread_mutex_lock(&srv->mu);
+  call->st = st;
+  pthread_mutex_unlock(&srv->mu);
+  st->call = call;
+  return call;
+}
+
+static void handler_failed(ServerObject *srv, PyObject *method, Stream *st) {
+  PyErr_WriteUnraisable(method);
+  if (st->closed) return;
+  const char *m = "the server's handler raised an exception";
+  char *enc = percent_encode(m, strlen(m));
+  int w = 0;
+  pthread_mutex_lock(&srv->mu);
+  finish_locked(srv, st, 13, enc, 0, &w);
+  pthread_mutex_unlock(&srv->mu);
+}
+
+static void dispatch(ServerObject *srv) {
+  if (!srv->nev) return;
+  pthread_mutex_lock(&srv->mu);
+  srv->in_dispatch = 1;
+  pthread_mutex_unlock(&srv->mu);
+  PyEval_RestoreThread(srv->tstate);
+  for (size_t i = 0; i < srv->nev; i++) {
+    Event *e = &srv->ev[i];
+    Stream *st = e->st;
+    if (e->type == EV_CLOSE) {
+      CallObject *call = st->call;
+      int cancel;
+      pthread_mutex_lock(&srv->mu);
+      if (call) call->st = NULL;
+      unlink_dirty_locked(srv, st);
+      cancel = call && !st->finished_by_app;
+      pthread_mutex_unlock(&srv->mu);
+      if (cancel) {
+        PyObject *args[1] = {(PyObject *)call};
+        PyObject *r = PyObject_Vectorcall(srv->on_cancel, args, 1, NULL);
+        if (r) Py_DECREF(r);
+        else PyErr_WriteUnraisable(srv->on_cancel);
+      }
+      st->call = NULL;
+      Py_XDECREF(call);
+      stream_free(st);
+      continue;
+    }
+    if (!st->call && !make_call(srv, st)) {
+      PyErr_WriteUnraisable(NULL);
+      free(e->data);
+      continue;
+    }
+    PyObject *r;
+    PyObject *method;
+    if (e->type == EV_MSG) {
+      PyObject *data = PyBytes_FromStringAndSize((const char *)e->data, (Py_ssize_t)e->len);
+      free(e->data);
+      method = srv->on_message;
+      if (!data) {
+        handler_failed(srv, method, st);
+        continue;
+      }
+      PyObject *args[2] = {(PyObject *)st->call, data};
+      r = PyObject_Vectorcall(method, args, 2, NULL);
+      Py_DECREF(data);
+    } else {
+      method = srv->on_half_close;
+      PyObject *args[1] = {(PyObject *)st->call};
+      r = PyObject_Vectorcall(method, args, 1, NULL);
+    }
+    if (r) Py_DECREF(r);
+    else handler_failed(srv, method, st);
+  }
+  srv->nev = 0;
+  srv->tstate = PyEval_SaveThread();
+}
+
+/* Apply what send()/finish() queued. */
+static void apply_dirty(ServerObject *srv) {
+  size_t n = 0;
+  pthread_mutex_lock(&srv->mu);
+  srv->in_dispatch = 0;
+  srv->wake_pending = 0;
+  for (Stream *st = srv->dirty_head; st; st = st->dnext) {
+    if (n == srv->capwork) {
+      srv->capwork = srv->capwork ? srv->capwork * 2 : 64;
+      srv->work = xrealloc(srv->work, srv->capwork * sizeof *srv->work);
+    }
+    srv->work[n++] = st;
+  }
+  for (size_t i = 0; i < n; i++) {
+    Stream *st = srv->work[i];
+    st->dirty = 0;
+    st->dprev = st->dnext = NULL;
+    if (st->pq_head) {
+      if (st->oq_tail) st->oq_tail->next = st->pq_head;
+      else st->oq_head = st->pq_head;
+      st->oq_tail = st->pq_tail;
+      st->pq_head = st->pq_tail = NULL;
+    }
+    if (st->finish_req) st->fin_ready = 1;
+  }
+  srv->dirty_head = NULL;
+  pthread_mutex_unlock(&srv->mu);
+
+  for (size_t i = 0; i < n; i++) {
+    Stream *st = srv->work[i];
+    if (st->closed || !st->conn || st->trailers_sent) continue;
+    nghttp2_session *sess = st->conn->sess;
+    if (st->headers_sent) {
+      ng.session_resume_data(sess, st->id);
+    } else if (st->oq_head) {
+      nghttp2_nv h[2] = {MAKE_NV(":status", "200", 3), MAKE_NV("content-type", "application/grpc", 16)};
+      nghttp2_data_provider prd = {.source.ptr = st, .read_callback = data_read_cb};
+      if (ng.submit_response(sess, st->id, h, 2, &prd) == 0) st->headers_sent = 1;
+    } else if (st->fin_ready) { /* Trailers-Only */
+      char code[16];
+      int cl = snprintf(code, sizeof code, "%d", st->fin_code);
+      const char *m = st->fin_msg ? st->fin_msg : "";
+      nghttp2_nv h[4] = {MAKE_NV(":status", "200", 3), MAKE_NV("content-type", "application/grpc", 16),
+                         MAKE_NV("grpc-status", code, (size_t)cl), MAKE_NV("grpc-message", m, strlen(m))};
+      ng.submit_response(sess, st->id, h, m[0] ? 4 : 3, NULL);
+      st->headers_sent = st->trailers_sent = 1;
+    }
+  }
+}
+
+static void begin_stop(ServerObject *srv, double grace) {
+  srv->stopping = 1;
+  srv->deadline = now_s() + (grace > 0 ? grace : 0);
+  if (srv->listen_fd >= 0) {
+    epoll_ctl(srv->epfd, EPOLL_CTL_DEL, srv->listen_fd, NULL);
+    close(srv->listen_fd);
+    srv->listen_fd = -1;
+  }
+  for (Conn *c = srv->conns; c; c = c->next)
+    if (!c->handshaking)
+      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess), NGHTTP2_NO_ERROR,
+                       NULL, 0);
+}
+
+static void *io_main(void *arg) {
+  ServerObject *srv = arg;
+  PyGILState_STATE gs = PyGILState_Ensure();
+  srv->tstate = PyEval_SaveThread();
+  struct epoll_event evs[128];
+  for (;;) {
+    int timeout = -1;
+    if (srv->nev) {
+      timeout = 0;
+    } else if (srv->stopping) {
+      double left = srv->deadline - now_s();
+      timeout = left <= 0 ? 0 : (left > 0.05 ? 50 : (int)(left * 1000) + 1);
+    }
+    int n = epoll_wait(srv->epfd, evs, 128, timeout);
+    if (n < 0) n = 0;
+    for (int i = 0; i < n; i++) {
+      void *p = evs[i].data.ptr;
+      if (p == (void *)&srv->listen_fd) {
+        if (srv->listen_fd >= 0) accept_all(srv);
+      } else if (p == (void *)&srv->evfd) {
+        uint64_t v;
+        ssize_t r = read(srv->evfd, &v, sizeof v);
+        (void)r;
+      } else {
+        Conn *c = p;
+        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) conn_readable(c);
+        else if (c->handshaking && (evs[i].events & EPOLLOUT)) conn_readable(c);
+      }
+    }
+    dispatch(srv);
+    apply_dirty(srv);
+
+    pthread_mutex_lock(&srv->mu);
+    int stop_req = srv->stop_req;
+    double grace = srv->grace;
+    pthread_mutex_unlock(&srv->mu);
+    if (stop_req && !srv->stopping) begin_stop(srv, grace);
+    if (srv->stopping && !srv->hard && now_s() >= srv->deadline) {
+      srv->hard = 1;
+      for (Conn *c = srv->conns; c; c = c->next)
+        if (!c->handshaking)
+          for (Stream *st = c->streams; st; st = st->cnext)
+            ng.submit_rst_stream(c->sess, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
+    }
+
+    Conn *next;
+    for (Conn *c = srv->conns; c; c = next) {
+      next = c->next;
+      conn_flush(c);
+      int idle = c->outoff == c->outlen;
+      if (c->dead || (!c->handshaking && idle && !ng.session_want_read(c->sess) && !ng.session_want_write(c->sess)) ||
+          (srv->stopping && (srv->hard || c->handshaking || (idle && c->nstreams == 0))))
+        conn_close(c);
+    }
+    if (srv->stopping && !srv->conns && !srv->nev) break;
+  }
+  PyEval_RestoreThread(srv->tstate);
+  PyGILState_Release(gs);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Call type                                                                 */
+
+static PyObject *Call_send(CallObject *self, PyObject *arg) {
+  ServerObject *srv = self->srv;
+  Py_buffer b;
+  if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+  size_t len = (size_t)b.len;
+  if (len > srv->max_msg || len > UINT32_MAX) {
+    PyBuffer_Release(&b);
+    char m[160];
+    snprintf(m, sizeof m, "response message larger than max (%zu vs. %zu bytes)", len, srv->max_msg);
+    char *enc = percent_encode(m, strlen(m));
+    int w = 0;
+    pthread_mutex_lock(&srv->mu);
+    if (self->st) finish_locked(srv, self->st, 8, enc, 0, &w);
+    else free(enc);
+    pthread_mutex_unlock(&srv->mu);
+    if (w) wake(srv);
+    Py_RETURN_FALSE;
+  }
+  OutBuf *ob = malloc(sizeof *ob + 5 + len);
+  if (!ob) {
+    PyBuffer_Release(&b);
+    return PyErr_NoMemory();
+  }
+  ob->next = NULL;
+  ob->len = 5 + len;
+  ob->off = 0;
+  ob->data[0] = 0;
+  ob->data[1] = (uint8_t)(len >> 24);
+  ob->data[2] = (uint8_t)(len >> 16);
+  ob->data[3] = (uint8_t)(len >> 8);
+  ob->data[4] = (uint8_t)len;
+  memcpy(ob->data + 5, b.buf, len);
+  PyBuffer_Release(&b);
+  int queued = 0, w = 0;
+  pthread_mutex_lock(&srv->mu);
+  Stream *st = self->st;
+  if (st && !st->finish_req) {
+    if (st->pq_tail) st->pq_tail->next = ob;
+    else st->pq_head = ob;
+    st->pq_tail = ob;
+    w = mark_dirty_locked(srv, st);
+    queued = 1;
+  }
+  pthread_mutex_unlock(&srv->mu);
+  if (!queued) free(ob);
+  if (w) wake(srv);
+  return PyBool_FromLong(queued);
+}
+
+static PyObject *Call_finish(CallObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"code", "message", NULL};
+  int code;
+  const char *msg = "";
+  Py_ssize_t msglen = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "i|s#:finish", kwlist, &code, &msg, &msglen)) return NULL;
+  ServerObject *srv = self->srv;
+  char *enc = percent_encode(msg, (size_t)msglen);
+  if (!enc) return PyErr_NoMemory();
+  int done = 0, w = 0;
+  pthread_mutex_lock(&srv->mu);
+  if (self->st) done = finish_locked(srv, self->st, code, enc, 1, &w);
+  else free(enc);
+  pthread_mutex_unlock(&srv->mu);
+  if (w) wake(srv);
+  return PyBool_FromLong(done);
+}
+
+static PyObject *Call_get_metadata(CallObject *self, void *closure) {
+  (void)closure;
+  if (!self->metadata) {
+    PyObject *list = PyList_New((Py_ssize_t)self->nmeta);
+    if (!list) return NULL;
+    for (size_t i = 0; i < self->nmeta; i++) {
+      const char *k = self->meta[2 * i], *v = self->meta[2 * i + 1];
+      PyObject *t = Py_BuildValue("(NN)", PyUnicode_DecodeLatin1(k, (Py_ssize_t)strlen(k), NULL),
+                                  PyUnicode_DecodeLatin1(v, (Py_ssize_t)strlen(v), NULL));
+      if (!t) {
+        Py_DECREF(list);
+        return NULL;
+      }
+      PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    self->metadata = list;
+  }
+  return Py_NewRef(self->metadata);
+}
+
+static PyObject *Call_get_peer(CallObject *self, void *closure) {
+  (void)closure;
+  return PyUnicode_FromString(self->peer);
+}
+
+static PyObject *Call_get_user(CallObject *self, void *closure) {
+  (void)closure;
+  return Py_NewRef(self->user);
+}
+
+static int Call_set_user(CallObject *self, PyObject *v, void *closure) {
+  (void)closure;
+  Py_XSETREF(self->user, Py_NewRef(v ? v : Py_None));
+  return 0;
+}
+
+static int Call_traverse(CallObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->user);
+  Py_VISIT(self->srv);
+  return 0;
+}
+
+static int Call_clear(CallObject *self) {
+  Py_CLEAR(self->user);
+  return 0;
+}
+
+static void Call_dealloc(CallObject *self) {
+  PyObject_GC_UnTrack(self);
+  /* self->st is NULL here: a live stream holds a reference to its call */
+  Py_CLEAR(self->user);
+  Py_CLEAR(self->method);
+  Py_CLEAR(self->metadata);
+  free_meta(self->meta, self->nmeta);
+  Py_CLEAR(self->srv);
+  PyObject_GC_Del(self);
+}
+
+static PyMethodDef Call_methods[] = {
+    {"send", (PyCFunction)Call_send, METH_O,
+     "send(data) -> bool: queue one response message (thread-safe); False if the call is over"},
+    {"finish", (PyCFunction)(void (*)(void))Call_finish, METH_VARARGS | METH_KEYWORDS,
+     "finish(code, message='') -> bool: end the call with a gRPC status (thread-safe); False if already over"},
+    {NULL, NULL, 0, NULL}};
+
+static PyMemberDef Call_members[] = {{"method", T_OBJECT_EX, offsetof(CallObject, method), READONLY, "the :path"},
+                                     {NULL, 0, 0, 0, NULL}};
+
+static PyGetSetDef Call_getset[] = {
+    {"metadata", (getter)Call_get_metadata, NULL, "request headers other than pseudo-headers", NULL},
+    {"peer", (getter)Call_get_peer, NULL, "the client's address", NULL},
+    {"user", (getter)Call_get_user, (setter)Call_set_user, "free slot for the handler's per-call state", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject CallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton._h2.Call",
+    .tp_basicsize = sizeof(CallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One gRPC call (an HTTP/2 stream).",
+    .tp_dealloc = (destructor)Call_dealloc,
+    .tp_traverse = (traverseproc)Call_traverse,
+    .tp_clear = (inquiry)Call_clear,
+    .tp_methods = Call_methods,
+    .tp_members = Call_members,
+    .tp_getset = Call_getset,
+};
+
+/* ------------------------------------------------------------------------ */
+/* Server type                                                               */
+
+static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen, const unsigned char *in,
+                       unsigned int inlen, void *arg) {
+  (void)ssl, (void)arg;
+  for (unsigned int i = 0; i < inlen;) {
+    unsigned int l = in[i];
+    if (i + 1 + l > inlen) break;
+    if (l == 2 && in[i + 1] == 'h' && in[i + 2] == '2') {
+      *out = in + i + 1;
+      *outlen = 2;
+      return ET_SSL_TLSEXT_ERR_OK;
+    }
+    i += 1 + l;
+  }
+  return ET_SSL_TLSEXT_ERR_ALERT_FATAL;
+}
+
+static int ssl_fail(SSL_CTX *ctx, const char *what, const char *path) {
+  char buf[256] = "";
+  unsigned long e = ossl.ERR_get_error();
+  if (e) ossl.ERR_error_string_n(e, buf, sizeof buf);
+  ossl.ERR_clear_error();
+  ossl.SSL_CTX_free(ctx);
+  PyErr_Format(PyExc_ValueError, "TLS: %s %s failed: %s", what, path ? path : "", buf);
+  return -1;
+}
+
+static int setup_tls(ServerObject *self, PyObject *tls, const char *libpath) {
+  PyObject *cert_o, *key_o, *ca_o = Py_None;
+  if (!PyArg_ParseTuple(tls, "O&O&|O:tls", PyUnicode_FSConverter, &cert_o, PyUnicode_FSConverter, &key_o, &ca_o))
+    return -1;
+  int rc = -1;
+  PyObject *ca_b = NULL;
+  if (ca_o != Py_None && !PyUnicode_FSConverter(ca_o, &ca_b)) goto out;
+  if (load_openssl(libpath) < 0) goto out;
+  SSL_CTX *ctx = ossl.SSL_CTX_new(ossl.TLS_server_method());
+  if (!ctx) {
+    PyErr_SetString(PyExc_RuntimeError, "TLS: SSL_CTX_new failed");
+    goto out;
+  }
+  ossl.SSL_CTX_ctrl(ctx, ET_SSL_CTRL_SET_MIN_PROTO_VERSION, ET_TLS1_2_VERSION, NULL);
+  ossl.SSL_CTX_ctrl(ctx, ET_SSL_CTRL_MODE, ET_SSL_MODE_ENABLE_PARTIAL_WRITE | ET_SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER,
+                    NULL);
+  const char *cert = PyBytes_AS_STRING(cert_o), *key = PyBytes_AS_STRING(key_o);
+  if (ossl.SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+    ssl_fail(ctx, "loading certificate", cert);
+    goto out;
+  }
+  if (ossl.SSL_CTX_use_PrivateKey_file(ctx, key, ET_SSL_FILETYPE_PEM) != 1 || ossl.SSL_CTX_check_private_key(ctx) != 1) {
+    ssl_fail(ctx, "loading private key", key);
+    goto out;
+  }
+  if (ca_b) {
+    const char *ca = PyBytes_AS_STRING(ca_b);
+    if (ossl.SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1) {
+      ssl_fail(ctx, "loading client CA", ca);
+      goto out;
+    }
+    ossl.SSL_CTX_set_verify(ctx, ET_SSL_VERIFY_PEER | ET_SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+  }
+  ossl.SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
+  self->ssl_ctx = ctx;
+  rc = 0;
+out:
+  Py_DECREF(cert_o);
+  Py_DECREF(key_o);
+  Py_XDECREF(ca_b);
+  return rc;
+}
+
+static int bind_listener(ServerObject *self, const char *host, int port) {
+  char hostbuf[256];
+  size_t hl = strlen(host);
+  if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']' && hl < sizeof hostbuf) {
+    memcpy(hostbuf, host + 1, hl - 2);
+    hostbuf[hl - 2] = 0;
+    host = hostbuf;
+  }
+  char portstr[16];
+  snprintf(portstr, sizeof portstr, "%d", port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res, *ai;
+  int gai = getaddrinfo(host[0] ? host : NULL, portstr, &hints, &res);
+  if (gai != 0) {
+    PyErr_Format(PyExc_OSError, "cannot resolve %s: %s", host, gai_strerror(gai));
+    return -1;
+  }
+  int fd = -1, err = 0;
+  for (ai = res; ai; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) break;
+    err = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    errno = err;
+    PyErr_Format(PyExc_OSError, "cannot listen on %s:%d: %s", host, port, strerror(err));
+    return -1;
+  }
+  struct sockaddr_storage sa;
+  socklen_t sl = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  self->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                              : ((struct sockaddr_in *)&sa)->sin_port);
+  self->listen_fd = fd;
+  return 0;
+}
+
+static PyObject *Server_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  ServerObject *self = (ServerObject *)type->tp_alloc(type, 0);
+  if (!self) return NULL;
+  self->listen_fd = self->epfd = self->evfd = -1;
+  pthread_mutex_init(&self->mu, NULL);
+  pthread_mutex_init(&self->join_mu, NULL);
+  (void)args, (void)kw;
+  return (PyObject *)self;
+}
+
+static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"host", "port", "handler", "max_message_bytes", "tls", "libpath", NULL};
+  const char *host, *libpath = NULL;
+  int port;
+  PyObject *handler, *tls = Py_None;
+  Py_ssize_t max_msg;
+  if (self->started || self->on_message) {
+    PyErr_SetString(PyExc_RuntimeError, "Server.__init__ called twice");
+    return -1;
+  }
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz:Server", kwlist, &host, &port, &handler, &max_msg, &tls,
+                                   &libpath))
+    return -1;
+  if (max_msg < 0) {
+    PyErr_SetString(PyExc_ValueError, "max_message_bytes must be >= 0");
+    return -1;
+  }
+  self->max_msg = (size_t)max_msg;
+  if (load_nghttp2(libpath) < 0) return -1;
+  if (!(self->on_message = PyObject_GetAttrString(handler, "on_message"))) return -1;
+  if (!(self->on_half_close = PyObject_GetAttrString(handler, "on_half_close"))) return -1;
+  if (!(self->on_cancel = PyObject_GetAttrString(handler, "on_cancel"))) return -1;
+  if (tls != Py_None && setup_tls(self, tls, libpath) < 0) return -1;
+  if (bind_listener(self, host, port) < 0) return -1;
+  self->epfd = epoll_create1(EPOLL_CLOEXEC);
+  self->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  self->rbuf = malloc(RBUF_SIZE);
+  self->cbs = make_callbacks();
+  if (self->epfd < 0 || self->evfd < 0 || !self->rbuf || !self->cbs) {
+    PyErr_SetString(PyExc_OSError, "cannot set up the IO thread (epoll/eventfd/memory)");
+    return -1;
+  }
+  struct epoll_event e = {.events = EPOLLIN, .data.ptr = &self->listen_fd};
+  epoll_ctl(self->epfd, EPOLL_CTL_ADD, self->listen_fd, &e);
+  e.data.ptr = &self->evfd;
+  epoll_ctl(self->epfd, EPOLL_CTL_ADD, self->evfd, &e);
+  Py_INCREF(self); /* the IO thread's reference, dropped by stop() after joining */
+  self->thread_ref = 1;
+  int err = pthread_create(&self->thread, NULL, io_main, self);
+  if (err) {
+    Py_DECREF(self);
+    self->thread_ref = 0;
+    errno = err;
+    PyErr_SetFromErrno(PyExc_OSError);
+    return -1;
+  }
+  self->started = 1;
+  self->reg_next = registry;
+  registry = self;
+  return 0;
+}
+
+static void registry_remove(ServerObject *s) {
+  for (ServerObject **p = &registry; *p; p = &(*p)->reg_next)
+    if (*p == s) {
+      *p = s->reg_next;
+      return;
+    }
+}
+
+static int do_stop(ServerObject *self, double grace) {
+  if (!self->started) return 0;
+  pthread_mutex_lock(&self->mu);
+  if (!self->stop_req) {
+    self->stop_req = 1;
+    self->grace = grace;
+  }
+  pthread_mutex_unlock(&self->mu);
+  wake(self);
+  if (pthread_equal(pthread_self(), self->thread)) return 0; /* from a handler: the thread stops after this batch */
+  int drop = 0;
+  Py_BEGIN_ALLOW_THREADS;
+  pthread_mutex_lock(&self->join_mu);
+  if (!self->joined) {
+    pthread_join(self->thread, NULL);
+    self->joined = 1;
+    drop = 1;
+  }
+  pthread_mutex_unlock(&self->join_mu);
+  Py_END_ALLOW_THREADS;
+  if (drop) {
+    registry_remove(self);
+    if (self->thread_ref) {
+      self->thread_ref = 0;
+      Py_DECREF(self); /* the caller still holds one */
+    }
+  }
+  return 0;
+}
+
+static PyObject *Server_stop(ServerObject *self, PyObject *args) {
+  double grace = 0;
+  if (!PyArg_ParseTuple(args, "|d:stop", &grace)) return NULL;
+  do_stop(self, grace);
+  Py_RETURN_NONE;
+}
+
+static int Server_traverse(ServerObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->on_message);
+  Py_VISIT(self->on_half_close);
+  Py_VISIT(self->on_cancel);
+  return 0;
+}
+
+static int Server_clear(ServerObject *self) {
+  Py_CLEAR(self->on_message);
+  Py_CLEAR(self->on_half_close);
+  Py_CLEAR(self->on_cancel);
+  return 0;
+}
+
+static void Server_dealloc(ServerObject *self) {
+  PyObject_GC_UnTrack(self);
+  /* a running IO thread holds a reference, so the thread is not running here */
+  Server_clear(self);
+  if (self->listen_fd >= 0) close(self->listen_fd);
+  if (self->epfd >= 0) close(self->epfd);
+  if (self->evfd >= 0) close(self->evfd);
+  if (self->cbs) ng.session_callbacks_del(self->cbs);
+  if (self->ssl_ctx) ossl.SSL_CTX_free(self->ssl_ctx);
+  free(self->ev);
+  free(self->work);
+  free(self->rbuf);
+  pthread_mutex_destroy(&self->mu);
+  pthread_mutex_destroy(&self->join_mu);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Server_methods[] = {
+    {"stop", (PyCFunction)Server_stop, METH_VARARGS,
+     "stop(grace=0): stop accepting, let calls finish for up to grace seconds, cancel the rest, join the IO thread"},
+    {NULL, NULL, 0, NULL}};
+
+static PyMemberDef Server_members[] = {
+    {"port", T_INT, offsetof(ServerObject, port), READONLY, "the bound port"}, {NULL, 0, 0, 0, NULL}};
+
+static PyTypeObject ServerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton._h2.Server",
+    .tp_basicsize = sizeof(ServerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Server(host, port, handler, max_message_bytes, tls=None, libpath=None): gRPC over HTTP/2 on one IO "
+              "thread.",
+    .tp_new = Server_new,
+    .tp_init = (initproc)Server_init,
+    .tp_dealloc = (destructor)Server_dealloc,
+    .tp_traverse = (traverseproc)Server_traverse,
+    .tp_clear = (inquiry)Server_clear,
+    .tp_methods = Server_methods,
+    .tp_members = Server_members,
+};
+
+/* atexit: stop servers nobody stopped, so no IO thread touches a finalizing interpreter */
+static PyObject *stop_all(PyObject *mod, PyObject *unused) {
+  (void)mod, (void)unused;
+  while (registry) {
+    ServerObject *s = registry;
+    Py_INCREF(s);
+    do_stop(s, 0);
+    registry_remove(s); /* in case do_stop could not join */
+    Py_DECREF(s);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"_stop_all", stop_all, METH_NOARGS, "stop every running server (registered with atexit)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "embedtriton._h2",
+                                        "Minimal gRPC-over-HTTP/2 server transport on libnghttp2.", -1,
+                                        module_methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__h2(void) {
+  if (PyType_Ready(&ServerType) < 0 || PyType_Ready(&CallType) < 0) return NULL;
+  PyObject *m = PyModule_Create(&module_def);
+  if (!m) return NULL;
+  Py_INCREF(&ServerType);
+  Py_INCREF(&CallType);
+  if (PyModule_AddObject(m, "Server", (PyObject *)&ServerType) < 0 ||
+      PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  PyObject *atexit = PyImport_ImportModule("atexit");
+  PyObject *fn = atexit ? PyObject_GetAttrString(m, "_stop_all") : NULL;
+  PyObject *r = fn ? PyObject_CallMethod(atexit, "register", "O", fn) : NULL;
+  Py_XDECREF(r);
+  Py_XDECREF(fn);
+  Py_XDECREF(atexit);
+  if (!r) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}
