@@ -6,8 +6,8 @@ The service is written against a small transport interface (:class:`Service`):
 parsed and built with the protobuf modules generated in ``tritonclient[grpc]`` and
 ``grpcio-health-checking``. Inference requests go through the same native path as
 ``Model.infer``; their completions are encoded and sent from the thread that completes
-them, with no event-loop hop. The transport is grpcio's asyncio server (see
-:class:`GrpcEndpoint`).
+them, with no event-loop hop. The transport is embedtriton's native HTTP/2 server, or
+grpcio's asyncio server on request (see :class:`GrpcEndpoint`).
 
 Install with ``pip install "embedtriton[grpc]"``.
 """
@@ -747,7 +747,13 @@ class _Generic(grpc.GenericRpcHandler):
 
 
 class GrpcEndpoint:
-    """A gRPC server on its own thread: the KServe-v2 and health services of a Server."""
+    """A gRPC server for the KServe-v2 and health services of a Server.
+
+    ``transport="native"`` (the default) is embedtriton's own HTTP/2 transport
+    (``embedtriton._h2``, on libnghttp2): one IO thread, the Python service called once per
+    message with no event loop in between. ``transport="grpcio"`` serves the same service on
+    grpcio's asyncio server, about 2.5x slower (see benchmarks/bench_grpc.py).
+    """
 
     def __init__(
         self,
@@ -755,11 +761,38 @@ class GrpcEndpoint:
         address: str,
         max_message_bytes: int = 64 * 1024 * 1024,
         tls: tuple[str, str, str | None] | None = None,
+        transport: str = "native",
     ) -> None:
+        if transport not in ("native", "grpcio"):
+            raise InvalidArgumentError(f"transport must be 'native' or 'grpcio', not {transport!r}")
         self.address = address
         self.service = Service(server)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-grpc", daemon=True)
+        self._native: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if transport == "native":
+            self._start_native(address, max_message_bytes, tls)
+        else:
+            self._start_grpcio(address, max_message_bytes, tls)
+
+    def _start_native(self, address: str, max_message_bytes: int, tls: Any) -> None:
+        from . import _h2
+
+        host, sep, port = address.rpartition(":")
+        if not sep or not port.isdigit():
+            raise InvalidArgumentError(f"gRPC address must look like host:port, not {address!r}")
+        host = host.strip("[]") or "0.0.0.0"
+        for path in (tls or ())[:3]:
+            if path:
+                _read(path, "file")  # a clear error for a missing or unreadable file
+        try:
+            self._native = _h2.Server(host, int(port), self.service, max_message_bytes, tls, _nghttp2_path())
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise UnavailableError(f"cannot serve gRPC on {address}: {exc}") from exc
+        self.port = self._native.port
+
+    def _start_grpcio(self, address: str, max_message_bytes: int, tls: Any) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=loop.run_forever, name="embedtriton-grpc", daemon=True)
         self._thread.start()
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -778,9 +811,9 @@ class GrpcEndpoint:
             return grpc_server, port
 
         try:
-            self._server, self.port = asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=30)
+            self._server, self.port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=30)
         except Exception as exc:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            loop.call_soon_threadsafe(loop.stop)
             raise UnavailableError(f"cannot serve gRPC on {address}: {exc}") from exc
         if self.port == 0:
             self.stop()
@@ -788,16 +821,31 @@ class GrpcEndpoint:
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving: calls in progress get ``grace`` seconds to finish."""
-        if self._loop.is_closed():
-            return
         self.service.stop()
-        future = asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop)
+        if self._native is not None:
+            self._native.stop(grace)
+            return
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._server.stop(grace), loop)
         try:
             future.result(timeout=grace + 5)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            loop.call_soon_threadsafe(loop.stop)
             self._thread.join(timeout=5)
-            self._loop.close()
+            loop.close()
+
+
+def _nghttp2_path() -> str | None:
+    """The Triton runtime's own libnghttp2, for machines without the system's."""
+    from .runtime import find_runtime
+
+    try:
+        found = sorted(find_runtime().lib_dir.glob("libnghttp2*.so*"))
+    except TritonError:
+        return None
+    return str(found[0]) if found else None
 
 
 def _read(path: str, what: str) -> bytes:

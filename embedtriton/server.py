@@ -699,6 +699,7 @@ class Server:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
+        transport: str = "native",
     ) -> int:
         """Serve the models on a KServe-v2 gRPC endpoint (``inference.GRPCInferenceService``
         plus ``grpc.health.v1.Health``) that stock Triton clients use; stopped by :meth:`stop`.
@@ -707,7 +708,9 @@ class Server:
         port. ``max_message_bytes`` caps request and response messages (64 MiB by default);
         ``tls_cert``/``tls_key`` (PEM files) turn on TLS, and ``tls_client_ca`` also requires
         clients to present a certificate signed by that CA. Defaults come from
-        :class:`ServerConfig`'s ``grpc_*`` fields. Needs ``pip install "embedtriton[grpc]"``.
+        :class:`ServerConfig`'s ``grpc_*`` fields. ``transport``: ``"native"`` (embedtriton's
+        HTTP/2 server on libnghttp2, the fast one) or ``"grpcio"`` (grpcio's asyncio server).
+        Needs ``pip install "embedtriton[grpc]"``.
         """
         from .grpc import GrpcEndpoint
 
@@ -725,7 +728,7 @@ class Server:
         with self._lock:
             if self._grpc is not None:
                 raise InvalidArgumentError(f"already serving gRPC on {self._grpc.address}")
-            self._grpc = GrpcEndpoint(self, address, max_message_bytes, tls)
+            self._grpc = GrpcEndpoint(self, address, max_message_bytes, tls, transport)
             log.info("serving gRPC on %s (port %d)", address, self._grpc.port)
             return self._grpc.port
 

@@ -17,8 +17,9 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from embedtriton import ModelConfig, SequenceBatcher, Server, Tensor  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def endpoint():
+@pytest.fixture(scope="module", params=["native", "grpcio"])
+def endpoint(request):
+    """The same tests over both transports."""
     seen_params = []
 
     def echo(requests):
@@ -48,7 +49,7 @@ def endpoint():
         ModelConfig(max_batch_size=2, sequence_batcher=SequenceBatcher()),
     )
     with server:
-        port = server.serve_grpc("127.0.0.1:0")
+        port = server.serve_grpc("127.0.0.1:0", transport=request.param)
         server.seen_params = seen_params
         yield server, f"127.0.0.1:{port}"
 
@@ -164,7 +165,8 @@ def test_stop_closes_the_endpoint():
         client.is_server_live(client_timeout=2)
 
 
-def test_stream_infer_with_a_decoupled_model():
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_stream_infer_with_a_decoupled_model(transport):
     import queue
 
     def counter(requests):
@@ -182,7 +184,7 @@ def test_stream_infer_with_a_decoupled_model():
     )
     server.bind("AddSub", add_sub, *add_sub_tensors())
     with server:
-        port = server.serve_grpc("127.0.0.1:0")
+        port = server.serve_grpc("127.0.0.1:0", transport=transport)
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         results: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: results.put((result, error)))

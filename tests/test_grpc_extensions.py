@@ -237,12 +237,13 @@ def certs(tmp_path_factory):
     return d
 
 
-def test_tls_and_client_certificates(certs):
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_tls_and_client_certificates(certs, transport):
     read = lambda name: (certs / name).read_bytes()  # noqa: E731
     server = Server(ServerConfig(grpc_tls_cert=str(certs / "server.pem"), grpc_tls_key=str(certs / "server.key")))
     server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
     with server:
-        port = server.serve_grpc("127.0.0.1:0", tls_client_ca=str(certs / "ca.pem"))
+        port = server.serve_grpc("127.0.0.1:0", tls_client_ca=str(certs / "ca.pem"), transport=transport)
         address = f"localhost:{port}"
         a = np.ones((1, 1), np.float32)
         client = grpcclient.InferenceServerClient(
