@@ -12,11 +12,10 @@ import pytest
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc = pytest.importorskip("grpc")
-shm = pytest.importorskip("tritonclient.utils.shared_memory")
-health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
-health_pb2_grpc = pytest.importorskip("grpc_health.v1.health_pb2_grpc")
 
+import tritonclient.utils.shared_memory as shm  # noqa: E402  (the [grpc] extra brings these)
 from conftest import add_sub, add_sub_tensors  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from embedtriton import ModelConfig, Server, ServerConfig, Tensor  # noqa: E402

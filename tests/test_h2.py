@@ -352,9 +352,12 @@ def test_wheel_bundled_nghttp2(tmp_path):
     # The system library would win over libpath; a soname link to the wheel's copy, first on the search path, makes
     # the process load that one (checked through /proc/self/maps).
     (tmp_path / "libnghttp2.so.14").symlink_to(lib)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path), PYTHONPATH=str(Path(__file__).parent.parent))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
     code = CHILD.format(tests=str(Path(__file__).parent), lib=lib)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    # cwd elsewhere: the installed package (with its built modules) is imported, not the source tree
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "wheel"
 
