@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,7 @@ _CODES = [
     (AlreadyExistsError, ALREADY_EXISTS),
     (CancelledError, CANCELLED),
 ]
+_DATATYPES = {np.dtype(t): name for name, t in _NUMPY.items()}
 _KSERVE = "/inference.GRPCInferenceService/"
 _STREAM_INFER = _KSERVE + "ModelStreamInfer"
 _HEALTH = "/grpc.health.v1.Health/"
@@ -549,7 +551,7 @@ class Service:
             if datatype not in _NUMPY:
                 raise InvalidArgumentError(f"input '{tensor.name}': datatype {datatype} is not supported")
             dtype = np.dtype(_NUMPY[datatype])
-            if len(data) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+            if len(data) != dtype.itemsize * math.prod(shape):
                 raise InvalidArgumentError(
                     f"input '{tensor.name}': {len(data)} bytes do not fill shape {list(shape)} of {datatype}"
                 )
@@ -563,7 +565,7 @@ class Service:
             array[:] = values
         else:
             array = np.array(values, dtype=_NUMPY[datatype])
-        if array.size != int(np.prod(shape, dtype=np.int64)):
+        if array.size != math.prod(shape):
             raise InvalidArgumentError(f"input '{tensor.name}': {array.size} values do not fill shape {list(shape)}")
         return array.reshape(shape)
 
@@ -573,7 +575,7 @@ class Service:
             model_name=request.model_name, model_version=request.model_version or "1", id=request.id
         )
         for name, array in outputs.items():
-            datatype = triton_dtype(array.dtype)
+            datatype = _DATATYPES.get(array.dtype) or triton_dtype(array.dtype)
             tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
             if name in in_shm:  # already written into the client's region
                 tensor.parameters["shared_memory_byte_size"].int64_param = array.nbytes
