@@ -22,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("target", help="module:function that binds models on the Server it is given")
     serve.add_argument("--grpc", default="127.0.0.1:8001", help="gRPC address ('' for none)")
     serve.add_argument("--metrics", default="127.0.0.1:8002", help="Prometheus /metrics address ('' for none)")
+    serve.add_argument("--tls-cert", help="PEM certificate: serve gRPC over TLS (with --tls-key)")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    serve.add_argument("--tls-client-ca", help="PEM CA: require client certificates signed by it")
+    serve.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024, help="gRPC message size cap")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -43,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     with server:
         names = [m.name for m in server.models()]
         if args.grpc:
-            port = server.serve_grpc(args.grpc)
+            port = server.serve_grpc(
+                args.grpc,
+                max_message_bytes=args.max_message_bytes,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                tls_client_ca=args.tls_client_ca,
+            )
             log.info("gRPC (KServe v2) on %s (port %d)", args.grpc, port)
         if args.metrics:
             port = server.serve_metrics(args.metrics)

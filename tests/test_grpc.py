@@ -240,8 +240,9 @@ def test_serve_command(tmp_path):
         "    server.bind('Double', batch(lambda x: {'y': x * 2}),\n"
         "                [Tensor(name='x', dtype=np.float32, shape=(1,))], [Tensor(name='y', dtype=np.float32, shape=(1,))])\n"
     )
+    command = ["serve", "models:bind", "--grpc", "127.0.0.1:0", "--metrics", "", "--max-message-bytes", "65536"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "embedtriton", "serve", "models:bind", "--grpc", "127.0.0.1:0", "--metrics", ""],
+        [sys.executable, "-m", "embedtriton", *command],
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
@@ -260,6 +261,10 @@ def test_serve_command(tmp_path):
         x = grpcclient.InferInput("x", [1, 1], "FP32")
         x.set_data_from_numpy(np.full((1, 1), 21, np.float32))
         assert client.infer("Double", [x]).as_numpy("y")[0, 0] == 42
+        big = grpcclient.InferInput("x", [32768, 1], "FP32")  # 128 KiB > the 64 KiB cap
+        big.set_data_from_numpy(np.zeros((32768, 1), np.float32))
+        with pytest.raises(InferenceServerException, match="RESOURCE_EXHAUSTED|larger than"):
+            client.infer("Double", [big])
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         assert "stopped" in process.stderr.read()
