@@ -1265,7 +1265,8 @@ static int setup_tls(ServerObject *self, PyObject *tls, const char *libpath) {
     ssl_fail(ctx, "loading certificate", cert);
     goto out;
   }
-  if (ossl.SSL_CTX_use_PrivateKey_file(ctx, key, ET_SSL_FILETYPE_PEM) != 1 || ossl.SSL_CTX_check_private_key(ctx) != 1) {
+  if (ossl.SSL_CTX_use_PrivateKey_file(ctx, key, ET_SSL_FILETYPE_PEM) != 1 ||
+      ossl.SSL_CTX_check_private_key(ctx) != 1) {
     ssl_fail(ctx, "loading private key", key);
     goto out;
   }
