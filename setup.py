@@ -1,4 +1,4 @@
-"""Builds the native modules: _native (also the Triton backend library) and _h2 (gRPC transport); see embedtriton/native."""
+"""Builds the native modules: _native (also the Triton backend library) and _h2 (the gRPC transport)."""
 
 import numpy
 from setuptools import Extension, setup

@@ -113,12 +113,14 @@ class FloorHandler:
         return None
 
 
-def perf_analyzer(port: int, concurrency: int, interval_ms: int) -> tuple[float, float]:
+def perf_analyzer(port: int, concurrency: int, interval_ms: int, stability: int) -> tuple[float, float]:
     exe = os.environ.get("PERF_ANALYZER", str(Path(sys.executable).parent / "perf_analyzer"))
     env = dict(os.environ)
     env.setdefault("LD_LIBRARY_PATH", "/tmp/palib")
     cmd = [exe, "-m", "AddSub", "-i", "grpc", "-u", f"127.0.0.1:{port}", "--concurrency-range", str(concurrency)]
     cmd += ["--shape", "a:16", "--shape", "b:16", "--measurement-interval", str(interval_ms), "--percentile", "50"]
+    # On a 2-vCPU box the 3-s windows swing by more than perf_analyzer's default 10 %, and it would measure forever.
+    cmd += ["--stability-percentage", str(stability), "--max-trials", "10"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     text = out.stdout + out.stderr
     tput = re.search(r"Concurrency: \d+, throughput: ([\d.]+) infer/sec", text)
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--interval", type=int, default=3000, help="perf_analyzer measurement interval, ms")
+    ap.add_argument("--stability", type=int, default=30, help="perf_analyzer --stability-percentage")
     ap.add_argument("--mode", choices=["canned", "parse"], default="canned")
     args = ap.parse_args()
 
@@ -143,7 +146,7 @@ def main() -> None:
     print(f"{'concurrency':>11} {'infer/s':>10} {'p50 us':>8} {'RSS MiB':>8} {'calls':>9}  runs (infer/s)")
     try:
         for c in args.concurrency:
-            runs = [perf_analyzer(args.port, c, args.interval) for _ in range(args.runs)]
+            runs = [perf_analyzer(args.port, c, args.interval, args.stability) for _ in range(args.runs)]
             tput = statistics.median(r[0] for r in runs)
             p50 = statistics.median(r[1] for r in runs)
             each = " ".join(f"{r[0]:.0f}" for r in runs)

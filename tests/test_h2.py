@@ -433,3 +433,33 @@ def test_tls_bad_files(certs, tmp_path):
         _h2.Server("127.0.0.1", 0, Handler(), MAX, (str(tmp_path / "missing.pem"), str(certs / "server.key")), None)
     with pytest.raises(ValueError, match="private key"):
         _h2.Server("127.0.0.1", 0, Handler(), MAX, (str(certs / "server.pem"), str(certs / "client.key")), None)
+
+
+@pytest.mark.parametrize("grace", [0.0, 0.2])
+def test_stop_under_streaming_load_ends_every_call(grace):
+    """Stopping while bidi calls are in flight ends each of them; none may hang (see the GOAWAY note in _h2.c)."""
+    srv = _h2.Server("127.0.0.1", 0, Handler(), MAX, None, None)
+    stop = threading.Event()
+    longest = []
+
+    def worker():
+        with make_channel(srv.port) as ch:
+            bidi = ch.stream_stream("/x.Y/Bidi", request_serializer=None, response_deserializer=None)
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    assert list(bidi(iter([b"a", b"b"]), timeout=20)) == [b"re:a", b"re:b"]
+                except grpc.RpcError as e:
+                    assert e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+                longest.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    srv.stop(grace)
+    stop.set()
+    for t in threads:
+        t.join(15)
+    assert not any(t.is_alive() for t in threads)
+    assert max(longest) < 5

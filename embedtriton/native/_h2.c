@@ -47,6 +47,13 @@ static struct {
   ET_NGHTTP2_FUNCS(ET_DECL_NG)
 } ng;
 static int ng_loaded;
+/* optional (nghttp2 >= 1.57 and distro backports): the rapid-reset (CVE-2023-44487) limit */
+static int (*ng_option_new)(nghttp2_option **);
+static void (*ng_option_del)(nghttp2_option *);
+static void (*ng_option_set_stream_reset_rate_limit)(nghttp2_option *, uint64_t burst, uint64_t rate);
+static int (*ng_session_server_new2)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
+                                     const nghttp2_option *);
+static nghttp2_option *ng_options;
 
 #define ET_DECL_SSL(ret, name, args) ret(*name) args;
 static struct {
@@ -96,6 +103,17 @@ static int load_nghttp2(const char *libpath) {
     dlclose(h);
     return -1;
   }
+  ng_option_new = (int (*)(nghttp2_option **))dlsym(h, "nghttp2_option_new");
+  ng_option_del = (void (*)(nghttp2_option *))dlsym(h, "nghttp2_option_del");
+  ng_option_set_stream_reset_rate_limit =
+      (void (*)(nghttp2_option *, uint64_t, uint64_t))dlsym(h, "nghttp2_option_set_stream_reset_rate_limit");
+  ng_session_server_new2 = (int (*)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
+                                    const nghttp2_option *))dlsym(h, "nghttp2_session_server_new2");
+  /* The library's default (a burst of 1000 client resets, then 33/s) drops a connection whose client cancels a
+   * few hundred calls a second, which a busy inference client does; keep the protection with roomier numbers. */
+  if (ng_option_new && ng_option_del && ng_option_set_stream_reset_rate_limit && ng_session_server_new2 &&
+      ng_option_new(&ng_options) == 0)
+    ng_option_set_stream_reset_rate_limit(ng_options, 10000, 1000);
   ng_loaded = 1;
   return 0;
 }
@@ -755,7 +773,9 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
   c->srv = srv;
   c->fd = fd;
   format_peer(sa, c->peer);
-  if (ng.session_server_new(&c->sess, srv->cbs, c) != 0) {
+  int rv = ng_options ? ng_session_server_new2(&c->sess, srv->cbs, c, ng_options)
+                      : ng.session_server_new(&c->sess, srv->cbs, c);
+  if (rv != 0) {
     free(c);
     close(fd);
     return;
@@ -969,10 +989,12 @@ static void begin_stop(ServerObject *srv, double grace) {
     close(srv->listen_fd);
     srv->listen_fd = -1;
   }
+  /* A shutdown notice (GOAWAY with the largest stream id): clients open no new streams here, and none of those
+   * already on the wire is refused. Refusing some (a GOAWAY with the last processed id) makes grpc clients retry
+   * them transparently, and grpcio 1.85 can then leave a streaming call hanging past its deadline. Calls still
+   * open at the deadline are reset and the connection closed. */
   for (Conn *c = srv->conns; c; c = c->next)
-    if (!c->handshaking)
-      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess), NGHTTP2_NO_ERROR,
-                       NULL, 0);
+    if (!c->handshaking) ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, 0x7fffffff, NGHTTP2_NO_ERROR, NULL, 0);
 }
 
 static void *io_main(void *arg) {
@@ -1243,7 +1265,8 @@ static int setup_tls(ServerObject *self, PyObject *tls, const char *libpath) {
     ssl_fail(ctx, "loading certificate", cert);
     goto out;
   }
-  if (ossl.SSL_CTX_use_PrivateKey_file(ctx, key, ET_SSL_FILETYPE_PEM) != 1 || ossl.SSL_CTX_check_private_key(ctx) != 1) {
+  if (ossl.SSL_CTX_use_PrivateKey_file(ctx, key, ET_SSL_FILETYPE_PEM) != 1 ||
+      ossl.SSL_CTX_check_private_key(ctx) != 1) {
     ssl_fail(ctx, "loading private key", key);
     goto out;
   }

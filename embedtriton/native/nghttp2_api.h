@@ -17,6 +17,7 @@
 
 typedef struct nghttp2_session nghttp2_session;
 typedef struct nghttp2_session_callbacks nghttp2_session_callbacks;
+typedef struct nghttp2_option nghttp2_option;
 
 typedef struct {
   uint8_t *name;
@@ -118,7 +119,6 @@ enum { NGHTTP2_NO_ERROR = 0, NGHTTP2_INTERNAL_ERROR = 2, NGHTTP2_CANCEL = 8 };
   X(int, session_set_stream_user_data, (nghttp2_session *, int32_t, void *))                                       \
   X(int, session_set_local_window_size, (nghttp2_session *, uint8_t, int32_t, int32_t))                            \
   X(int, session_resume_data, (nghttp2_session *, int32_t))                                                         \
-  X(int32_t, session_get_last_proc_stream_id, (nghttp2_session *))                                                  \
   X(int, submit_settings, (nghttp2_session *, uint8_t, const nghttp2_settings_entry *, size_t))                    \
   X(int, submit_response, (nghttp2_session *, int32_t, const nghttp2_nv *, size_t, const nghttp2_data_provider *)) \
   X(int, submit_trailer, (nghttp2_session *, int32_t, const nghttp2_nv *, size_t))                                 \
