@@ -627,23 +627,22 @@ class Server:
     def unload(self, model_name: str) -> None:
         """Unload a bound model but keep it bound (its requests fail until :meth:`load`)."""
         with self._lock:
-            binding = self._bound.get(model_name)
-            if binding is None:
-                raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
-            if self._handle is None:
-                raise UnavailableError("the server is not running")
+            binding = self._running_binding(model_name)
             self._unload(self._handle, model_name)
             binding.wait_finalized(self.config.exit_timeout_secs, _native.drain)
 
     def load(self, model_name: str) -> None:
         """Load a bound model again (after :meth:`unload`); loading a loaded model reloads it."""
         with self._lock:
-            binding = self._bound.get(model_name)
-            if binding is None:
-                raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
-            if self._handle is None:
-                raise UnavailableError("the server is not running")
-            self._load(binding)
+            self._load(self._running_binding(model_name))
+
+    def _running_binding(self, model_name: str) -> Binding:
+        binding = self._bound.get(model_name)
+        if binding is None:
+            raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
+        if self._handle is None:
+            raise UnavailableError("the server is not running")
+        return binding
 
     def log_settings(self, **changes: Any) -> dict[str, Any]:
         """Triton's log settings, after applying ``changes`` (``log_info``, ``log_warning``,

@@ -22,6 +22,18 @@ def add_sub_tensors():
     )
 
 
+def bind_double(server, func, max_batch_size=4):
+    """Bind ``func`` as model "Double": FP32 input "x" and output "y", both [-1]."""
+    server.bind(
+        "Double",
+        func,
+        [Tensor(name="x", dtype=F32, shape=(-1,))],
+        [Tensor(name="y", dtype=F32, shape=(-1,))],
+        ModelConfig(max_batch_size=max_batch_size),
+    )
+    return server.model("Double")
+
+
 class Counter:
     """A raw callable wrapper that counts the batches and requests it saw."""
 

@@ -9,6 +9,7 @@ import weakref
 
 import numpy as np
 import pytest
+from conftest import bind_double
 
 from embedtriton import (
     InstanceGroup,
@@ -44,15 +45,9 @@ def doubler():
         return [{"y": r["x"] * 2} for r in requests]
 
     server = Server()
-    server.bind(
-        "Double",
-        double,
-        [Tensor(name="x", dtype=np.float32, shape=(-1,))],
-        [Tensor(name="y", dtype=np.float32, shape=(-1,))],
-        ModelConfig(max_batch_size=8),
-    )
+    model = bind_double(server, double, max_batch_size=8)
     with server:
-        yield server.model("Double"), seen
+        yield model, seen
 
 
 def test_dlpack_input_reaches_the_model_without_a_copy(doubler):

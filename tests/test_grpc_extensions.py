@@ -14,11 +14,11 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc = pytest.importorskip("grpc")
 
 import tritonclient.utils.shared_memory as shm  # noqa: E402  (the [grpc] extra brings these)
-from conftest import add_sub, add_sub_tensors  # noqa: E402
+from conftest import add_sub, add_sub_tensors, bind_double  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from embedtriton import ModelConfig, Server, ServerConfig, Tensor  # noqa: E402
+from embedtriton import ModelConfig, Server, ServerConfig  # noqa: E402
 
 
 def add_sub_inputs(a, b):
@@ -40,13 +40,7 @@ def endpoint():
 
     server = Server()
     server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
-    server.bind(
-        "Double",
-        identity,
-        [Tensor(name="x", dtype=np.float32, shape=(-1,))],
-        [Tensor(name="y", dtype=np.float32, shape=(-1,))],
-        ModelConfig(max_batch_size=4),
-    )
+    bind_double(server, identity)
     with server:
         port = server.serve_grpc("127.0.0.1:0", max_message_bytes=4 * 1024 * 1024)
         server.seen = seen

@@ -8,20 +8,27 @@ import numpy as np
 import pytest
 
 pytest.importorskip("opentelemetry.sdk.trace")
+from conftest import bind_double  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import StatusCode  # noqa: E402
 
-from embedtriton import InvalidArgumentError, ModelConfig, Server, ServerConfig, Tensor, Tracing  # noqa: E402
+from embedtriton import InvalidArgumentError, Server, ServerConfig, Tracing  # noqa: E402
+
+
+def in_memory_provider():
+    """A TracerProvider whose finished spans land in an in-memory exporter."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
 
 
 @pytest.fixture(scope="module")
 def traced():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = in_memory_provider()
     seen = []
 
     def double(requests):
@@ -32,13 +39,7 @@ def traced():
         return [{"y": r["x"] * 2} for r in requests]
 
     server = Server(ServerConfig(tracing=Tracing(tracer_provider=provider)))
-    server.bind(
-        "Double",
-        double,
-        [Tensor(name="x", dtype=np.float32, shape=(-1,))],
-        [Tensor(name="y", dtype=np.float32, shape=(-1,))],
-        ModelConfig(max_batch_size=4),
-    )
+    bind_double(server, double)
     with server:
         exporter.clear()
         yield server, provider, exporter, seen
@@ -154,9 +155,7 @@ def test_grpc_traceparent_is_the_parent_and_trace_setting_works(traced):
 
 
 def test_no_tracing_no_spans():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = in_memory_provider()
     trace_seen = []
 
     def double(requests):
@@ -164,13 +163,7 @@ def test_no_tracing_no_spans():
         return [{"y": r["x"] * 2} for r in requests]
 
     server = Server()
-    server.bind(
-        "Double",
-        double,
-        [Tensor(name="x", dtype=np.float32, shape=(-1,))],
-        [Tensor(name="y", dtype=np.float32, shape=(-1,))],
-        ModelConfig(max_batch_size=4),
-    )
+    bind_double(server, double)
     with server, provider.get_tracer("app").start_as_current_span("handler"):
         server.model("Double").infer({"x": np.ones((1, 1), np.float32)})
     assert [s.name for s in exporter.get_finished_spans()] == ["handler"] and trace_seen == [None]
