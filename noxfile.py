@@ -55,3 +55,10 @@ def bench(session: nox.Session) -> None:
     install(session, "matplotlib")
     session.run("python", "benchmarks/bench_inprocess.py", *session.posargs)
     session.run("python", "benchmarks/bench_continuous.py")
+
+
+@nox.session(name="bench-grpc")
+def bench_grpc(session: nox.Session) -> None:
+    """The gRPC endpoint under perf_analyzer (the binary in the tritonclient wheel; needs libb64-0d)."""
+    install(session, "tritonclient[grpc]==2.51.0", "grpcio-health-checking<1.63")
+    session.run("python", "benchmarks/bench_grpc.py", *session.posargs)
