@@ -41,7 +41,7 @@ import numpy as np
 PYTRITON = {1: 781.0, 32: 4614.0}  # infer/s, PyTriton 0.7.0 on this machine (the issue's reference)
 
 
-def serve(mode: str, port: int) -> None:
+def serve(mode: str, port: int, transport: str) -> None:
     """The server process: AddSub on gRPC until SIGTERM."""
     import threading
 
@@ -97,7 +97,7 @@ def serve(mode: str, port: int) -> None:
                 reply.outputs.add(name=name, datatype="FP32", shape=[1, 16])
                 reply.raw_output_contents.append(out[name].tobytes())
             canned["reply"] = reply.SerializeToString()
-        server.serve_grpc(f"127.0.0.1:{port}")
+        server.serve_grpc(f"127.0.0.1:{port}", transport=transport)
         print("ready", flush=True)
         stop.wait()
 
@@ -146,18 +146,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="perf_analyzer measurement window")
+    parser.add_argument("--transport", choices=["native", "grpcio"], default="native")
     parser.add_argument("--serve", choices=["full", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port)
+        serve(args.serve, args.port, args.transport)
         return
     binary, env = perf_analyzer_binary()
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for mode in ("floor", "full"):
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", mode, "--port", str(port)], stdout=subprocess.PIPE, text=True
+            [sys.executable, __file__, "--serve", mode, "--port", str(port), "--transport", args.transport],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             if proc.stdout is None or proc.stdout.readline().strip() != "ready":
@@ -174,7 +177,7 @@ def main() -> None:
             proc.wait(timeout=30)
             time.sleep(0.5)
 
-    print(f"\nperf_analyzer, AddSub FP32 [1,16] x2, medians of {args.repeats} runs")
+    print(f"\nperf_analyzer, AddSub FP32 [1,16] x2, {args.transport} transport, medians of {args.repeats} runs")
     print("| concurrency | floor infer/s | full infer/s | full / floor | full p50 µs | vs PyTriton | target |")
     print("|---|---|---|---|---|---|---|")
     for c in (1, 32):
