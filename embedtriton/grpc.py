@@ -78,6 +78,7 @@ _KSERVE = "/inference.GRPCInferenceService/"
 _STREAM_INFER = _KSERVE + "ModelStreamInfer"
 _HEALTH = "/grpc.health.v1.Health/"
 _STREAM_ITEM, _STREAM_EMPTY, _STREAM_END = 0, 1, 2  # native.stream_next statuses
+_REFUSED = object()  # call.user of a unary call already answered with an error
 
 
 def _code(error: BaseException) -> int:
@@ -236,17 +237,18 @@ class Service:
         if call.method == _STREAM_INFER:
             self._stream_message(call, data)
             return
-        entry = self._unary.get(call.method)
-        if entry is None:
-            call.finish(UNIMPLEMENTED, f"method {call.method} is not implemented by this server")
+        entry = self._unary_entry(call)
+        if entry is None or call.user is _REFUSED:
             return
         if call.user is not None:
             call.finish(INVALID_ARGUMENT, f"{call.method} takes one request message")
+            call.user = _REFUSED
             return
         try:
             call.user = entry[0].FromString(data)
         except DecodeError:
             call.finish(INVALID_ARGUMENT, f"malformed {entry[0].DESCRIPTOR.name} message")
+            call.user = _REFUSED
 
     def on_half_close(self, call: Any) -> None:
         """The client sent its last message: run a unary call; end a drained stream."""
@@ -257,9 +259,10 @@ class Service:
             else:
                 stream.close()
             return
-        entry = self._unary.get(call.method)
+        if call.user is _REFUSED:  # already answered with an error: never run it
+            return
+        entry = self._unary_entry(call)
         if entry is None:
-            call.finish(UNIMPLEMENTED, f"method {call.method} is not implemented by this server")
             return
         request = call.user
         if request is None:
@@ -276,6 +279,13 @@ class Service:
         if response is not None:  # None: the call completes later (ModelInfer, Watch)
             call.send(response.SerializeToString())
             call.finish(OK)
+
+    def _unary_entry(self, call: Any) -> tuple[Any, Callable[[Any, Any], Any]] | None:
+        """(request class, handler) of a unary method; UNIMPLEMENTED for unknown ones."""
+        entry = self._unary.get(call.method)
+        if entry is None:
+            call.finish(UNIMPLEMENTED, f"method {call.method} is not implemented by this server")
+        return entry
 
     def on_cancel(self, call: Any) -> None:
         """The client went away: stop its streams' requests."""
@@ -547,7 +557,7 @@ class Service:
             data = raw
         if data is not None:
             if datatype == "BYTES":
-                return decode_bytes(bytes(data) if shm else data, shape)
+                return decode_bytes(data, shape)
             if datatype not in _NUMPY:
                 raise InvalidArgumentError(f"input '{tensor.name}': datatype {datatype} is not supported")
             dtype = np.dtype(_NUMPY[datatype])
@@ -783,12 +793,11 @@ class GrpcEndpoint:
         if not sep or not port.isdigit():
             raise InvalidArgumentError(f"gRPC address must look like host:port, not {address!r}")
         host = host.strip("[]") or "0.0.0.0"
-        for path in (tls or ())[:3]:
-            if path:
-                _read(path, "file")  # a clear error for a missing or unreadable file
         try:
             self._native = _h2.Server(host, int(port), self.service, max_message_bytes, tls, _nghttp2_path())
-        except (OSError, RuntimeError, ValueError) as exc:
+        except ValueError as exc:  # e.g. a TLS certificate or key file that does not load
+            raise InvalidArgumentError(f"cannot serve gRPC on {address}: {exc}") from exc
+        except (OSError, RuntimeError) as exc:
             raise UnavailableError(f"cannot serve gRPC on {address}: {exc}") from exc
         self.port = self._native.port
 

@@ -86,6 +86,13 @@ def test_system_shared_memory_inputs_and_outputs(endpoint):
             client.infer("Double", [unknown])
         with pytest.raises(InferenceServerException, match="already registered"):
             client.register_system_shared_memory("io", key, nbytes)
+        garbled = grpc.insecure_channel(address).unary_unary(
+            "/inference.GRPCInferenceService/SystemSharedMemoryUnregister"
+        )
+        with pytest.raises(grpc.RpcError) as err:  # a malformed request must not run as an empty one
+            garbled(b"\xff\xff\xff garbage")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "io" in client.get_system_shared_memory_status().regions
         client.unregister_system_shared_memory("io")
         assert not client.get_system_shared_memory_status().regions
     finally:
