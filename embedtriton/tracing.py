@@ -170,15 +170,10 @@ class Tracer:
             compute.end(end_time=end)
         span.end(end_time=at(_REQUEST_END) or time.time_ns())
 
-    def failed(self, span: Any, exc: BaseException) -> None:
-        """Mark a request's span as failed (its end still comes from Triton's timestamps)."""
-        span.record_exception(exc)
-        span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(exc)))
-
     def abandon(self, span: Any, params: Mapping[str, Any] | None, exc: BaseException) -> None:
         """A request refused before Triton saw it (no timestamps will come): fail and end its span."""
         if params is not None and live_spans.pop(params.get(SPAN_PARAMETER), None) is not None:
-            self.failed(span, exc)
+            _fail(span, exc)
             span.end()
 
     def context_from_metadata(self, metadata: Mapping[str, str]) -> Any:
@@ -207,12 +202,17 @@ def spans_of(requests: list[Any]) -> Any:
     return otel_trace.use_span(first, end_on_exit=False)
 
 
-def mark_failed(requests: list[Any], exc: BaseException) -> None:
-    """Model side: the callable raised; mark the traced requests' spans as failed."""
+def _fail(span: Any, exc: BaseException) -> None:
+    """Mark a span as failed (its end still comes from Triton's timestamps)."""
     from opentelemetry import trace as otel_trace
 
+    span.record_exception(exc)
+    span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, str(exc)))
+
+
+def mark_failed(requests: list[Any], exc: BaseException) -> None:
+    """Model side: the callable raised; mark the traced requests' spans as failed."""
     for request in requests:
         span = getattr(request, "_span", None)
         if span is not None:
-            span.record_exception(exc)
-            span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, str(exc)))
+            _fail(span, exc)

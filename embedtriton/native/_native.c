@@ -269,13 +269,6 @@ typedef struct Preset {
   Py_buffer view;
 } Preset;
 
-static const Preset* find_preset(const Preset* presets, Py_ssize_t n, const char* name)
-{
-  for (Py_ssize_t i = 0; i < n; i++)
-    if (strcmp(presets[i].name, name) == 0) return &presets[i];
-  return NULL;
-}
-
 struct Call;
 static const Preset* call_preset(struct Call* c, const char* name);
 
@@ -440,9 +433,12 @@ static void call_unref(Call* c)
   }
 }
 
+/* The caller's buffer for output `name`, or NULL. */
 static const Preset* call_preset(struct Call* c, const char* name)
 {
-  return find_preset(c->presets, c->n_presets, name);
+  for (Py_ssize_t i = 0; i < c->n_presets; i++)
+    if (strcmp(c->presets[i].name, name) == 0) return &c->presets[i];
+  return NULL;
 }
 
 /* With the GIL: drop the input references Triton was reading from. */
@@ -733,7 +729,7 @@ static PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
     for (uint64_t d = 0; d < ndim && d < MAX_DIMS; d++) dims[d] = (npy_intp)shape[d];
     PyObject* arr;
     int typenum = numpy_typenum_of(dtype);
-    const Preset* preset = c->n_presets ? call_preset(c, name) : NULL;
+    const Preset* preset = call_preset(c, name);
     if (preset != NULL) { /* in the caller's buffer (a cached response is copied there) */
       if ((size_t)preset->view.len < size) {
         arr = raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "an output does not fit its buffer");
