@@ -35,6 +35,7 @@ import tempfile
 import time
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,46 +61,44 @@ def serve(mode: str, port: int, transport: str) -> None:
         [Tensor(name="add", dtype=np.float32, shape=(-1,)), Tensor(name="sub", dtype=np.float32, shape=(-1,))],
         ModelConfig(max_batch_size=128),
     )
-    if mode == "floor":
-        canned: dict[str, bytes] = {}
-        served = [0]
-        real_infer, real_stats = egrpc.Service.model_infer, egrpc.Service.model_statistics
-
-        def model_infer(self, request, call):  # type: ignore[no-untyped-def]
-            served[0] += 1
-            data = canned.get("reply")
-            if data is None:  # the first one runs, to have a correct reply to repeat
-                return real_infer(self, request, call)
-            call.send(data)
-            call.finish(egrpc.OK)
-            return None
-
-        def model_statistics(self, request, call):  # type: ignore[no-untyped-def]
-            response = real_stats(self, request, call)
-            for entry in response.model_stats:  # perf_analyzer wants counts that move
-                entry.inference_count = entry.execution_count = served[0]
-                entry.inference_stats.success.count = served[0]
-            return response
-
-        egrpc.Service.model_infer = model_infer
-        egrpc.Service.model_statistics = model_statistics
-        a = np.ones((1, 16), np.float32)
-        out = None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with server:
         if mode == "floor":
-            from tritonclient.grpc import service_pb2
-
-            out = server.model("AddSub").infer({"a": a, "b": a})
-            reply = service_pb2.ModelInferResponse(model_name="AddSub", model_version="1")
-            for name in ("add", "sub"):
-                reply.outputs.add(name=name, datatype="FP32", shape=[1, 16])
-                reply.raw_output_contents.append(out[name].tobytes())
-            canned["reply"] = reply.SerializeToString()
+            _answer_canned(server, egrpc)
         server.serve_grpc(f"127.0.0.1:{port}", transport=transport)
         print("ready", flush=True)
         stop.wait()
+
+
+def _answer_canned(server: Any, egrpc: Any) -> None:
+    """Floor mode: ModelInfer repeats one correct reply without running anything."""
+    from tritonclient.grpc import service_pb2
+
+    a = np.ones((1, 16), np.float32)
+    out = server.model("AddSub").infer({"a": a, "b": a})
+    reply = service_pb2.ModelInferResponse(model_name="AddSub", model_version="1")
+    for name in ("add", "sub"):
+        reply.outputs.add(name=name, datatype="FP32", shape=[1, 16])
+        reply.raw_output_contents.append(out[name].tobytes())
+    canned = reply.SerializeToString()
+    served = [0]
+    real_stats = egrpc.Service.model_statistics
+
+    def model_infer(self: Any, request: Any, call: Any) -> None:
+        served[0] += 1
+        call.send(canned)
+        call.finish(egrpc.OK)
+
+    def model_statistics(self: Any, request: Any, call: Any) -> Any:
+        response = real_stats(self, request, call)
+        for entry in response.model_stats:  # perf_analyzer wants counts that move
+            entry.inference_count = entry.execution_count = served[0]
+            entry.inference_stats.success.count = served[0]
+        return response
+
+    egrpc.Service.model_infer = model_infer
+    egrpc.Service.model_statistics = model_statistics
 
 
 def perf_analyzer_binary() -> tuple[str, dict[str, str]]:
