@@ -36,6 +36,8 @@ def tests(session: nox.Session) -> None:
         "tritonclient[grpc]==2.51.0",
         "grpcio-health-checking<1.63",  # its later releases need protobuf 5+, tritonclient 2.51 pins <5
         "opentelemetry-sdk",
+        "h2",  # raw HTTP/2 frames for tests/adversarial
+        "hypothesis",  # property-based inputs for tests/adversarial
         "setuptools<80",  # tritonclient.utils.shared_memory (2.51) still imports pkg_resources
     )
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
