@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -26,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--tls-client-ca", help="PEM CA: require client certificates signed by it")
     serve.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024, help="gRPC message size cap")
+    serve.add_argument(
+        "--exit-timeout",
+        type=int,
+        default=30,
+        help="seconds that requests in flight get to finish after SIGINT/SIGTERM (default 30)",
+    )
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -39,14 +46,33 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportError, AttributeError) as exc:
         parser.error(f"cannot load {args.target}: {exc}")
 
+    server = Server(ServerConfig(exit_timeout_secs=args.exit_timeout))
+    try:
+        bind(server)
+    except KeyboardInterrupt:  # Ctrl-C while binding: stop before any port opens
+        log.info("interrupted while binding models; nothing was served")
+        return 130
+
+    # SIGINT/SIGTERM drain (new requests are refused, those in flight finish within
+    # --exit-timeout); a second one exits at once.
     stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.warning("%s again: exiting without waiting for requests in flight", name)
+            logging.shutdown()
+            os._exit(128 + signum)
+        log.info(
+            "%s: stopping; requests in flight get up to %s s (a second signal exits at once)", name, args.exit_timeout
+        )
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    server = Server(ServerConfig())
-    bind(server)
+        signal.signal(signum, on_signal)
     with server:
         names = [m.name for m in server.models()]
-        if args.grpc:
+        if args.grpc and not stop.is_set():
             port = server.serve_grpc(
                 args.grpc,
                 max_message_bytes=args.max_message_bytes,
@@ -55,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
                 tls_client_ca=args.tls_client_ca,
             )
             log.info("gRPC (KServe v2) on %s (port %d)", args.grpc, port)
-        if args.metrics:
+        if args.metrics and not stop.is_set():
             port = server.serve_metrics(args.metrics)
             log.info("metrics on http://%s/metrics (port %d)", args.metrics, port)
-        log.info("ready: %s", ", ".join(names) or "no models")
+        if not stop.is_set():
+            log.info("ready: %s", ", ".join(names) or "no models")
         stop.wait()
         log.info("stopping")
     log.info("stopped")

@@ -281,6 +281,9 @@ class ModelConfig:
                 )
 
 
+MAX_DIMS = 32  # dimensions of a tensor, batch axis included (the native data path's bound)
+
+
 @dataclass(frozen=True, init=False)
 class Tensor:
     """An input or output of a model: ``Tensor(name=None, dtype, shape, device="cpu")``.
@@ -313,6 +316,10 @@ class Tensor:
             raise InvalidArgumentError(f"Tensor shape must be a sequence of ints, not {shape!r}") from None
         if any(d < -1 or d == 0 for d in dims):
             raise InvalidArgumentError(f"Tensor shape {dims}: dimensions must be positive or -1 (variable)")
+        if len(dims) > MAX_DIMS - 1:  # room for the batch axis
+            raise InvalidArgumentError(
+                f"Tensor shape {dims} has {len(dims)} dimensions; at most {MAX_DIMS - 1} (plus the batch axis)"
+            )
         np_dtype = np.dtype(object) if dtype in (bytes, np.bytes_, object, str) else np.dtype(dtype)
         triton_dtype(np_dtype, f"tensor {name or '(unnamed)'}")  # raises for dtypes Triton lacks
         object.__setattr__(self, "name", name)

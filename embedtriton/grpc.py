@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import struct
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +81,12 @@ _STREAM_INFER = _KSERVE + "ModelStreamInfer"
 _HEALTH = "/grpc.health.v1.Health/"
 _STREAM_ITEM, _STREAM_EMPTY, _STREAM_END = 0, 1, 2  # native.stream_next statuses
 _REFUSED = object()  # call.user of a unary call already answered with an error
+_MAX_DIMS = 32  # as the native data path
+_STOPPING = "the server is stopping: it takes no new requests"
+_REFUSED_WHILE_DRAINING = {
+    _KSERVE + name
+    for name in ("ModelInfer", "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister")
+}
 
 
 def _code(error: BaseException) -> int:
@@ -121,20 +129,32 @@ class _Immediate:
 _IMMEDIATE = _Immediate()
 
 
+class _InFlight:
+    """``call.user`` of a unary ModelInfer handed to Triton: cancelled if the client leaves."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+
 class _Reply:
     """The future-like target of one ModelInfer (or one non-decoupled request of a stream)."""
 
-    __slots__ = ("service", "call", "request", "in_shm", "stream")
+    __slots__ = ("service", "call", "request", "decoded", "stream", "handle", "finished")
 
-    def __init__(self, service: Service, call: Any, request: Any, in_shm: set[str], stream: _Stream | None) -> None:
-        self.service, self.call, self.request, self.in_shm, self.stream = service, call, request, in_shm, stream
+    def __init__(self, service: Service, call: Any, request: Any, decoded: _Decoded, stream: _Stream | None) -> None:
+        self.service, self.call, self.request, self.decoded, self.stream = service, call, request, decoded, stream
+        self.handle: Any = None  # native cancel handle (requests of a stream)
+        self.finished = False
 
     def done(self) -> bool:
         return False
 
     def set_result(self, outputs: dict[str, Any]) -> None:
         try:
-            response = self.service._encode(self.request, outputs, self.in_shm)
+            self.decoded.check_regions()  # a region shrunk under the request: its data is lost
+            response = self.service._encode(self.request, outputs, self.decoded.in_shm)
         except Exception as exc:
             self.set_exception(exc)
             return
@@ -145,27 +165,34 @@ class _Reply:
             if self.stream.final_flag(self.request):
                 response.parameters["triton_final_response"].bool_param = True
             self.stream.send(service_pb2.ModelStreamInferResponse(infer_response=response))
-            self.stream.done_one()
+            self._stream_done()
 
     def set_exception(self, exc: BaseException) -> None:
         if self.stream is None:
             self.call.finish(_code(exc), str(exc))
         else:
             self.stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
-            self.stream.done_one()
+            self._stream_done()
+
+    def _stream_done(self) -> None:
+        assert self.stream is not None
+        self.finished = True
+        self.stream.handles.discard(self.handle)
+        self.stream.done_one()
 
 
 class _Stream:
     """One ModelStreamInfer call: requests run as they arrive; the call ends once the
-    client has half-closed and every request has finished."""
+    client has half-closed (or the server drains) and every request has finished."""
 
     def __init__(self, call: Any) -> None:
         self.call = call
         self.lock = threading.Lock()
         self.pending = 0
         self.half_closed = False
+        self.draining = False
         self.cancelled = False
-        self.handles: set[Any] = set()  # native stream handles of decoupled requests
+        self.handles: set[Any] = set()  # native handles of its requests in flight, to cancel them
 
     @staticmethod
     def final_flag(request: Any) -> bool:
@@ -183,16 +210,30 @@ class _Stream:
     def done_one(self) -> None:
         with self.lock:
             self.pending -= 1
-            finished = self.half_closed and self.pending == 0
+            finished = (self.half_closed or self.draining) and self.pending == 0
         if finished:
-            self.call.finish(OK)
+            self._end()
 
     def close(self) -> None:
         with self.lock:
             self.half_closed = True
             finished = self.pending == 0
         if finished:
+            self._end()
+
+    def drain(self) -> None:
+        """The server stops: end the stream once its requests in flight have answered."""
+        with self.lock:
+            self.draining = True
+            finished = self.pending == 0
+        if finished:
+            self._end()
+
+    def _end(self) -> None:
+        if self.half_closed:
             self.call.finish(OK)
+        else:
+            self.call.finish(UNAVAILABLE, _STOPPING)
 
 
 class Service:
@@ -225,6 +266,9 @@ class Service:
             _HEALTH + "Check": (health_pb2.HealthCheckRequest, self.health_check),
             _HEALTH + "Watch": (health_pb2.HealthCheckRequest, self.health_watch),
         }
+        self.draining = False  # stop() began: new requests are refused, those in flight finish
+        self._streams: weakref.WeakSet[_Stream] = weakref.WeakSet()  # ModelStreamInfer calls, to drain
+        self._streams_lock = threading.Lock()
         self._watch_lock = threading.Lock()
         self._watchers: dict[Any, tuple[str, int]] = {}  # Watch calls -> (service, last status sent)
         self._watch_thread: threading.Thread | None = None
@@ -264,6 +308,9 @@ class Service:
         entry = self._unary_entry(call)
         if entry is None:
             return
+        if self.draining and call.method in _REFUSED_WHILE_DRAINING:
+            call.finish(UNAVAILABLE, _STOPPING)
+            return
         request = call.user
         if request is None:
             request = entry[0]()  # an empty message is valid protobuf
@@ -288,22 +335,42 @@ class Service:
         return entry
 
     def on_cancel(self, call: Any) -> None:
-        """The client went away: stop its streams' requests."""
+        """The client went away (reset the call, closed the connection): stop its work."""
+        from . import _native
+
+        user = call.user
+        if type(user) is _InFlight:  # a ModelInfer that Triton may not have run yet
+            _native.cancel(user.handle)
+            return
         with self._watch_lock:
             self._watchers.pop(call, None)
-        stream = call.user if call.method == _STREAM_INFER else None
-        if isinstance(stream, _Stream):
-            stream.cancelled = True
-            from . import _native
+        if isinstance(user, _Stream):
+            user.cancelled = True
+            for handle in list(user.handles):
+                if handle is not None:
+                    if type(handle) is _InFlight:
+                        _native.cancel(handle.handle)
+                    else:
+                        _native.stream_close(handle)
 
-            for handle in list(stream.handles):
-                _native.stream_close(handle)
+    def drain(self) -> None:
+        """The server stops: refuse new requests (UNAVAILABLE; health says NOT_SERVING) while the
+        requests in flight finish; streams end once theirs have answered."""
+        self.draining = True
+        with self._streams_lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.drain()
 
     def stop(self) -> None:
+        self.draining = True
         self._stopping.set()
         with self._watch_lock:
             watchers, self._watchers = list(self._watchers), {}
         for call in watchers:
+            call.send(
+                health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING).SerializeToString()
+            )
             call.finish(UNAVAILABLE, "the server is stopping")
         self.shm.unregister()
 
@@ -469,6 +536,8 @@ class Service:
 
     def _health(self, service: str) -> int | None:
         H = health_pb2.HealthCheckResponse
+        if self.draining:
+            return H.NOT_SERVING if not service or service in self.server._bound else None
         if not service:
             return H.SERVING if self.server.ready else H.NOT_SERVING
         if service not in self.server._bound:
@@ -508,56 +577,79 @@ class Service:
 
     # -- inference ------------------------------------------------------------------
 
-    def _decode(self, request: Any) -> tuple[Any, dict[str, Any], dict[str, Any], set[str]]:
-        """A ModelInferRequest as (model, inputs, keyword arguments for _submit, outputs in shm)."""
+    def _decode(self, request: Any) -> _Decoded:
+        """A ModelInferRequest, checked, as the arguments of the native submit.
+
+        Every size is checked against the bytes actually received before anything is
+        allocated; a client's mistake is an InvalidArgumentError for that request only.
+        """
+        if self.draining:
+            raise UnavailableError(_STOPPING)
         model = self._model(request.model_name)
         raw = request.raw_input_contents
         if raw and len(raw) != len(request.inputs):
             raise InvalidArgumentError(
                 f"{len(raw)} raw input contents for {len(request.inputs)} inputs: give all or none"
             )
-        inputs = {t.name: self._input_array(t, raw[i] if raw else None) for i, t in enumerate(request.inputs)}
-        params = {k: _parameter(v) for k, v in request.parameters.items()}
-        params.pop("triton_enable_empty_final_response", None)
-        in_shm: set[str] = set()
-        outputs: Any = None
-        if request.outputs:
-            buffers: dict[str, Any] = {}
-            for o in request.outputs:
-                shm = _shm_params(o)
-                if shm is not None:
-                    region, offset, size = shm
-                    buffers[o.name] = self.shm.get(region).view(offset, size, f"output '{o.name}'")
-                    in_shm.add(o.name)
-                else:
-                    buffers[o.name] = None
-            outputs = buffers if in_shm else tuple(buffers)
-        options: dict[str, Any] = {
-            "priority": params.pop("priority", None),
-            "timeout_us": params.pop("timeout", None),
-            "request_id": request.id or None,
-            "outputs": outputs,
-        }
+        decoded = _Decoded(model)
+        try:
+            for i, tensor in enumerate(request.inputs):
+                decoded.inputs[tensor.name] = self._input_array(tensor, raw[i] if raw else None, decoded)
+            params = {k: _parameter(v) for k, v in request.parameters.items()}
+            params.pop("triton_enable_empty_final_response", None)
+            outputs: Any = None
+            if request.outputs:
+                buffers: dict[str, Any] = {}
+                for o in request.outputs:
+                    shm = _shm_params(o)
+                    if shm is not None:
+                        region, offset, size = shm
+                        found = self.shm.get(region)
+                        buffers[o.name] = found.view(offset, size, f"output '{o.name}'")
+                        decoded.regions.append(found)
+                        decoded.in_shm.add(o.name)
+                    else:
+                        buffers[o.name] = None
+                outputs = buffers if decoded.in_shm else tuple(buffers)
+        except TritonError:
+            raise
+        except (ValueError, TypeError, OverflowError, struct.error) as exc:  # malformed values: the client's
+            raise InvalidArgumentError(f"malformed ModelInferRequest: {exc}") from None
+        decoded.outputs = outputs
+        decoded.request_id = request.id or None
+        decoded.priority = params.pop("priority", None)
+        decoded.timeout_us = params.pop("timeout", None)
         sequence_id = params.pop("sequence_id", None)
         start = bool(params.pop("sequence_start", False))
         end = bool(params.pop("sequence_end", False))
         if sequence_id not in (None, 0, ""):
-            options["sequence"] = (sequence_id, (1 if start else 0) | (2 if end else 0))
-        options["parameters"] = params or None
-        return model, inputs, options, in_shm
+            decoded.sequence = (sequence_id, (1 if start else 0) | (2 if end else 0))
+        decoded.parameters = params or None
+        return decoded
 
-    def _input_array(self, tensor: Any, raw: bytes | None) -> np.ndarray:
-        shape = tuple(int(d) for d in tensor.shape)
+    def _input_array(self, tensor: Any, raw: bytes | None, decoded: _Decoded) -> np.ndarray:
+        shape = tuple(tensor.shape)
+        if len(shape) > _MAX_DIMS:
+            raise InvalidArgumentError(
+                f"input '{tensor.name}' has {len(shape)} dimensions; at most {_MAX_DIMS} are supported"
+            )
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"input '{tensor.name}': shape {list(shape)} has a negative dimension")
         datatype = tensor.datatype
         shm = _shm_params(tensor)
         if shm is not None:
             region, offset, size = shm
-            data: Any = self.shm.get(region).view(offset, size, f"input '{tensor.name}'")
+            found = self.shm.get(region)
+            data: Any = found.view(offset, size, f"input '{tensor.name}'")
+            decoded.regions.append(found)
         else:
             data = raw
         if data is not None:
             if datatype == "BYTES":
-                return decode_bytes(data, shape)
+                try:
+                    return decode_bytes(data, shape)
+                except InvalidArgumentError as exc:
+                    raise InvalidArgumentError(f"input '{tensor.name}': {exc}") from None
             if datatype not in _NUMPY:
                 raise InvalidArgumentError(f"input '{tensor.name}': datatype {datatype} is not supported")
             dtype = np.dtype(_NUMPY[datatype])
@@ -569,14 +661,14 @@ class Service:
         field = _CONTENTS.get(datatype)
         if field is None:
             raise InvalidArgumentError(f"input '{tensor.name}': datatype {datatype} has no typed contents")
-        values = list(getattr(tensor.contents, field))
+        values = getattr(tensor.contents, field)  # as many as were sent: bounded by the message
+        if len(values) != math.prod(shape):
+            raise InvalidArgumentError(f"input '{tensor.name}': {len(values)} values do not fill shape {list(shape)}")
         if datatype == "BYTES":
             array = np.empty(len(values), dtype=object)
-            array[:] = values
+            array[:] = list(values)
         else:
             array = np.array(values, dtype=_NUMPY[datatype])
-        if array.size != math.prod(shape):
-            raise InvalidArgumentError(f"input '{tensor.name}': {array.size} values do not fill shape {list(shape)}")
         return array.reshape(shape)
 
     @staticmethod
@@ -596,44 +688,56 @@ class Service:
                 )
         return response
 
-    def _submit(self, call: Any, request: Any, target: Any, stream: bool) -> Any:
-        model, inputs, options, in_shm = self._decode(request)
+    def _submit(self, call: Any, decoded: _Decoded, target: Any, stream: bool) -> Any:
+        """Hand a decoded request to the native path; returns its cancel (or stream) handle."""
         tracer = self.server._tracer
         parent = tracer.context_from_metadata(dict(call.metadata)) if tracer is not None else None
-        return model._submit(
-            inputs, options["outputs"], options["request_id"], options["priority"], options["timeout_us"],
-            options["parameters"], _IMMEDIATE, target(in_shm), stream, options.get("sequence"), parent,
+        return decoded.model._submit(
+            decoded.inputs, decoded.outputs, decoded.request_id, decoded.priority, decoded.timeout_us,
+            decoded.parameters, _IMMEDIATE, target, stream, decoded.sequence, parent, cancellable=not stream,
         )  # fmt: skip
 
     def model_infer(self, request: Any, call: Any) -> None:
-        self._submit(call, request, lambda in_shm: _Reply(self, call, request, in_shm, None), False)
+        decoded = self._decode(request)
+        handle = self._submit(call, decoded, _Reply(self, call, request, decoded, None), False)
+        if handle is not None:
+            call.user = _InFlight(handle)  # on_cancel cancels it in Triton
 
     def _stream_message(self, call: Any, data: bytes) -> None:
         stream = call.user
         if stream is None:
             stream = call.user = _Stream(call)
+            with self._streams_lock:
+                self._streams.add(stream)
         try:
             request = service_pb2.ModelInferRequest.FromString(data)
         except DecodeError:
             stream.send(service_pb2.ModelStreamInferResponse(error_message="malformed ModelInferRequest message"))
             return
         stream.begin_one()
-        try:
+        try:  # a request's mistake fails that request only; the stream goes on
+            decoded = self._decode(request)
             binding = self.server._bound.get(request.model_name)
             if binding is not None and binding.decoupled:
-                self._stream_decoupled(stream, call, request)
+                self._stream_decoupled(stream, call, request, decoded)
             else:
-                self._submit(call, request, lambda in_shm: _Reply(self, call, request, in_shm, stream), False)
-        except TritonError as exc:
+                reply = _Reply(self, call, request, decoded, stream)
+                handle = self._submit(call, decoded, reply, False)
+                if handle is not None and not reply.finished:
+                    reply.handle = _InFlight(handle)
+                    stream.handles.add(reply.handle)
+        except Exception as exc:
+            if not isinstance(exc, TritonError):
+                log.exception("gRPC ModelStreamInfer request failed")
             stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
             stream.done_one()
 
-    def _stream_decoupled(self, stream: _Stream, call: Any, request: Any) -> None:
+    def _stream_decoupled(self, stream: _Stream, call: Any, request: Any, decoded: _Decoded) -> None:
         """One request of a decoupled model: its responses go out as they arrive."""
         from . import _native
 
         final_flag = stream.final_flag(request)
-        state: dict[str, Any] = {"handle": None, "early": False, "in_shm": set()}
+        state: dict[str, Any] = {"handle": None, "early": False}
         lock = threading.Lock()
 
         def drain() -> None:
@@ -647,6 +751,8 @@ class Service:
                 while True:
                     try:
                         status, outputs = _native.stream_next(handle, False)
+                        if status == _STREAM_ITEM:
+                            decoded.check_regions()
                     except TritonError as exc:
                         stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
                         status = _STREAM_END
@@ -654,7 +760,7 @@ class Service:
                         return
                     if status == _STREAM_END:
                         break
-                    response = self._encode(request, outputs, state["in_shm"])
+                    response = self._encode(request, outputs, decoded.in_shm)
                     if final_flag:
                         response.parameters["triton_final_response"].bool_param = False
                     stream.send(service_pb2.ModelStreamInferResponse(infer_response=response))
@@ -669,15 +775,36 @@ class Service:
             _native.stream_close(handle)
             stream.done_one()
 
-        def target(in_shm: set[str]) -> Callable[[], None]:
-            state["in_shm"] = in_shm
-            return drain
-
-        handle = self._submit(call, request, target, True)
+        handle = self._submit(call, decoded, drain, True)
         state["handle"] = handle
         stream.handles.add(handle)
         if state["early"] or stream.cancelled:
             drain()
+
+
+class _Decoded:
+    """One ModelInferRequest as the native submit takes it, plus the shared memory it uses."""
+
+    __slots__ = (
+        "model", "inputs", "outputs", "request_id", "priority", "timeout_us", "parameters", "sequence",
+        "in_shm", "regions",
+    )  # fmt: skip
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.inputs: dict[str, Any] = {}
+        self.outputs: Any = None
+        self.request_id: str | None = None
+        self.priority: Any = None
+        self.timeout_us: Any = None
+        self.parameters: dict[str, Any] | None = None
+        self.sequence: tuple[Any, int] | None = None
+        self.in_shm: set[str] = set()  # outputs written into shared memory
+        self.regions: list[Any] = []  # shared-memory regions it reads or writes
+
+    def check_regions(self) -> None:
+        for region in self.regions:
+            region.check()
 
 
 class _GrpcioCall:

@@ -74,6 +74,9 @@ class ServerConfig:
     strict_readiness: bool = True
     metrics: bool = True
     cpu_metrics: bool = True
+    # How often Triton samples CPU/memory metrics. Its thread sleeps half of this and the
+    # process waits for it at exit: Triton's 2000 ms default adds ~1 s to every exit.
+    metrics_interval_ms: int = 200
     log_verbose: int = 0
     log_info: bool = False
     log_warning: bool = False
@@ -180,14 +183,19 @@ class Model:
         stream: bool = False,
         sequence: tuple[int | str, int] | None = None,
         trace_parent: Any = None,
+        cancellable: bool = False,
     ) -> Any:
         """Hand one request to the native data path (it validates the arguments).
 
         Without a loop: waits and returns the outputs. With a loop: resolves ``target`` (a
         future) there. ``stream``: returns a stream handle; ``target`` wakes an asyncio consumer.
         ``trace_parent``: the OpenTelemetry context of a remote caller (gRPC), when tracing.
+        ``cancellable`` (with a loop): returns a handle for ``_native.cancel``.
         """
-        binding = self._server._bound.get(self.name)
+        server = self._server
+        if server._stopping:
+            raise UnavailableError("the server is stopping: it takes no new requests")
+        binding = server._bound.get(self.name)
         if not stream and binding is not None and binding.decoupled:
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
         # With a batch rule, Triton's batcher calls Python: hand requests over without the GIL.
@@ -201,15 +209,15 @@ class Model:
             if span is not None:
                 try:
                     return native.submit(
-                        self._server._handle, self.name, self.version, inputs, outputs, request_id,
-                        priority, timeout_us, traced, loop, target, stream, sequence, release_gil, sink,
+                        server._handle, self.name, self.version, inputs, outputs, request_id, priority,
+                        timeout_us, traced, loop, target, stream, sequence, release_gil, sink, cancellable,
                     )  # fmt: skip
                 except Exception as exc:
                     tracer.abandon(span, traced, exc)
                     raise
         return native.submit(
-            self._server._handle, self.name, self.version, inputs, outputs, request_id,
-            priority, timeout_us, parameters, loop, target, stream, sequence, release_gil,
+            server._handle, self.name, self.version, inputs, outputs, request_id,
+            priority, timeout_us, parameters, loop, target, stream, sequence, release_gil, None, cancellable,
         )  # fmt: skip
 
     def infer_async(
@@ -354,11 +362,68 @@ class Model:
 
 _live_servers: weakref.WeakSet[Server] = weakref.WeakSet()
 
+# Deleting a Triton server resets process-wide memory managers (the pinned-memory
+# manager above all), under any other server still running in the process. So a
+# stopped server is only deleted once no other one runs: until then it waits here
+# ("retired"), stopped, its models unloaded. A server whose callable was still running
+# at stop()'s deadline also waits until Triton has let go of its last request.
+_lifecycle = threading.Lock()  # ServerNew, ServerDelete and these two collections
+_running: set[int] = set()  # handles of started, not yet stopped servers
+_retired: list[int] = []  # handles of stopped servers not deleted yet
+_reaper: threading.Thread | None = None
+
+
+def _reap() -> bool:
+    """Delete the retired servers when that is safe (call with ``_lifecycle`` held).
+    Returns whether some are left."""
+    if not _retired or _running:
+        return bool(_retired)
+    if any(_native.pending(handle)[1] for handle in _retired):
+        return True  # a callable still runs: Triton holds its requests
+    deadline = time.monotonic() + 0.1  # released requests go 20-40 ms late (see bury())
+    while _native.drain() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    api = _capi.api()
+    for handle in _retired:
+        try:
+            api.ServerDelete(handle)
+        except TritonError as exc:
+            log.warning("deleting Triton: %s", exc)
+        aborted = _native.abort_pending(handle)
+        if aborted:
+            log.warning("%d request(s) were still in flight when the server was deleted", aborted)
+    _retired.clear()
+    return False
+
+
+def _retire(handle: int) -> None:
+    """A stopped server: delete it now or, when unsafe, later (see ``_reap``)."""
+    global _reaper
+    with _lifecycle:
+        _running.discard(handle)
+        _retired.append(handle)
+        if not _reap() or _running or (_reaper is not None and _reaper.is_alive()):
+            return
+        _reaper = threading.Thread(target=_reap_later, name="embedtriton-reaper", daemon=True)
+        _reaper.start()
+
+
+def _reap_later() -> None:
+    """Wait for the callables of retired servers to return, then delete the servers."""
+    while True:
+        time.sleep(0.05)
+        with _lifecycle:
+            if _running or not _reap():
+                return
+
 
 @atexit.register
 def _stop_all() -> None:
     for server in list(_live_servers):
         server.stop()
+    with _lifecycle:
+        if _reap():
+            log.warning("a model's callable was still running at exit; its server was not deleted")
 
 
 class Server:
@@ -371,6 +436,10 @@ class Server:
     def __init__(self, config: ServerConfig | None = None) -> None:
         self.config = config or ServerConfig()
         self.config.cache_settings()  # validate early
+        for name, least in (("exit_timeout_secs", 0), ("metrics_interval_ms", 1)):
+            value = getattr(self.config, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise InvalidArgumentError(f"ServerConfig.{name} must be an integer >= {least}, not {value!r}")
         self._lock = threading.RLock()
         self._handle: int | None = None
         self._repository: Path | None = None
@@ -386,6 +455,7 @@ class Server:
             "log_verbose_level": cfg.log_verbose, "log_format": "default",
         }  # fmt: skip
         self._metrics_http: Any = None  # ThreadingHTTPServer while serving /metrics
+        self._stopping = False  # stop() is draining
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -436,6 +506,7 @@ class Server:
                 api.ServerOptionsSetMetrics(options, cfg.metrics)
                 api.ServerOptionsSetGpuMetrics(options, False)
                 api.ServerOptionsSetCpuMetrics(options, cfg.metrics and cfg.cpu_metrics)
+                api.ServerOptionsSetMetricsInterval(options, cfg.metrics_interval_ms)
                 api.ServerOptionsSetPinnedMemoryPoolByteSize(options, cfg.pinned_memory_pool_byte_size)
                 for device, size in cfg.cuda_memory_pool_byte_size.items():
                     require_gpu("ServerConfig.cuda_memory_pool_byte_size", int(device))
@@ -458,13 +529,17 @@ class Server:
                     for name, settings in caches:
                         api.ServerOptionsSetCacheConfig(options, name.encode(), settings.encode())
                 server = _capi.out_handle()
-                api.ServerNew(byref(server), options)
+                with _lifecycle:
+                    _reap()  # servers stopped earlier go before this one starts
+                    api.ServerNew(byref(server), options)
+                    _running.add(server.value)
             except BaseException:
                 self._cleanup_folders()
                 raise
             finally:
                 api.ServerOptionsDelete(options)
             self._handle = server.value
+            self._stopping = False
             native.open_server(self._handle)
             _live_servers.add(self)
             try:
@@ -478,46 +553,74 @@ class Server:
             return self
 
     def stop(self) -> None:
-        """Stop Triton. Requests in flight finish or fail; none is left waiting."""
+        """Stop Triton, draining first: new requests are refused at once (in process and over
+        gRPC, where health checks say NOT_SERVING), requests in flight finish and their replies
+        are delivered. Only what still runs after ``exit_timeout_secs`` (in total) fails, with
+        an :class:`UnavailableError`; nobody is left waiting. A callable still running then
+        finishes on its own thread and its result is dropped."""
         with self._lock:
-            endpoint, self._grpc = self._grpc, None
-            if endpoint is not None:
-                endpoint.stop()
-            httpd, self._metrics_http = self._metrics_http, None
-            if httpd is not None:
-                httpd.shutdown()
-                httpd.server_close()
-            handle, self._handle = self._handle, None
+            handle = self._handle
             if handle is None:
+                self._stop_endpoints(0.0)
                 return
+            self._stopping = True
+            timeout = float(self.config.exit_timeout_secs)
+            deadline = time.monotonic() + timeout
+            _native.close_server(handle)  # in-process submits are refused from here on
+            if self._grpc is not None:
+                self._grpc.service.drain()
+            # 1. What is in flight finishes (a little is kept to deliver the last replies).
+            waited = self._wait_in_flight(handle, deadline - min(0.2, 0.1 * timeout))
+            # 2. What is left fails now; Triton drops what it has not started.
+            failed = _native.fail_pending(handle)
+            _native.cancel_all(handle)
+            if failed:
+                log.warning(
+                    "%d request(s) still running after exit_timeout_secs=%s failed with UnavailableError",
+                    failed, self.config.exit_timeout_secs,
+                )  # fmt: skip
+            # 3. gRPC replies go out; the endpoints close.
+            self._stop_endpoints(max(deadline - time.monotonic(), 0.05))
+            # 4. Models unload, Triton stops, within what is left.
+            self._handle = None
             _live_servers.discard(self)
-            _native.close_server(handle)  # new requests fail from here on
-            _native.cancel_streams(handle)  # a decoupled model may stream for ever
-            api = _capi.api()
             for name in list(self._bound):
-                self._unload(handle, name)
+                self._unload(handle, name, deadline)
             for binding in self._bound.values():
-                if not binding.wait_finalized(self.config.exit_timeout_secs, _native.drain):
-                    log.warning("model '%s' was not finalized in time", binding.name)
-            # Requests and responses of this server are deleted 20-40 ms after Triton let go
-            # of them (see bury() in the native module); they must go before the server.
-            deadline = time.monotonic() + 0.1
-            while _native.drain() and time.monotonic() < deadline:
-                time.sleep(0.005)
+                left = max(deadline - time.monotonic(), 0.0)
+                if not binding.wait_finalized(left, _native.drain) and waited:
+                    log.warning("model '%s' was not finalized within exit_timeout_secs", binding.name)
+            api = _capi.api()
             try:
+                api.ServerSetExitTimeout(handle, max(0, int(deadline - time.monotonic())))
                 api.ServerStop(handle)
             except TritonError as exc:
                 log.warning("stopping Triton: %s", exc)
-            try:
-                api.ServerDelete(handle)
-            except TritonError as exc:
-                log.warning("deleting Triton: %s", exc)
-            aborted = _native.abort_pending(handle)
-            if aborted:
-                log.warning("%d request(s) were still in flight when the server stopped", aborted)
+            _retire(handle)
             for binding in self._bound.values():
                 _bindings.pop(str(self._model_dir(binding.name)), None)
             self._cleanup_folders()
+            self._stopping = False
+
+    def _wait_in_flight(self, handle: int, until: float) -> bool:
+        """Wait until every call of this server completed (or ``until``); whether they did."""
+        while True:
+            waiting, _holding = _native.pending(handle)
+            if not waiting:
+                return True
+            if time.monotonic() >= until:
+                return False
+            _native.drain()
+            time.sleep(0.002)
+
+    def _stop_endpoints(self, grace: float) -> None:
+        endpoint, self._grpc = self._grpc, None
+        if endpoint is not None:
+            endpoint.stop(grace)
+        httpd, self._metrics_http = self._metrics_http, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
 
     def _cleanup_folders(self) -> None:
         if self._backends is not None:
@@ -538,8 +641,8 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        """Whether Triton is running and every loaded model is ready."""
-        return self._flag("ServerIsReady")
+        """Whether Triton is running and every loaded model is ready (False while stopping)."""
+        return not self._stopping and self._flag("ServerIsReady")
 
     def _flag(self, function: str) -> bool:
         handle = self._handle
@@ -840,7 +943,7 @@ class Server:
                 found.append(message)
         return "; ".join(found)
 
-    def _unload(self, handle: int, name: str, timeout: float = 60.0) -> None:
+    def _unload(self, handle: int, name: str, deadline: float | None = None) -> None:
         api = _capi.api()
         # Triton 2.51 crashes when a model is deleted while its instance thread is still
         # finishing its last task (here: the load); give that thread a moment.
@@ -854,9 +957,10 @@ class Server:
             log.warning("unloading model '%s': %s", name, exc)
             return
         # Unload returns before it is done; Triton's stop() waits in 1 s steps for models
-        # still unloading, so wait here until this one is fully gone. Released requests
-        # hold the model until they are deleted: drain them meanwhile.
-        deadline = time.monotonic() + timeout
+        # still unloading, so wait here until this one is fully gone (or the deadline).
+        # Released requests hold the model until they are deleted: drain them meanwhile.
+        if deadline is None:
+            deadline = time.monotonic() + self.config.exit_timeout_secs
         while time.monotonic() < deadline:
             _native.drain()
             message = _capi.out_handle()

@@ -8,6 +8,7 @@ its bytes.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -64,16 +65,39 @@ def encode_bytes(array: np.ndarray) -> bytes:
 
 
 def decode_bytes(buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """Deserialize a BYTES tensor into an object array of ``bytes`` with ``shape``."""
-    view = memoryview(buffer)
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    """Deserialize a BYTES tensor into an object array of ``bytes`` with ``shape``.
+
+    The buffer is checked before anything is allocated: each element needs its 4-byte
+    length, so a shape that declares more elements than the bytes sent could hold is
+    refused at once (a 32-byte request must not allocate for 2**27 elements).
+    """
+    view = memoryview(buffer).cast("B")
+    size = len(view)
+    count = math.prod(shape)
+    if count < 0:
+        raise InvalidArgumentError(f"BYTES tensor: shape {list(shape)} has a negative dimension")
+    if 4 * count > size:
+        raise InvalidArgumentError(
+            f"BYTES tensor of shape {list(shape)} holds {count} elements, each with a 4-byte length, "
+            f"but only {size} bytes were sent"
+        )
     out = np.empty(count, dtype=object)
     offset = 0
     for i in range(count):
+        if offset + 4 > size:
+            raise InvalidArgumentError(f"BYTES tensor: element {i} of {count} has no 4-byte length")
         (length,) = _LENGTH.unpack_from(view, offset)
         offset += 4
+        if length > size - offset:
+            raise InvalidArgumentError(
+                f"BYTES tensor: element {i} declares {length} bytes, but only {size - offset} remain"
+            )
         out[i] = bytes(view[offset : offset + length])
         offset += length
+    if offset != size:
+        raise InvalidArgumentError(
+            f"BYTES tensor of shape {list(shape)}: {size - offset} bytes are left after its {count} elements"
+        )
     return out.reshape(shape)
 
 

@@ -19,8 +19,11 @@
 #include <numpy/arrayobject.h>
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <stdatomic.h>
@@ -112,20 +115,55 @@ static void wait_signal(atomic_int* state)
     syscall(SYS_futex, state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-static void wait_for(atomic_int* state)
+/* Wait (without the GIL) until *state is WAIT_DONE, spinning first when asked.
+ * timeout_ns 0: for ever. Returns whether it is done. */
+static int wait_for(atomic_int* state, int spin, uint64_t timeout_ns)
 {
-  if (atomic_fetch_add(&spinners, 1) == 0 && spin_ns && atomic_load(&in_flight) <= 1) {
+  if (spin && atomic_fetch_add(&spinners, 1) == 0 && spin_ns && atomic_load(&in_flight) <= 1) {
     uint64_t until = now_ns() + spin_ns;
     for (int i = 0; atomic_load_explicit(state, memory_order_acquire) != WAIT_DONE; i++) {
       __builtin_ia32_pause();
       if ((i & 63) == 0 && now_ns() > until) break;
     }
   }
-  atomic_fetch_sub(&spinners, 1);
+  if (spin) atomic_fetch_sub(&spinners, 1);
   int expected = WAIT_PENDING;
-  if (atomic_compare_exchange_strong(state, &expected, WAIT_SLEEPING) || expected == WAIT_SLEEPING)
-    while (atomic_load(state) != WAIT_DONE)
-      syscall(SYS_futex, state, FUTEX_WAIT_PRIVATE, WAIT_SLEEPING, NULL, NULL, 0);
+  if (atomic_compare_exchange_strong(state, &expected, WAIT_SLEEPING) || expected == WAIT_SLEEPING) {
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
+    while (atomic_load(state) != WAIT_DONE) {
+      long r = syscall(SYS_futex, state, FUTEX_WAIT_PRIVATE, WAIT_SLEEPING, timeout_ns ? &ts : NULL,
+                       NULL, 0);
+      if (r != 0 && errno == ETIMEDOUT) return atomic_load(state) == WAIT_DONE;
+    }
+  }
+  return 1;
+}
+
+/* Signal handlers (Ctrl-C) run on the main thread only, between bytecodes:
+ * a main thread waiting for Triton wakes every SIGNAL_CHECK_NS to run them. */
+#define SIGNAL_CHECK_NS 50000000ull
+static unsigned long main_thread_ident = 0;
+
+static int on_main_thread(void)
+{
+  return main_thread_ident != 0 && PyThread_get_thread_ident() == main_thread_ident;
+}
+
+/* With the GIL: wait until *state is WAIT_DONE. Returns -1 with the exception
+ * set when a signal handler raised (KeyboardInterrupt) on the main thread. */
+static int wait_interruptible(atomic_int* state)
+{
+  int main = on_main_thread();
+  PyThreadState* ts = PyEval_SaveThread();
+  int done = wait_for(state, 1, main ? SIGNAL_CHECK_NS : 0);
+  while (!done) {
+    PyEval_RestoreThread(ts);
+    if (PyErr_CheckSignals() < 0) return -1;
+    ts = PyEval_SaveThread();
+    done = wait_for(state, 0, SIGNAL_CHECK_NS);
+  }
+  PyEval_RestoreThread(ts);
+  return 0;
 }
 
 /* ---- dtype mapping ----------------------------------------------------- */
@@ -199,9 +237,11 @@ static uintptr_t dtype_size(TRITONSERVER_DataType t)
 
 /* ---- errors ------------------------------------------------------------ */
 
-/* Raise the TritonError subclass for code with message; returns NULL. */
+/* Raise the TritonError subclass for code with message; returns NULL. Replaces
+ * any exception already set (calling into Python with one set is an error). */
 static PyObject* raise_triton(int code, const char* message)
 {
+  PyErr_Clear();
   PyObject* exc = PyObject_CallFunction(g_make_error, "is", code, message);
   if (exc != NULL) {
     PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
@@ -335,9 +375,14 @@ typedef struct Queued {
 } Queued;
 
 typedef struct Call {
-  struct Call *prev, *next; /* pending list, for stop() */
+  struct Call *prev, *next; /* the held list (Triton holds the request), for stop() */
   TRITONSERVER_Server* server;
-  atomic_int refs; /* the caller's side + Triton's request (until released) */
+  /* The caller's side, Triton's release of the request and Triton's final
+   * response each hold one: a caller that was let go early (stop's deadline,
+   * Ctrl-C) leaves the call to Triton's late callbacks. */
+  atomic_int refs;
+  atomic_int completed; /* one-shot: the caller was completed (by Triton or by stop) */
+  int finalized;        /* Triton delivered the final response */
   int is_async;
   /* streams (several responses): a queue the consumer pops, under mu */
   int is_stream;
@@ -348,10 +393,10 @@ typedef struct Call {
   int finished;  /* the final flag arrived */
   int closed;    /* the consumer let go */
   TRITONSERVER_InferenceRequest* request; /* for cancellation, while not released */
-  int aborted;
-  int released; /* Triton released the request */
+  int aborted;  /* completed by stop(), not by Triton */
+  int released; /* Triton released the request (under held_lock) */
   atomic_int done; /* sync calls: WAIT_* */
-  TRITONSERVER_InferenceResponse* response;
+  _Atomic(TRITONSERVER_InferenceResponse*) response;
   PyObject* loop;
   PyObject* future;
   Py_ssize_t n_keep;
@@ -375,61 +420,86 @@ static int server_is_open(TRITONSERVER_Server* s)
   return 0;
 }
 
-static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
-static Call pending = {&pending, &pending};
+/* Calls whose request Triton holds (from submit until its release), for
+ * stop(): cancelling, failing and counting what a server still has. */
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static Call held = {&held, &held};
 
-static void pending_add(Call* c)
+static void held_add(Call* c)
 {
-  pthread_mutex_lock(&pending_lock);
-  c->next = pending.next;
-  c->prev = &pending;
-  pending.next->prev = c;
-  pending.next = c;
-  pthread_mutex_unlock(&pending_lock);
+  pthread_mutex_lock(&held_lock);
+  c->next = held.next;
+  c->prev = &held;
+  held.next->prev = c;
+  held.next = c;
+  pthread_mutex_unlock(&held_lock);
 }
 
-static void pending_remove(Call* c)
+/* Triton let go of the request (or never took it): it leaves the list. */
+static void held_release(Call* c)
 {
-  pthread_mutex_lock(&pending_lock);
+  pthread_mutex_lock(&held_lock);
   if (c->next != NULL) {
     c->prev->next = c->next;
     c->next->prev = c->prev;
     c->next = c->prev = NULL;
   }
-  pthread_mutex_unlock(&pending_lock);
+  c->released = 1;
+  pthread_mutex_unlock(&held_lock);
 }
 
-/* A call is freed when both sides let go of it: the caller (after reading
- * the response and resolving its future) and Triton (when it releases the
- * request, which is when Triton stops reading the input buffers). */
+/* Mark the request cancelled if Triton still holds it (Triton only sets a flag). */
+static void call_cancel(Call* c)
+{
+  pthread_mutex_lock(&held_lock);
+  if (!c->released && c->request != NULL) {
+    TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
+    if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
+  }
+  pthread_mutex_unlock(&held_lock);
+}
+
+/* A call is freed when all three let go of it: the caller (after reading the
+ * response and resolving its future), Triton's release of the request (when
+ * Triton stops reading the input buffers) and Triton's final response. */
 static void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
 static int take_closed(void* request);
 static void trace_deliver(struct TraceRecord* r);
 
-/* Streams are unreferenced with the GIL held (they own loop and future). */
+/* With the GIL. */
+static void call_destroy(Call* c)
+{
+  TRITONSERVER_InferenceResponse* late = atomic_exchange(&c->response, NULL);
+  if (late != NULL) bury(NULL, late); /* arrived after its caller was let go */
+  if (c->is_stream) {
+    for (Queued* q = c->head; q != NULL;) {
+      Queued* next = q->next;
+      bury(NULL, q->response);
+      free(q);
+      q = next;
+    }
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+  }
+  Py_CLEAR(c->loop);
+  Py_CLEAR(c->future);
+  if (c->keep != c->keep_inline) free(c->keep);
+  for (Py_ssize_t i = 0; i < c->n_presets; i++) {
+    PyBuffer_Release(&c->presets[i].view);
+    Py_DECREF(c->presets[i].target);
+    Py_DECREF(c->presets[i].owner);
+  }
+  free(c->presets);
+  free(c);
+}
+
+/* Drop one reference; the last one frees the call (taking the GIL if needed). */
 static void call_unref(Call* c)
 {
   if (atomic_fetch_sub(&c->refs, 1) == 1) {
-    if (c->is_stream) {
-      for (Queued* q = c->head; q != NULL;) {
-        Queued* next = q->next;
-        bury(NULL, q->response);
-        free(q);
-        q = next;
-      }
-      Py_CLEAR(c->loop);
-      Py_CLEAR(c->future);
-      pthread_mutex_destroy(&c->mu);
-      pthread_cond_destroy(&c->cv);
-    }
-    if (c->keep != c->keep_inline) free(c->keep);
-    for (Py_ssize_t i = 0; i < c->n_presets; i++) {
-      PyBuffer_Release(&c->presets[i].view);
-      Py_DECREF(c->presets[i].target);
-      Py_DECREF(c->presets[i].owner);
-    }
-    free(c->presets);
-    free(c);
+    int entered = gil_enter();
+    call_destroy(c);
+    gil_leave(entered);
   }
 }
 
@@ -451,8 +521,8 @@ static void call_drop_inputs(Call* c)
 /* With the GIL: the caller's side is done with the call. */
 static void call_free(Call* c)
 {
-  if (c->response != NULL) bury(NULL, c->response); /* see bury() */
-  c->response = NULL;
+  TRITONSERVER_InferenceResponse* response = atomic_exchange(&c->response, NULL);
+  if (response != NULL) bury(NULL, response); /* see bury() */
   Py_CLEAR(c->loop);
   Py_CLEAR(c->future);
   call_unref(c);
@@ -526,11 +596,19 @@ static void flush_wakes(void)
   t_wake_len = 0;
 }
 
+/* Claim the call's completion (once: Triton's final response, stop() or the
+ * caller giving up race for it). Returns whether this caller won. */
+static int call_claim(Call* c)
+{
+  if (atomic_exchange(&c->completed, 1)) return 0;
+  atomic_fetch_sub(&in_flight, 1);
+  return 1;
+}
+
 /* The final response arrived: wake the caller or resolve its future. */
 static void call_complete(Call* c)
 {
-  pending_remove(c);
-  atomic_fetch_sub(&in_flight, 1);
+  if (!call_claim(c)) return; /* stop() or the caller got there first */
   if (!c->is_async) {
     if (t_in_execute && t_wake_cap > t_wake_len)
       t_wake[t_wake_len++] = &c->done;
@@ -558,17 +636,17 @@ static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, u
 {
   Queued* q = response ? malloc(sizeof(Queued)) : NULL;
   if (q) q->next = NULL, q->response = response;
+  int final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
   pthread_mutex_lock(&c->mu);
-  int notify = !c->closed && c->loop != NULL;
-  if (q && !c->closed) {
+  int notify = !c->closed && !c->aborted && c->loop != NULL;
+  if (q && !c->closed && !c->aborted) {
     if (c->tail) c->tail->next = q; else c->head = q;
     c->tail = q;
     q = NULL;
   }
-  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) {
-    c->finished = 1;
-    pending_remove(c);
-    atomic_fetch_sub(&in_flight, 1);
+  if (final) {
+    c->finalized = 1;
+    if (call_claim(c)) c->finished = 1;
   }
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->mu);
@@ -577,6 +655,7 @@ static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, u
     free(q);
   }
   if (notify) wake_stream_consumer(c);
+  if (final) call_unref(c); /* Triton's final response */
 }
 
 static void response_cb(TRITONSERVER_InferenceResponse* response,
@@ -588,12 +667,16 @@ static void response_cb(TRITONSERVER_InferenceResponse* response,
     return;
   }
   if (response != NULL) {
-    if (c->response == NULL)
-      c->response = response;
-    else /* a non-decoupled request gets one response */
-      bury(NULL, response);
+    TRITONSERVER_InferenceResponse* old =
+        atomic_load(&c->completed) ? response /* its caller was let go */
+                                   : atomic_exchange(&c->response, response);
+    if (old != NULL) bury(NULL, old); /* (a non-decoupled request gets one response) */
   }
-  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) call_complete(c);
+  if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) {
+    c->finalized = 1;
+    call_complete(c);
+    call_unref(c); /* Triton's final response */
+  }
 }
 
 /* Requests and responses hold references to their model, and the last one
@@ -663,11 +746,9 @@ static void release_cb(TRITONSERVER_InferenceRequest* request,
 {
   if (flags & RELEASE_RESCHEDULE) return; /* Triton keeps it for another iteration */
   Call* c = (Call*)userp;
+  held_release(c);
   if (c->is_stream && c->closed) take_closed(request); /* forget it: the pointer may be reused */
   bury(request, NULL);
-  if (c->is_stream) pthread_mutex_lock(&c->mu);
-  c->released = 1;
-  if (c->is_stream) pthread_mutex_unlock(&c->mu);
   int entered = gil_enter();
   if (c->is_stream && g_request_done != NULL) {
     /* an iterative model's generator for it, if any, is done too (Triton may have
@@ -693,10 +774,11 @@ static PyObject* call_collect(Call* c)
   if (c->aborted)
     return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
                         "the server stopped before this request completed");
-  if (c->response == NULL)
+  TRITONSERVER_InferenceResponse* response = atomic_load(&c->response);
+  if (response == NULL)
     return raise_triton(TRITONSERVER_ERROR_INTERNAL,
                         "Triton completed the request without a response");
-  return collect_response(c->response, c);
+  return collect_response(response, c);
 }
 
 /* With the GIL: a response's outputs as a dict, or NULL + its error raised. */
@@ -981,11 +1063,16 @@ static PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key,
   } else {
     arr = (PyArrayObject*)PyArray_FromAny(
         value, NULL, 0, 0, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_NOTSWAPPED, NULL);
-    if (arr == NULL) {
-      PyErr_Clear();
-      PyErr_Format(PyExc_TypeError, "cannot turn input '%s' (%s) into an array", name,
-                   Py_TYPE(value)->tp_name);
-      return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "");
+    if (arr == NULL) { /* e.g. a ragged list */
+      PyObject *t, *v, *tb;
+      PyErr_Fetch(&t, &v, &tb);
+      PyObject* why = v ? PyObject_Str(v) : NULL;
+      const char* because = why ? PyUnicode_AsUTF8(why) : NULL;
+      char msg[640];
+      snprintf(msg, sizeof msg, "cannot turn input '%s' (%s) into an array: %s", name,
+               Py_TYPE(value)->tp_name, because ? because : "?");
+      Py_XDECREF(why), Py_XDECREF(t), Py_XDECREF(v), Py_XDECREF(tb);
+      return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
     }
   }
   TRITONSERVER_DataType dtype = triton_dtype_of(arr);
@@ -999,8 +1086,15 @@ static PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key,
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
   }
   int ndim = PyArray_NDIM(arr);
+  if (ndim > MAX_DIMS) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "input '%s' has %d dimensions; at most %d are supported", name, ndim,
+             MAX_DIMS);
+    Py_DECREF(arr);
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
+  }
   int64_t shape[MAX_DIMS];
-  for (int d = 0; d < ndim && d < MAX_DIMS; d++) shape[d] = PyArray_DIM(arr, d);
+  for (int d = 0; d < ndim; d++) shape[d] = PyArray_DIM(arr, d);
   PyObject* holder = (PyObject*)arr;
   const void* data = PyArray_DATA(arr);
   Py_ssize_t nbytes = PyArray_NBYTES(arr);
@@ -1062,7 +1156,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future,
                                int stream, PyObject* sequence, int release_gil,
-                               PyObject* trace_sink);
+                               PyObject* trace_sink, int cancellable);
 
 /* ---- traces: Triton's timestamps for one request, handed to Python ------- */
 
@@ -1144,19 +1238,40 @@ static PyObject* as_dict(PyObject* obj, const char* message)
   return d;
 }
 
+/* The handle of a cancellable asynchronous call holds a reference to it. */
+static void request_handle_free(PyObject* capsule)
+{
+  Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.request");
+  if (c != NULL) call_unref(c);
+}
+
+/* cancel(handle): the client went away; Triton drops the request if it has not
+ * run it yet (the caller still gets its completion, CANCELLED or the result). */
+static PyObject* py_cancel(PyObject* self, PyObject* capsule)
+{
+  (void)self;
+  Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.request");
+  if (c == NULL) return NULL;
+  call_cancel(c);
+  Py_RETURN_NONE;
+}
+
 /* submit(server, model, version, inputs, outputs, request_id, priority,
- *        timeout_us, parameters, loop, future)
+ *        timeout_us, parameters, loop, future[, stream, sequence, release_gil,
+ *        trace_sink, cancellable])
  * Without a loop: blocks (GIL released) and returns the outputs dict.
- * With a loop: returns None; the future is resolved on the loop. */
+ * With a loop: returns None (a handle for cancel() when cancellable); the
+ * future is resolved on the loop. */
 static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs < 11 || nargs > 15) {
-    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 15 arguments");
+  if (nargs < 11 || nargs > 16) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 16 arguments");
     return NULL;
   }
-  PyObject* trace_sink = nargs == 15 ? args[14] : Py_None;
-  int release_gil = nargs == 14 && PyObject_IsTrue(args[13]) == 1;
+  PyObject* trace_sink = nargs >= 15 ? args[14] : Py_None;
+  int cancellable = nargs >= 16 && PyObject_IsTrue(args[15]) == 1;
+  int release_gil = nargs >= 14 && PyObject_IsTrue(args[13]) == 1;
   int stream = nargs >= 12 && PyObject_IsTrue(args[11]) == 1;
   PyObject* sequence = nargs >= 13 ? args[12] : Py_None; /* (correlation id, flags) */
   if (!api_loaded || args[0] == Py_None)
@@ -1210,7 +1325,7 @@ static PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nar
     } else {
       result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
                              timeout_us, parameters, loop, args[10], stream, sequence,
-                             release_gil, trace_sink);
+                             release_gil, trace_sink, cancellable);
     }
   }
   Py_XDECREF(inputs);
@@ -1224,7 +1339,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
                                unsigned long long priority, unsigned long long timeout_us,
                                PyObject* parameters, PyObject* loop, PyObject* future,
                                int stream, PyObject* sequence, int release_gil,
-                               PyObject* trace_sink)
+                               PyObject* trace_sink, int cancellable)
 {
   TRITONSERVER_InferenceRequest* req = NULL;
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
@@ -1245,10 +1360,10 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
   c->is_stream = stream;
   c->is_async = !stream && loop != Py_None;
+  c->request = req;
   if (stream) {
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    c->request = req;
   }
 
   Py_ssize_t pos = 0;
@@ -1293,8 +1408,12 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   } else if (outputs != Py_None) {
     Py_ssize_t n = PyTuple_GET_SIZE(outputs);
     for (Py_ssize_t i = 0; i < n; i++) {
-      const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(outputs, i));
-      if (name == NULL) goto fail;
+      PyObject* item = PyTuple_GET_ITEM(outputs, i);
+      const char* name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
+      if (name == NULL) {
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "outputs must be a sequence of output names (str)");
+        goto fail;
+      }
       if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
     }
   }
@@ -1344,7 +1463,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
            req, allocator, c->n_presets ? c : NULL, response_cb, c)))
     goto fail_err;
 
-  atomic_fetch_add(&c->refs, 1); /* Triton's, dropped in release_cb */
+  atomic_fetch_add(&c->refs, 2); /* Triton's: dropped at its release and at its final response */
   if (c->is_async || (stream && loop != Py_None)) {
     c->loop = Py_NewRef(loop);
     c->future = Py_NewRef(future); /* a stream's: the callable that wakes its consumer */
@@ -1353,12 +1472,12 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   }
   TRITONSERVER_InferenceTrace* trace = NULL;
   if (trace_sink != Py_None && (trace = trace_new(trace_sink, &c->trace)) == NULL) {
-    atomic_fetch_sub(&c->refs, 1);
+    atomic_fetch_sub(&c->refs, 2);
     Py_CLEAR(c->loop);
     Py_CLEAR(c->future);
     goto fail;
   }
-  pending_add(c);
+  held_add(c);
   atomic_fetch_add(&in_flight, 1);
   /* The GIL stays held: handing over a request does not block, and releasing
    * the GIL here would let the model thread in and make this caller queue
@@ -1377,21 +1496,35 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
       trace_deliver(c->trace);
       c->trace = NULL;
     }
-    pending_remove(c);
-    atomic_fetch_sub(&in_flight, 1);
+    held_release(c);
+    call_claim(c);
     api.TRITONSERVER_InferenceRequestDelete(req);
     raise_from(err, 1);
     call_drop_inputs(c);
-    call_unref(c); /* Triton's */
+    atomic_fetch_sub(&c->refs, 2); /* Triton's: never taken (the caller's remains) */
     call_free(c);
     return NULL;
   }
-  if (c->is_async) Py_RETURN_NONE;
+  if (c->is_async) {
+    if (!cancellable) Py_RETURN_NONE;
+    atomic_fetch_add(&c->refs, 1); /* the handle's */
+    PyObject* handle = PyCapsule_New(c, "embedtriton.request", request_handle_free);
+    if (handle == NULL) call_unref(c);
+    return handle;
+  }
   if (stream) return PyCapsule_New(c, "embedtriton.stream", NULL);
 
-  Py_BEGIN_ALLOW_THREADS
-  wait_for(&c->done);
-  Py_END_ALLOW_THREADS
+  if (wait_interruptible(&c->done) < 0) { /* Ctrl-C: cancel the request and leave */
+    if (call_claim(c)) {
+      call_cancel(c);
+    } else { /* it completed meanwhile: its wake-up may still be on its way */
+      Py_BEGIN_ALLOW_THREADS
+      wait_for(&c->done, 0, 0);
+      Py_END_ALLOW_THREADS
+    }
+    call_free(c);
+    return NULL;
+  }
   PyObject* result = call_collect(c);
   call_free(c);
   return result;
@@ -1420,9 +1553,26 @@ static PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_
   int block = PyObject_IsTrue(args[1]) == 1;
   Queued* q = NULL;
   int finished = 0;
+  int main = block && on_main_thread();
   PyThreadState* saved = block ? PyEval_SaveThread() : NULL; /* never wait for the GIL holding mu */
   pthread_mutex_lock(&c->mu);
-  while (block && c->head == NULL && !c->finished) pthread_cond_wait(&c->cv, &c->mu);
+  while (block && c->head == NULL && !c->finished) {
+    if (!main) {
+      pthread_cond_wait(&c->cv, &c->mu);
+      continue;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += (long)SIGNAL_CHECK_NS;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT) { /* run signal handlers */
+      pthread_mutex_unlock(&c->mu);
+      PyEval_RestoreThread(saved);
+      if (PyErr_CheckSignals() < 0) return NULL; /* Ctrl-C: the iterator closes the stream */
+      saved = PyEval_SaveThread();
+      pthread_mutex_lock(&c->mu);
+    }
+  }
   q = c->head;
   if (q != NULL) {
     c->head = q->next;
@@ -1488,82 +1638,143 @@ static PyObject* py_stream_close(PyObject* self, PyObject* capsule)
   if (PyCapsule_SetName(capsule, "embedtriton.closed-stream") < 0) return NULL;
   pthread_mutex_lock(&c->mu);
   c->closed = 1;
-  int cancel = !c->finished && !c->released && !c->aborted;
+  int cancel = !c->finished;
   pthread_mutex_unlock(&c->mu);
-  /* a request released meanwhile is buried, not deleted: still valid here */
   if (cancel) {
-    mark_closed(c->request);
-    TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
-    if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
+    pthread_mutex_lock(&held_lock);
+    if (!c->released) { /* released requests are buried, not deleted: the pointer is Triton's still */
+      mark_closed(c->request);
+      TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
+      if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
+    }
+    pthread_mutex_unlock(&held_lock);
   }
   call_unref(c);
   Py_RETURN_NONE;
 }
 
-/* cancel_streams(server): stop() cancels the streams still running on a
- * server (a decoupled model may stream for ever); their consumers get an
- * UnavailableError after what already arrived. Returns the count. */
-static PyObject* py_cancel_streams(PyObject* self, PyObject* arg)
+/* With the GIL: complete a call that Triton did not complete (claimed by the
+ * caller of this): its caller gets an UnavailableError. */
+static void call_abort(Call* c)
+{
+  c->aborted = 1;
+  if (c->is_stream) {
+    pthread_mutex_lock(&c->mu);
+    c->finished = 1;
+    pthread_cond_signal(&c->cv);
+    int notify = !c->closed && c->loop != NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (notify) wake_stream_consumer(c);
+  } else if (c->is_async) {
+    schedule_async(c);
+  } else {
+    wait_signal(&c->done);
+  }
+}
+
+static TRITONSERVER_Server* server_arg(PyObject* arg)
+{
+  return (TRITONSERVER_Server*)PyLong_AsVoidPtr(arg);
+}
+
+/* pending(server) -> (calls not completed, requests Triton still holds). */
+static PyObject* py_pending(PyObject* self, PyObject* arg)
 {
   (void)self;
-  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(arg);
+  TRITONSERVER_Server* server = server_arg(arg);
+  if (PyErr_Occurred()) return NULL;
+  long waiting = 0, holding = 0;
+  pthread_mutex_lock(&held_lock);
+  for (Call* c = held.next; c != &held; c = c->next)
+    if (c->server == server) {
+      holding++;
+      waiting += !atomic_load(&c->completed);
+    }
+  pthread_mutex_unlock(&held_lock);
+  return Py_BuildValue("(ll)", waiting, holding);
+}
+
+/* cancel_all(server): mark every request Triton holds for the server
+ * cancelled (queued ones are dropped by Triton's scheduler; a running
+ * decoupled model stops at its next step). Returns the count. */
+static PyObject* py_cancel_all(PyObject* self, PyObject* arg)
+{
+  (void)self;
+  TRITONSERVER_Server* server = server_arg(arg);
   if (PyErr_Occurred()) return NULL;
   long n = 0;
-  pthread_mutex_lock(&pending_lock);
-  for (Call* c = pending.next; c != &pending; c = c->next) {
-    if (c->server != server || !c->is_stream) continue;
-    pthread_mutex_lock(&c->mu);
-    if (!c->finished && !c->released) {
-      c->aborted = 1;
+  pthread_mutex_lock(&held_lock);
+  for (Call* c = held.next; c != &held; c = c->next)
+    if (c->server == server && c->request != NULL) {
+      if (c->is_stream) mark_closed(c->request);
       TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
-      if (err) api.TRITONSERVER_ErrorDelete(err);
+      if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
       n++;
     }
-    pthread_mutex_unlock(&c->mu);
-  }
-  pthread_mutex_unlock(&pending_lock);
+  pthread_mutex_unlock(&held_lock);
   return PyLong_FromLong(n);
 }
 
-/* abort_pending(server): after the server is deleted, fail every call that
- * Triton never completed, so no caller waits forever. Returns the count. */
+/* Claim (under held_lock) up to cap calls of server that are not completed. */
+static size_t claim_waiting(TRITONSERVER_Server* server, Call** out, size_t cap)
+{
+  size_t n = 0;
+  pthread_mutex_lock(&held_lock);
+  for (Call* c = held.next; c != &held && n < cap; c = c->next)
+    if (c->server == server && call_claim(c)) out[n++] = c;
+  pthread_mutex_unlock(&held_lock);
+  return n;
+}
+
+/* fail_pending(server): stop()'s deadline passed: every call of the server
+ * that Triton has not completed fails now (UnavailableError); what Triton
+ * still runs finishes on its own and its late responses are dropped. A
+ * claimed call stays alive: its caller's reference is only dropped once it
+ * has been told. Returns the count. */
+static PyObject* py_fail_pending(PyObject* self, PyObject* arg)
+{
+  (void)self;
+  TRITONSERVER_Server* server = server_arg(arg);
+  if (PyErr_Occurred()) return NULL;
+  long n = 0;
+  Call* batch[256];
+  size_t got;
+  while ((got = claim_waiting(server, batch, 256)) > 0) {
+    for (size_t i = 0; i < got; i++) call_abort(batch[i]);
+    n += (long)got;
+  }
+  return PyLong_FromLong(n);
+}
+
+/* abort_pending(server): after the server is deleted, no callback will come:
+ * fail what is left and drop Triton's references. Returns the count. */
 static PyObject* py_abort_pending(PyObject* self, PyObject* arg)
 {
   (void)self;
-  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(arg);
+  TRITONSERVER_Server* server = server_arg(arg);
   if (PyErr_Occurred()) return NULL;
   long n = 0;
   for (;;) {
     Call* found = NULL;
-    pthread_mutex_lock(&pending_lock);
-    for (Call* c = pending.next; c != &pending; c = c->next)
+    pthread_mutex_lock(&held_lock);
+    for (Call* c = held.next; c != &held; c = c->next)
       if (c->server == server) {
         found = c;
         break;
       }
-    pthread_mutex_unlock(&pending_lock);
+    pthread_mutex_unlock(&held_lock);
     if (found == NULL) break;
-    pending_remove(found);
-    atomic_fetch_sub(&in_flight, 1);
-    found->aborted = 1;
     n++;
-    if (!found->released) { /* Triton is gone: its reference goes too */
-      found->released = 1;
-      call_drop_inputs(found);
-      call_unref(found);
+    held_release(found);
+    atomic_fetch_add(&found->refs, 1); /* keep it while we tell its caller */
+    if (call_claim(found)) call_abort(found);
+    call_drop_inputs(found);
+    if (!found->finalized) {
+      found->finalized = 1;
+      call_unref(found); /* Triton's final response */
     }
-    if (found->is_stream) {
-      pthread_mutex_lock(&found->mu);
-      found->finished = 1;
-      pthread_cond_signal(&found->cv);
-      int notify = !found->closed && found->loop != NULL;
-      pthread_mutex_unlock(&found->mu);
-      if (notify) wake_stream_consumer(found);
-    } else if (found->is_async) {
-      schedule_async(found);
-    } else {
-      wait_signal(&found->done);
-    }
+    call_unref(found); /* Triton's release */
+    call_unref(found);
   }
   return PyLong_FromLong(n);
 }
@@ -1626,7 +1837,10 @@ static int read_output_specs(ModelState* ms)
     o->name_obj = Py_NewRef(name);
     o->dtype = (TRITONSERVER_DataType)dtype;
     o->ndims = (int)PyTuple_Size(dims);
-    if (o->ndims < 0 || o->ndims > MAX_DIMS) goto fail;
+    if (o->ndims < 0 || o->ndims + (ms->max_batch_size > 0) > MAX_DIMS) {
+      PyErr_Format(PyExc_ValueError, "output '%U' has too many dimensions (at most %d)", name, MAX_DIMS);
+      goto fail;
+    }
     for (int d = 0; d < o->ndims; d++) o->dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(dims, d));
   }
   Py_DECREF(seq);
@@ -1880,7 +2094,9 @@ fail:
 static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* value,
                                    uint64_t batch_size, size_t index, TRITONSERVER_Error** err)
 {
-  PyArrayObject* arr = (PyArrayObject*)PyArray_FROM_OF(value, NPY_ARRAY_CARRAY_RO);
+  /* NOTSWAPPED: a non-native byte order (x.astype(">i8")) is converted, never reinterpreted */
+  PyArrayObject* arr =
+      (PyArrayObject*)PyArray_FROM_OF(value, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_NOTSWAPPED);
   if (arr == NULL) {
     *err = error_from_python("output is not an array");
     return NULL;
@@ -1898,7 +2114,7 @@ static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* valu
   }
   int batched = ms->max_batch_size > 0;
   int ndim = PyArray_NDIM(arr);
-  int ok = ndim == o->ndims + batched;
+  int ok = ndim == o->ndims + batched && ndim <= MAX_DIMS;
   if (ok && batched) ok = (uint64_t)PyArray_DIM(arr, 0) == batch_size;
   for (int d = 0; ok && d < o->ndims; d++)
     ok = o->dims[d] < 0 || o->dims[d] == PyArray_DIM(arr, d + batched);
@@ -2353,6 +2569,10 @@ static void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
   gil_leave(entered);
 }
 
+static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                                         TRITONBACKEND_Request** requests, const uint32_t count,
+                                         uint64_t exec_start);
+
 EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
     const uint32_t count)
@@ -2372,6 +2592,45 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
     return NULL;
   }
 
+  /* Requests whose caller went away while they waited (a gRPC client that
+   * disconnected, a Ctrl-C) are answered CANCELLED without running the callable.
+   * (Sequence requests always run: the callable keeps each sequence's state.) */
+  TRITONBACKEND_Request* live_inline[64];
+  TRITONBACKEND_Request** live = count <= 64 ? live_inline : malloc(count * sizeof(*live));
+  if (live == NULL) return new_error(TRITONSERVER_ERROR_UNAVAILABLE, "out of memory");
+  uint32_t n_live = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    bool cancelled = false;
+    TRITONSERVER_Error* e = ms->sequence ? NULL : api.TRITONBACKEND_RequestIsCancelled(requests[i], &cancelled);
+    if (e != NULL) api.TRITONSERVER_ErrorDelete(e), cancelled = false;
+    if (!cancelled) {
+      live[n_live++] = requests[i];
+      continue;
+    }
+    TRITONBACKEND_Response* response = NULL;
+    TRITONSERVER_Error* why = new_error(TRITONSERVER_ERROR_CANCELLED,
+                                        "the request was cancelled before model '%s' ran it", ms->name);
+    if (api.TRITONBACKEND_ResponseNew(&response, requests[i]) == NULL) send_final(response, why);
+    api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], false, exec_start, exec_start,
+                                                    exec_start, now_ns());
+    api.TRITONSERVER_ErrorDelete(why);
+    api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
+  }
+  if (n_live == 0) {
+    if (live != live_inline) free(live);
+    flush_wakes();
+    return NULL;
+  }
+  TRITONSERVER_Error* status = execute_batch(ms, instance, live, n_live, exec_start);
+  if (live != live_inline) free(live);
+  return status;
+}
+
+/* Run one batch of live requests through the callable and answer each. */
+static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                                         TRITONBACKEND_Request** requests, const uint32_t count,
+                                         uint64_t exec_start)
+{
   TRITONSERVER_Error** errors = calloc(count, sizeof(TRITONSERVER_Error*));
   uint64_t* sizes = calloc(count, sizeof(uint64_t));
   PyObject** views = NULL;
@@ -2484,6 +2743,194 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   return NULL;
 }
 
+/* ---- shared-memory mappings, guarded against SIGBUS ----------------------
+ * A client's shared-memory region is mapped here and handed to Triton and the
+ * model as it is (no copy). The client owns the file and may shrink it: a
+ * read or write past its new end raises SIGBUS, which would kill the process.
+ * Our SIGBUS handler recognises faults inside a registered mapping, puts
+ * private zero pages over the rest of that mapping (so the access completes)
+ * and marks it truncated; the frontend then fails the requests that used it.
+ * Faults anywhere else go to the previous handler (faulthandler, default). */
+#define MAX_MAPPINGS 1024
+typedef struct {
+  _Atomic(uintptr_t) start, end; /* [start, end) of a live mapping; start 0: free slot */
+  atomic_int truncated;
+} FaultSlot;
+static FaultSlot fault_slots[MAX_MAPPINGS];
+static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER; /* slot writers only */
+static struct sigaction previous_sigbus;
+static uintptr_t page_size = 4096;
+
+static void on_sigbus(int sig, siginfo_t* info, void* context)
+{
+  uintptr_t at = (uintptr_t)info->si_addr;
+  if (info->si_code > 0) { /* raised by the kernel for a faulting access */
+    for (int i = 0; i < MAX_MAPPINGS; i++) {
+      uintptr_t start = atomic_load(&fault_slots[i].start);
+      uintptr_t end = atomic_load(&fault_slots[i].end);
+      if (start == 0 || at < start || at >= end) continue;
+      uintptr_t page = at & ~(page_size - 1);
+      if (mmap((void*)page, end - page, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+        atomic_store(&fault_slots[i].truncated, 1);
+        return; /* the access is retried on the zero pages */
+      }
+    }
+  }
+  if ((previous_sigbus.sa_flags & SA_SIGINFO) && previous_sigbus.sa_sigaction != NULL) {
+    previous_sigbus.sa_sigaction(sig, info, context);
+  } else if (!(previous_sigbus.sa_flags & SA_SIGINFO) && previous_sigbus.sa_handler != SIG_DFL &&
+             previous_sigbus.sa_handler != SIG_IGN) {
+    previous_sigbus.sa_handler(sig);
+  } else { /* the default: the access faults again and the process ends as it would have */
+    signal(SIGBUS, SIG_DFL);
+    if (info->si_code <= 0) raise(SIGBUS);
+  }
+}
+
+/* Put our handler first (again, if someone replaced it since). */
+static int install_sigbus(void)
+{
+  struct sigaction current;
+  if (sigaction(SIGBUS, NULL, &current) != 0) return -1;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus) return 0;
+  struct sigaction ours;
+  memset(&ours, 0, sizeof ours);
+  ours.sa_sigaction = on_sigbus;
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+  sigemptyset(&ours.sa_mask);
+  previous_sigbus = current;
+  return sigaction(SIGBUS, &ours, NULL);
+}
+
+typedef struct {
+  PyObject_HEAD
+  char* base;
+  size_t length;
+  int slot;
+  int closed;
+  Py_ssize_t exports;
+} MappingObject;
+
+static void mapping_unmap(MappingObject* m)
+{
+  if (m->base == NULL) return;
+  pthread_mutex_lock(&fault_lock);
+  atomic_store(&fault_slots[m->slot].start, 0); /* before munmap: the range may be reused */
+  atomic_store(&fault_slots[m->slot].end, 0);
+  pthread_mutex_unlock(&fault_lock);
+  munmap(m->base, m->length);
+  m->base = NULL;
+}
+
+static int mapping_getbuffer(MappingObject* m, Py_buffer* view, int flags)
+{
+  if (m->closed || m->base == NULL) {
+    PyErr_SetString(PyExc_BufferError, "the shared-memory mapping is closed");
+    return -1;
+  }
+  if (PyBuffer_FillInfo(view, (PyObject*)m, m->base, (Py_ssize_t)m->length, 0, flags) < 0) return -1;
+  m->exports++;
+  return 0;
+}
+
+static void mapping_releasebuffer(MappingObject* m, Py_buffer* view)
+{
+  (void)view;
+  if (--m->exports == 0 && m->closed) mapping_unmap(m);
+}
+
+static PyObject* mapping_close(MappingObject* m, PyObject* unused)
+{
+  (void)unused;
+  m->closed = 1;
+  if (m->exports == 0) mapping_unmap(m); /* else when the last view goes */
+  Py_RETURN_NONE;
+}
+
+static PyObject* mapping_truncated(MappingObject* m, void* closure)
+{
+  (void)closure;
+  return PyBool_FromLong(m->base != NULL && atomic_load(&fault_slots[m->slot].truncated));
+}
+
+static PyObject* mapping_size(MappingObject* m, void* closure)
+{
+  (void)closure;
+  return PyLong_FromSize_t(m->length);
+}
+
+static void mapping_dealloc(MappingObject* m)
+{
+  mapping_unmap(m);
+  Py_TYPE(m)->tp_free((PyObject*)m);
+}
+
+static PyBufferProcs mapping_as_buffer = {(getbufferproc)mapping_getbuffer,
+                                          (releasebufferproc)mapping_releasebuffer};
+static PyMethodDef mapping_methods[] = {
+    {"close", (PyCFunction)mapping_close, METH_NOARGS,
+     "Unmap (now, or when the last view of it is released)."},
+    {NULL, NULL, 0, NULL}};
+static PyGetSetDef mapping_getset[] = {
+    {"truncated", (getter)mapping_truncated, NULL,
+     "whether an access found the file shrunk under the mapping (its data is lost)", NULL},
+    {"size", (getter)mapping_size, NULL, "mapped bytes", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+static PyTypeObject MappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton._native.Mapping",
+    .tp_basicsize = sizeof(MappingObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A shared-memory file mapped read-write, guarded against SIGBUS (see map_shared).",
+    .tp_dealloc = (destructor)mapping_dealloc,
+    .tp_as_buffer = &mapping_as_buffer,
+    .tp_methods = mapping_methods,
+    .tp_getset = mapping_getset,
+};
+
+/* map_shared(fd, length) -> Mapping: the first length bytes of the file. */
+static PyObject* py_map_shared(PyObject* self, PyObject* args)
+{
+  (void)self;
+  int fd;
+  Py_ssize_t length;
+  if (!PyArg_ParseTuple(args, "in:map_shared", &fd, &length)) return NULL;
+  if (length <= 0) return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "a mapping needs a positive size");
+  if (install_sigbus() != 0) return PyErr_SetFromErrno(PyExc_OSError);
+  void* base = mmap(NULL, (size_t)length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
+  size_t mapped = ((size_t)length + page_size - 1) & ~(page_size - 1);
+  int slot = -1;
+  pthread_mutex_lock(&fault_lock);
+  for (int i = 0; i < MAX_MAPPINGS && slot < 0; i++)
+    if (atomic_load(&fault_slots[i].start) == 0) {
+      slot = i;
+      atomic_store(&fault_slots[i].truncated, 0);
+      atomic_store(&fault_slots[i].end, (uintptr_t)base + mapped);
+      atomic_store(&fault_slots[i].start, (uintptr_t)base);
+    }
+  pthread_mutex_unlock(&fault_lock);
+  if (slot < 0) {
+    munmap(base, (size_t)length);
+    char msg[160];
+    snprintf(msg, sizeof msg, "too many shared-memory regions are mapped (%d); unregister some first",
+             MAX_MAPPINGS);
+    return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, msg);
+  }
+  MappingObject* m = PyObject_New(MappingObject, &MappingType);
+  if (m == NULL) {
+    MappingObject tmp = {.base = base, .length = (size_t)length, .slot = slot};
+    mapping_unmap(&tmp);
+    return NULL;
+  }
+  m->base = base;
+  m->length = (size_t)length;
+  m->slot = slot;
+  m->closed = 0;
+  m->exports = 0;
+  return (PyObject*)m;
+}
+
 /* ---- module ------------------------------------------------------------ */
 
 /* load(handle): resolve the Triton functions from the runtime Python loaded. */
@@ -2575,13 +3022,19 @@ static PyMethodDef methods[] = {
     {"stream_next", (PyCFunction)(void (*)(void))py_stream_next, METH_FASTCALL,
      "Next response of a stream."},
     {"stream_close", py_stream_close, METH_O, "Close a stream (cancels it if unfinished)."},
+    {"cancel", py_cancel, METH_O, "Cancel a request by the handle submit() gave (cancellable=True)."},
     {"_complete", py_complete, METH_O, "Finish an asyncio call (event loop side)."},
-    {"cancel_streams", py_cancel_streams, METH_O, "Cancel the streams running on a server."},
+    {"pending", py_pending, METH_O, "(calls not completed, requests Triton holds) of a server."},
+    {"cancel_all", py_cancel_all, METH_O, "Cancel every request Triton holds for a server."},
+    {"fail_pending", py_fail_pending, METH_O,
+     "Fail every call of a server that Triton has not completed (stop's deadline)."},
     {"abort_pending", py_abort_pending, METH_O,
      "Fail every call of a deleted server that Triton never completed."},
     {"open_server", py_open_server, METH_O, "Accept requests for a server."},
     {"close_server", py_close_server, METH_O, "Stop accepting requests for a server."},
     {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
+    {"map_shared", py_map_shared, METH_VARARGS,
+     "map_shared(fd, length) -> Mapping: map a shared-memory file, guarded against SIGBUS."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
@@ -2594,6 +3047,9 @@ PyMODINIT_FUNC PyInit__native(void)
   import_array();
   const char* spin = getenv("EMBEDTRITON_SPIN_US");
   if (spin != NULL) spin_ns = strtoull(spin, NULL, 10) * 1000;
+  long page = sysconf(_SC_PAGESIZE);
+  if (page > 0) page_size = (uintptr_t)page;
+  if (PyType_Ready(&MappingType) < 0) return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
   INTERN(s_call_soon_threadsafe, "call_soon_threadsafe");
@@ -2607,5 +3063,11 @@ PyMODINIT_FUNC PyInit__native(void)
   INTERN(s_set_exception, "set_exception");
   g_complete = PyObject_GetAttrString(m, "_complete");
   if (g_complete == NULL) return NULL;
+  PyObject* threading = PyImport_ImportModule("threading");
+  PyObject* main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+  PyObject* ident = main ? PyObject_GetAttrString(main, "ident") : NULL;
+  main_thread_ident = ident ? PyLong_AsUnsignedLong(ident) : 0;
+  Py_XDECREF(ident), Py_XDECREF(main), Py_XDECREF(threading);
+  if (PyErr_Occurred()) return NULL;
   return m;
 }
