@@ -9,9 +9,10 @@ import threading
 import time
 
 import numpy as np
-from conftest import add_sub_tensors
+import pytest
+from conftest import add_sub, add_sub_tensors
 
-from embedtriton import ModelConfig, Server, TritonError, batch
+from embedtriton import ModelConfig, Server, ServerConfig, TritonError, UnavailableError, batch
 
 ONE = np.ones((1, 1), np.float32)
 
@@ -82,3 +83,182 @@ print(srv.model("Id").infer({"x": np.ones((1, 1), np.float32)})["y"][0, 0])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1.0"
+
+
+# -- stop() drains within exit_timeout_secs ----------------------------------------------
+
+
+def test_stop_honours_exit_timeout_secs():
+    """A 3 s model with 64 requests in flight and exit_timeout_secs=1: stop() takes about a
+    second (not a batch after batch, not 60 s per model); every caller gets an answer."""
+    srv = Server(ServerConfig(exit_timeout_secs=1))
+    inputs, outputs = add_sub_tensors()
+
+    @batch
+    def slow(a, b):
+        time.sleep(3)
+        return {"add": a + b, "sub": a - b}
+
+    srv.bind("Slow", slow, inputs, outputs, ModelConfig(max_batch_size=4))
+    srv.bind("Fast", add_sub, inputs, outputs, ModelConfig(max_batch_size=4))
+    srv.start()
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def caller():
+        try:
+            result: object = srv.model("Slow").infer({"a": ONE, "b": ONE})
+        except TritonError as exc:
+            result = exc
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=caller) for _ in range(64)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    srv.stop()
+    elapsed = time.monotonic() - started
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads), "a caller is still waiting"
+    assert elapsed < 2.0, f"stop() took {elapsed:.1f} s with exit_timeout_secs=1"
+    assert len(outcomes) == 64
+    errors = [o for o in outcomes if isinstance(o, UnavailableError)]
+    assert len(errors) == 64 and "stopped before this request completed" in str(errors[0])
+    # the process goes on: a new server works while the old callable finishes its batch
+    with Server() as again:
+        again.bind("Fast", add_sub, inputs, outputs)
+        assert again.model("Fast").infer({"a": ONE, "b": ONE})["add"][0, 0] == 2
+    time.sleep(3)  # the abandoned batch returns on Triton's thread; nothing crashes
+
+
+def test_stop_lets_requests_in_flight_finish():
+    srv = slow_server(0.5).start()
+    model = srv.model("Slow")
+    results: list[object] = []
+
+    def caller():
+        try:
+            results.append(model.infer({"a": ONE, "b": ONE})["add"][0, 0])
+        except TritonError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    stopper = threading.Thread(target=srv.stop)
+    stopper.start()
+    time.sleep(0.1)
+    assert srv._stopping and not srv.ready
+    with pytest.raises(UnavailableError, match="stopping"):  # new requests are refused at once
+        model.infer({"a": ONE, "b": ONE})
+    stopper.join(timeout=30)
+    for t in threads:
+        t.join(timeout=10)
+    assert results == [2.0] * 4  # all finished normally (two batches of 0.5 s)
+
+
+def test_overlapping_servers_stop_in_any_order(tmp_path):
+    """Deleting a Triton server resets process-wide memory managers: a second server that
+    still runs must keep working (here: a sequence model, whose control tensors Triton
+    allocates through the pinned-memory manager)."""
+    script = """
+import numpy as np
+from embedtriton import ModelConfig, SequenceBatcher, Server, Tensor, batch
+
+def bind_sequence(server):
+    def total(requests):
+        out = []
+        for r in requests:
+            r.state["sum"] = r.state.get("sum", 0) + int(r["x"][0, 0])
+            out.append({"y": np.array([[r.state["sum"]]], np.int64)})
+        return out
+    server.bind("Sum", total, [Tensor(name="x", dtype=np.int64, shape=(1,))],
+                [Tensor(name="y", dtype=np.int64, shape=(1,))],
+                ModelConfig(max_batch_size=2, sequence_batcher=SequenceBatcher()))
+
+a, b = Server(), Server()
+a.start()
+b.start()
+b.stop()  # b goes first while a runs
+bind_sequence(a)
+model = a.model("Sum")
+got = [int(model.infer({"x": np.array([[v]], np.int64)}, correlation_id=7, sequence_start=(i == 0),
+                       sequence_end=(i == 2))["y"][0, 0]) for i, v in enumerate([1, 2, 3])]
+a.stop()
+c = Server()  # servers one after another keep working
+bind_sequence(c)
+with c:
+    again = int(c.model("Sum").infer({"x": np.array([[5]], np.int64)}, correlation_id=1, sequence_start=True,
+                                     sequence_end=True)["y"][0, 0])
+print(got, again)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[1, 3, 6] 5"
+
+
+CTRL_C = """
+import signal, sys, threading, time
+import numpy as np
+from embedtriton import ModelConfig, Server, Tensor, TritonError
+runs = []
+def slow(requests):
+    runs.append(len(requests))
+    time.sleep(1.5)
+    return [{"y": r["x"]} for r in requests]
+srv = Server()
+srv.bind("Slow", slow, [Tensor(name="x", dtype=np.float32, shape=(1,))], [Tensor(name="y", dtype=np.float32, shape=(1,))],
+         ModelConfig(max_batch_size=1))
+srv.start()
+x = np.ones((1, 1), np.float32)
+busy = threading.Thread(target=lambda: srv.model("Slow").infer({"x": x}))
+busy.start()
+time.sleep(0.2)  # the model runs the first request; ours waits in Triton's queue
+threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    srv.model("Slow").%s
+    print("no interrupt")
+except KeyboardInterrupt:
+    print("interrupted after %%.2f s" %% (time.monotonic() - started))
+busy.join()
+time.sleep(0.3)
+print("runs", runs)
+srv.stop()
+"""
+
+
+@pytest.mark.parametrize("call", ["infer({'x': x})", "stream({'x': x}).__next__()"], ids=["infer", "stream"])
+def test_ctrl_c_interrupts_a_blocking_call_and_cancels_it(tmp_path, call):
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C % call], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    assert lines[0].startswith("interrupted after"), done.stdout
+    assert float(lines[0].split()[2]) < 0.6  # promptly, not when the model is done with it
+    assert lines[1] == "runs [1]"  # the interrupted request never ran: it was cancelled
+
+
+def test_process_exits_promptly_after_stop(tmp_path):
+    """Triton's CPU-metrics thread sleeps half the metrics interval and the process waits for
+    it at exit (~1 s with Triton's default)."""
+    script = """
+import time
+import numpy as np
+from embedtriton import Server, Tensor, batch
+srv = Server()
+srv.bind("Id", batch(lambda x: {"y": x}), [Tensor(name="x", dtype=np.float32, shape=(1,))],
+         [Tensor(name="y", dtype=np.float32, shape=(1,))])
+with srv:
+    srv.model("Id").infer({"x": np.ones((1, 1), np.float32)})
+print(repr(time.time()), flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    ended = time.time()
+    assert done.returncode == 0, done.stderr
+    assert ended - float(done.stdout) < 0.5, f"the process took {ended - float(done.stdout):.2f} s to exit"

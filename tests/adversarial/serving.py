@@ -1,0 +1,52 @@
+"""Helpers for the adversarial tests: a server in a child process (``embedtriton serve``),
+so that an attack that would crash it cannot take the test run down with it."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+
+class Served:
+    """An ``embedtriton serve`` child process serving the models of a bind function."""
+
+    def __init__(self, folder: Path, bind_source: str, *options: str) -> None:
+        (folder / "served_models.py").write_text(textwrap.dedent(bind_source))
+        command = [sys.executable, "-m", "embedtriton", "serve", "served_models:bind", "--grpc", "127.0.0.1:0"]
+        self.process = subprocess.Popen(
+            [*command, "--metrics", "", *options], cwd=folder, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.process.stderr.readline()
+            self.lines.append(line)
+            if "ready:" in line or not line:
+                break
+        text = "".join(self.lines)
+        found = re.search(r"gRPC .* \(port (\d+)\)", text)
+        assert found and "ready:" in text, text
+        self.port = int(found.group(1))
+        self.address = f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.process.send_signal(signum)
+
+    def finish(self, timeout: float = 30) -> tuple[int, str]:
+        """Wait for the process to end; (exit code, the rest of its log)."""
+        code = self.process.wait(timeout=timeout)
+        return code, "".join(self.lines) + self.process.stderr.read()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process.stderr.close()

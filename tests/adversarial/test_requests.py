@@ -1,0 +1,203 @@
+"""Hostile ModelInfer requests over gRPC: declared shapes and counts are never trusted, a bad
+request fails alone with INVALID_ARGUMENT, and work whose client left is cancelled."""
+
+from __future__ import annotations
+
+import queue
+import resource
+import threading
+import time
+
+import numpy as np
+import pytest
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+grpc = pytest.importorskip("grpc")
+from tritonclient.grpc import service_pb2  # noqa: E402
+
+from embedtriton import ModelConfig, Server, Tensor, batch  # noqa: E402
+
+F32 = np.float32
+
+
+class Slow:
+    """A model that takes ``delay`` seconds per batch and counts the requests it ran."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.ran = 0
+
+    def __call__(self, requests):
+        self.ran += len(requests)
+        time.sleep(self.delay)
+        return [{"y": r["x"]} for r in requests]
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    slow = Slow(0.1)
+    server = Server()
+    x, y = [Tensor(name="x", dtype=F32, shape=(-1,))], [Tensor(name="y", dtype=F32, shape=(-1,))]
+    server.bind("Double", batch(lambda x: {"y": x * 2}), x, y, ModelConfig(max_batch_size=8))
+    server.bind("Slow", slow, x, y, ModelConfig(max_batch_size=1))
+    server.bind(
+        "Text",
+        batch(lambda t: {"n": np.array([[len(v)] for v in t.reshape(-1)], np.int64)}),
+        [Tensor(name="t", dtype=np.bytes_, shape=(-1,))],
+        [Tensor(name="n", dtype=np.int64, shape=(1,))],
+        ModelConfig(max_batch_size=8),
+    )
+    with server:
+        port = server.serve_grpc("127.0.0.1:0")
+        yield server, f"127.0.0.1:{port}", slow
+
+
+def raw_infer(address: str, request: service_pb2.ModelInferRequest, timeout: float = 10) -> grpc.RpcError:
+    channel = grpc.insecure_channel(address)
+    call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            call(request.SerializeToString(), timeout=timeout)
+        return info.value
+    finally:
+        channel.close()
+
+
+def double_works(address: str) -> None:
+    client = grpcclient.InferenceServerClient(address)
+    x = grpcclient.InferInput("x", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1, 2]], F32))
+    np.testing.assert_array_equal(client.infer("Double", [x]).as_numpy("y"), [[2, 4]])
+
+
+def test_more_dimensions_than_supported(endpoint):
+    _, address, _ = endpoint
+    request = service_pb2.ModelInferRequest(model_name="Double")
+    request.inputs.add(name="x", datatype="FP32", shape=[1] * 33)
+    request.raw_input_contents.append(np.ones(1, F32).tobytes())
+    error = raw_infer(address, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "33 dimensions; at most 32" in error.details()
+    double_works(address)
+
+
+def test_a_declared_shape_is_checked_against_the_bytes_sent(endpoint):
+    """32 bytes declaring 2**27 BYTES elements: refused at once, nothing allocated for them."""
+    _, address, _ = endpoint
+    request = service_pb2.ModelInferRequest(model_name="Text")
+    request.inputs.add(name="t", datatype="BYTES", shape=[1, 2**27])
+    request.raw_input_contents.append(b"\x03\x00\x00\x00abc" * 4 + b"\x00" * 4)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    error = raw_infer(address, request)
+    elapsed = time.monotonic() - started
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "each with a 4-byte length" in error.details()
+    assert elapsed < 0.5, f"{elapsed:.2f} s: it did work proportional to the declared shape"
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100 * 1024  # KiB: no 1 GiB array
+    for shape, payload, message in (
+        ([1, 1], b"\x05\x00\x00\x00abc", "declares 5 bytes"),  # a length beyond the data
+        ([1, 1], b"\x01\x00\x00\x00ab", "left after"),  # bytes after the last element
+        ([1, -1], b"", "negative dimension"),
+        ([1, 1], b"\x01\x00", "has no 4-byte length|each with a 4-byte length"),
+    ):
+        request = service_pb2.ModelInferRequest(model_name="Text")
+        request.inputs.add(name="t", datatype="BYTES", shape=shape)
+        request.raw_input_contents.append(payload)
+        error = raw_infer(address, request)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (shape, error.details())
+        assert any(m in error.details() for m in message.split("|")), error.details()
+    double_works(address)
+
+
+@pytest.mark.parametrize(
+    "shape,contents",
+    [([-2, -2], [1.0, 2.0, 3.0, 4.0]), ([2, -2], [1.0, 2.0, 3.0, 4.0]), ([3], [1.0, 2.0]), ([2**40, 2**40], [1.0])],
+)
+def test_malformed_typed_contents_are_invalid_argument(endpoint, shape, contents):
+    _, address, _ = endpoint
+    request = service_pb2.ModelInferRequest(model_name="Double")
+    request.inputs.add(name="x", datatype="FP32", shape=shape).contents.fp32_contents.extend(contents)
+    error = raw_infer(address, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    double_works(address)
+
+
+def test_a_bad_request_in_a_stream_fails_alone(endpoint):
+    """One malformed request must not end a ModelStreamInfer stream carrying others."""
+    _, address, _ = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        good = grpcclient.InferInput("x", [1, 1], "FP32")
+        good.set_data_from_numpy(np.ones((1, 1), F32))
+        bad = grpcclient.InferInput("x", [-2, -2], "FP32")
+        bad._input.contents.fp32_contents.extend([1.0, 2.0, 3.0, 4.0])
+        client.async_stream_infer("Double", [good], request_id="1")
+        client.async_stream_infer("Double", [bad], request_id="bad")
+        client.async_stream_infer("Double", [good], request_id="2")
+        outcomes = [results.get(timeout=10) for _ in range(3)]
+        errors = [e for _, e in outcomes if e is not None]
+        oks = sorted(r.get_response().id for r, e in outcomes if e is None)
+        assert oks == ["1", "2"] and len(errors) == 1 and "negative dimension" in str(errors[0])
+        client.async_stream_infer("Double", [good], request_id="3")  # the stream is still open
+        result, error = results.get(timeout=10)
+        assert error is None and result.get_response().id == "3"
+    finally:
+        client.stop_stream()
+
+
+def test_cancelled_calls_are_not_run(endpoint):
+    """A client that resets its calls (or disconnects) gets them cancelled in Triton: the
+    queued ones never reach the model."""
+    _, address, slow = endpoint
+    before = slow.ran
+    channel = grpc.insecure_channel(address)
+    call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    request = service_pb2.ModelInferRequest(model_name="Slow")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 1])
+    request.raw_input_contents.append(np.ones(1, F32).tobytes())
+    futures = [call.future(request.SerializeToString(), timeout=30) for _ in range(20)]
+    time.sleep(0.15)  # all are queued behind the first batch (0.1 s each, one at a time)
+    for f in futures:
+        f.cancel()
+    channel.close()
+    time.sleep(0.5)
+    ran = slow.ran - before
+    assert ran <= 4, f"{ran} of 20 cancelled calls still ran"
+    # a closed connection cancels too
+    channels = [grpc.insecure_channel(address) for _ in range(10)]
+    for ch in channels:
+        ch.unary_unary("/inference.GRPCInferenceService/ModelInfer").future(request.SerializeToString(), timeout=30)
+    time.sleep(0.15)
+    before = slow.ran
+    for ch in channels:
+        ch.close()
+    time.sleep(1.2)
+    assert slow.ran - before <= 3, f"{slow.ran - before} calls of closed connections still ran"
+    double_works(address)
+
+
+def test_many_clients_with_bad_requests_do_not_disturb_good_ones(endpoint):
+    _, address, _ = endpoint
+    failures: list[str] = []
+
+    def bad_client():
+        request = service_pb2.ModelInferRequest(model_name="Double")
+        request.inputs.add(name="x", datatype="FP32", shape=[1, 2**30])
+        request.raw_input_contents.append(b"\x00" * 8)
+        for _ in range(20):
+            try:
+                raw_infer(address, request)
+            except Exception as exc:  # noqa: BLE001 - collected for the assertion
+                failures.append(repr(exc))
+
+    threads = [threading.Thread(target=bad_client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        double_works(address)
+    for t in threads:
+        t.join(timeout=30)
+    assert not failures
