@@ -59,6 +59,13 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_continuous.py")
 
 
+@nox.session
+def soak(session: nox.Session) -> None:
+    """256 requests in flight for 30 s in process, then 30 s over gRPC: sent / answered / correct / RSS."""
+    install(session, "tritonclient[grpc]==2.51.0", "grpcio-health-checking<1.63")
+    session.run("python", "benchmarks/soak.py", *session.posargs)
+
+
 @nox.session(name="bench-grpc")
 def bench_grpc(session: nox.Session) -> None:
     """The gRPC endpoint under perf_analyzer (the binary in the tritonclient wheel; needs libb64-0d)."""
