@@ -43,23 +43,35 @@
 /* dynamically loaded libraries                                              */
 
 #define ET_DECL_NG(ret, name, args) ret(*name) args;
-static struct {
+typedef struct {
   ET_NGHTTP2_FUNCS(ET_DECL_NG)
-} ng;
+} NgFuncs;
+static NgFuncs ng;
 static int ng_loaded;
-/* optional (nghttp2 >= 1.57 and distro backports): the rapid-reset (CVE-2023-44487) limit */
+/* optional: the rapid-reset (CVE-2023-44487) limit and the CONTINUATION-flood (CVE-2024-30255) limit, in nghttp2
+ * >= 1.57 / 1.61 and in distribution backports (Debian 12's 1.52.0, the Triton wheel's 1.43.0) */
 static int (*ng_option_new)(nghttp2_option **);
 static void (*ng_option_del)(nghttp2_option *);
 static void (*ng_option_set_stream_reset_rate_limit)(nghttp2_option *, uint64_t burst, uint64_t rate);
+static void (*ng_option_set_max_continuations)(nghttp2_option *, size_t);
 static int (*ng_session_server_new2)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
                                      const nghttp2_option *);
 static nghttp2_option *ng_options;
 
-#define ET_DECL_SSL(ret, name, args) ret(*name) args;
+/* What library() reports about the libnghttp2 in use. */
 static struct {
-  ET_SSL_FUNCS(ET_DECL_SSL)
-} ossl;
-static int ossl_loaded;
+  char path[4096];
+  char version[32];
+  int version_num, reset_rate_limit, max_continuations;
+} ng_info;
+
+/* The library's default (a burst of 1000 client resets, then 33/s) drops a connection whose client cancels a
+ * few hundred calls a second, which a busy inference client does; keep the protection with roomier numbers. */
+#define RESET_BURST 10000
+#define RESET_RATE 1000
+/* nghttp2's own default (8 CONTINUATION frames per header block), set explicitly so that it holds whatever the
+ * library's default is. */
+#define MAX_CONTINUATIONS 8
 
 static int load_symbols(void *h, const char *prefix, const char *const *names, void **slots, size_t n, char *err,
                         size_t errlen) {
@@ -79,44 +91,112 @@ static int load_symbols(void *h, const char *prefix, const char *const *names, v
 static const char *const ng_names[] = {ET_NGHTTP2_FUNCS(ET_NAME)};
 static const char *const ssl_names[] = {ET_SSL_FUNCS(ET_NAME)};
 
-static int load_nghttp2(const char *libpath) {
-  if (ng_loaded) return 0;
-  char err[512] = "", err2[512] = "";
-  void *h = dlopen("libnghttp2.so.14", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(err, sizeof err, "%s", dlerror());
-    if (libpath) {
-      h = dlopen(libpath, RTLD_NOW | RTLD_LOCAL);
-      if (!h) snprintf(err2, sizeof err2, "%s", dlerror());
-    }
-  }
-  if (!h) {
-    PyErr_Format(PyExc_ImportError,
-                 "embedtriton._h2 needs libnghttp2: dlopen(libnghttp2.so.14) failed (%s)%s%s%s; install libnghttp2-14 "
-                 "or the nvidia-pytriton wheel, which bundles it",
-                 err, libpath ? "; dlopen of " : ", and no fallback path was given", libpath ? libpath : "",
-                 libpath ? (err2[0] ? err2 : "") : "");
+/* One libnghttp2 that could be used: its handle, what it offers, and where it was found. */
+typedef struct {
+  void *h;
+  NgFuncs f;
+  int version_num, reset_rate_limit, max_continuations;
+  char version[32], path[4096];
+} NgCandidate;
+
+static int ng_probe(const char *name, NgCandidate *c, char *err, size_t errlen) {
+  memset(c, 0, sizeof *c);
+  c->h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (!c->h) {
+    snprintf(err, errlen, "dlopen(%s) failed: %s", name, dlerror());
     return -1;
   }
-  if (load_symbols(h, "nghttp2_", ng_names, (void **)&ng, sizeof ng_names / sizeof *ng_names, err, sizeof err) < 0) {
-    PyErr_Format(PyExc_ImportError, "libnghttp2 is too old or not nghttp2: %s", err);
-    dlclose(h);
+  char why[256];
+  if (load_symbols(c->h, "nghttp2_", ng_names, (void **)&c->f, sizeof ng_names / sizeof *ng_names, why,
+                   sizeof why) < 0) {
+    snprintf(err, errlen, "%s is too old or not nghttp2: %s", name, why);
+    dlclose(c->h);
+    c->h = NULL;
     return -1;
   }
-  ng_option_new = (int (*)(nghttp2_option **))dlsym(h, "nghttp2_option_new");
-  ng_option_del = (void (*)(nghttp2_option *))dlsym(h, "nghttp2_option_del");
-  ng_option_set_stream_reset_rate_limit =
-      (void (*)(nghttp2_option *, uint64_t, uint64_t))dlsym(h, "nghttp2_option_set_stream_reset_rate_limit");
-  ng_session_server_new2 = (int (*)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
-                                    const nghttp2_option *))dlsym(h, "nghttp2_session_server_new2");
-  /* The library's default (a burst of 1000 client resets, then 33/s) drops a connection whose client cancels a
-   * few hundred calls a second, which a busy inference client does; keep the protection with roomier numbers. */
-  if (ng_option_new && ng_option_del && ng_option_set_stream_reset_rate_limit && ng_session_server_new2 &&
-      ng_option_new(&ng_options) == 0)
-    ng_option_set_stream_reset_rate_limit(ng_options, 10000, 1000);
-  ng_loaded = 1;
+  nghttp2_info *info = c->f.version(0);
+  c->version_num = info ? info->version_num : 0;
+  snprintf(c->version, sizeof c->version, "%s", info && info->version_str ? info->version_str : "?");
+  int opts = dlsym(c->h, "nghttp2_option_new") && dlsym(c->h, "nghttp2_option_del") &&
+             dlsym(c->h, "nghttp2_session_server_new2");
+  c->reset_rate_limit = opts && dlsym(c->h, "nghttp2_option_set_stream_reset_rate_limit");
+  c->max_continuations = opts && dlsym(c->h, "nghttp2_option_set_max_continuations");
+  Dl_info dl;
+  char real[4096];
+  if (dladdr((void *)c->f.version, &dl) && dl.dli_fname && realpath(dl.dli_fname, real))
+    snprintf(c->path, sizeof c->path, "%s", real);
+  else
+    snprintf(c->path, sizeof c->path, "%s", name);
   return 0;
 }
+
+/* Which of two usable libraries to keep: the one with more of the two security options, then the newer. */
+static int ng_better(const NgCandidate *a, const NgCandidate *b) {
+  int sa = a->reset_rate_limit + a->max_continuations, sb = b->reset_rate_limit + b->max_continuations;
+  if (sa != sb) return sa > sb;
+  return a->version_num > b->version_num;
+}
+
+static void ng_use(NgCandidate *c) {
+  ng = c->f;
+  ng_option_new = (int (*)(nghttp2_option **))dlsym(c->h, "nghttp2_option_new");
+  ng_option_del = (void (*)(nghttp2_option *))dlsym(c->h, "nghttp2_option_del");
+  ng_session_server_new2 = (int (*)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
+                                    const nghttp2_option *))dlsym(c->h, "nghttp2_session_server_new2");
+  ng_option_set_stream_reset_rate_limit =
+      (void (*)(nghttp2_option *, uint64_t, uint64_t))dlsym(c->h, "nghttp2_option_set_stream_reset_rate_limit");
+  ng_option_set_max_continuations =
+      (void (*)(nghttp2_option *, size_t))dlsym(c->h, "nghttp2_option_set_max_continuations");
+  if ((c->reset_rate_limit || c->max_continuations) && ng_option_new(&ng_options) == 0) {
+    if (c->reset_rate_limit) ng_option_set_stream_reset_rate_limit(ng_options, RESET_BURST, RESET_RATE);
+    if (c->max_continuations) ng_option_set_max_continuations(ng_options, MAX_CONTINUATIONS);
+  } else {
+    ng_options = NULL;
+  }
+  snprintf(ng_info.path, sizeof ng_info.path, "%s", c->path);
+  snprintf(ng_info.version, sizeof ng_info.version, "%s", c->version);
+  ng_info.version_num = c->version_num;
+  ng_info.reset_rate_limit = c->reset_rate_limit;
+  ng_info.max_continuations = c->max_continuations;
+  ng_loaded = 1;
+}
+
+/* EMBEDTRITON_NGHTTP2=/path/libnghttp2.so forces that library. Otherwise both the system's libnghttp2.so.14 and the
+ * caller's libpath (the copy bundled with the Triton wheel) are tried, and the better one (ng_better) is kept. */
+static int load_nghttp2(const char *libpath) {
+  if (ng_loaded) return 0;
+  char err[1024] = "", err2[1024] = "";
+  NgCandidate a, b;
+  const char *forced = getenv("EMBEDTRITON_NGHTTP2");
+  if (forced && forced[0]) {
+    if (ng_probe(forced, &a, err, sizeof err) < 0) {
+      PyErr_Format(PyExc_ImportError, "EMBEDTRITON_NGHTTP2=%s is unusable: %s", forced, err);
+      return -1;
+    }
+    ng_use(&a);
+    return 0;
+  }
+  int ok_a = ng_probe("libnghttp2.so.14", &a, err, sizeof err) == 0;
+  int ok_b = libpath && ng_probe(libpath, &b, err2, sizeof err2) == 0;
+  if (!ok_a && !ok_b) {
+    PyErr_Format(PyExc_ImportError,
+                 "embedtriton._h2 needs libnghttp2: %s%s%s; install libnghttp2-14 or the nvidia-pytriton wheel, which "
+                 "bundles it (or set EMBEDTRITON_NGHTTP2 to a libnghttp2.so)",
+                 err, libpath ? "; " : ", and no fallback path was given", libpath ? err2 : "");
+    return -1;
+  }
+  NgCandidate *keep = ok_a && (!ok_b || !ng_better(&b, &a)) ? &a : &b, *drop = keep == &a ? &b : &a;
+  int drop_ok = keep == &a ? ok_b : ok_a;
+  ng_use(keep);
+  if (drop_ok) dlclose(drop->h); /* the same file opened twice is one handle with two references */
+  return 0;
+}
+
+#define ET_DECL_SSL(ret, name, args) ret(*name) args;
+static struct {
+  ET_SSL_FUNCS(ET_DECL_SSL)
+} ossl;
+static int ossl_loaded;
 
 static int load_openssl(const char *libpath) {
   if (ossl_loaded) return 0;
@@ -1507,8 +1587,22 @@ static PyObject *stop_all(PyObject *mod, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
+static PyObject *library(PyObject *mod, PyObject *args, PyObject *kw) {
+  (void)mod;
+  static char *kwlist[] = {"libpath", NULL};
+  const char *libpath = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|z:library", kwlist, &libpath)) return NULL;
+  if (load_nghttp2(libpath) < 0) return NULL;
+  return Py_BuildValue("{s:s,s:s,s:O,s:O}", "path", ng_info.path, "version", ng_info.version, "reset_rate_limit",
+                       ng_info.reset_rate_limit ? Py_True : Py_False, "max_continuations",
+                       ng_info.max_continuations ? Py_True : Py_False);
+}
+
 static PyMethodDef module_methods[] = {
     {"_stop_all", stop_all, METH_NOARGS, "stop every running server (registered with atexit)"},
+    {"library", (PyCFunction)(void (*)(void))library, METH_VARARGS | METH_KEYWORDS,
+     "library(libpath=None) -> dict: the libnghttp2 in use (loaded now if no Server loaded it yet): path, version, "
+     "reset_rate_limit and max_continuations (whether its rapid-reset and CONTINUATION-flood limits are set)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "embedtriton._h2",
