@@ -22,6 +22,7 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <libgen.h>
 #include <netdb.h>
@@ -278,6 +279,9 @@ struct Conn {
   int fd;
   SSL *ssl;
   int handshaking, dead, epollout;
+  int preface_done; /* the client's SETTINGS (the end of its connection preface) arrived */
+  int goaway_sent;  /* closing: an idle timeout sent GOAWAY */
+  double accepted_at, last_rx, close_at;
   nghttp2_session *sess;
   uint8_t *out;
   size_t outlen, outoff, outcap;
@@ -314,8 +318,17 @@ struct ServerObject {
   int wake_pending, in_dispatch, stop_req;
   double grace;
 
+  /* limits (set before the IO thread starts) */
+  int max_conns;
+  size_t max_hdr, max_buf;
+  double idle_timeout, handshake_timeout, sweep_every;
+
   /* IO thread only */
   Conn *conns;
+  int nconns;
+  int reserve_fd;     /* spent to accept-and-close a connection when descriptors run out */
+  double accept_at;   /* > 0: accepting is paused until then */
+  double now, next_sweep;
   Event *ev;
   size_t nev, capev;
   Stream **work;
@@ -324,7 +337,14 @@ struct ServerObject {
   double deadline;
   uint8_t *rbuf;
   ServerObject *reg_next; /* registry of running servers (GIL) */
+
+  /* counters written by the IO thread, read by stats() (relaxed atomics) */
+  uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts;
+  int64_t n_open;
 };
+
+#define STAT_ADD(field, v) __atomic_add_fetch(&(field), (v), __ATOMIC_RELAXED)
+#define STAT_GET(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
 
 struct CallObject {
   PyObject_HEAD
@@ -598,7 +618,10 @@ static void on_remote_end(Stream *st) {
 }
 
 static int on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, void *ud) {
-  (void)ud;
+  if (f->hd.type == NGHTTP2_SETTINGS) { /* nghttp2 checked the magic; this ends the client's connection preface */
+    ((Conn *)ud)->preface_done = 1;
+    return 0;
+  }
   if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
   Stream *st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
   if (!st) return 0;
@@ -761,6 +784,7 @@ static void conn_readable(Conn *c) {
       c->dead = 1;
       return;
     }
+    c->last_rx = c->srv->now;
     if (ng.session_mem_recv(c->sess, buf, (size_t)n) < 0) { /* protocol error, bad preface, ... */
       c->dead = 1;
       return;
@@ -852,6 +876,7 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
   }
   c->srv = srv;
   c->fd = fd;
+  c->accepted_at = c->last_rx = srv->now;
   format_peer(sa, c->peer);
   int rv = ng_options ? ng_session_server_new2(&c->sess, srv->cbs, c, ng_options)
                       : ng.session_server_new(&c->sess, srv->cbs, c);
@@ -882,6 +907,8 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
+  srv->nconns++;
+  STAT_ADD(srv->n_open, 1);
 }
 
 static void conn_close(Conn *c) {
@@ -895,21 +922,88 @@ static void conn_close(Conn *c) {
   if (c->prev) c->prev->next = c->next;
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
+  srv->nconns--;
+  STAT_ADD(srv->n_open, -1);
   free(c);
 }
 
-static void accept_all(ServerObject *srv) {
-  for (;;) {
+#define ACCEPT_BATCH 64  /* connections accepted per loop iteration: a connect flood cannot hold the IO thread */
+#define ACCEPT_PAUSE 0.1 /* seconds without accepting after an error that retrying at once would only repeat */
+#define GOAWAY_LINGER 1.0 /* seconds a connection closing on its idle timeout may take to flush its GOAWAY */
+
+static void listen_watch(ServerObject *srv, int on) {
+  struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.ptr = &srv->listen_fd};
+  epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &e);
+}
+
+static void accept_some(ServerObject *srv) {
+  for (int i = 0; i < ACCEPT_BATCH; i++) {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;
     int fd = accept4(srv->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      return; /* EAGAIN, or out of descriptors: try again on the next readiness */
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if ((errno == EMFILE || errno == ENFILE) && srv->reserve_fd >= 0) {
+        /* Out of descriptors. The listener stays readable (level-triggered), so retrying would spin: spend the
+         * reserve descriptor to take the connection off the queue and close it, then take the reserve back. */
+        STAT_ADD(srv->n_emfile, 1);
+        close(srv->reserve_fd);
+        fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+          close(fd);
+          STAT_ADD(srv->n_refused, 1);
+        }
+        srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && srv->reserve_fd >= 0) continue;
+      } else if (errno == EMFILE || errno == ENFILE) {
+        STAT_ADD(srv->n_emfile, 1);
+      }
+      /* no reserve (or another error such as ENOBUFS): stop watching the listener for a moment */
+      if (srv->reserve_fd < 0) srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      listen_watch(srv, 0);
+      srv->accept_at = srv->now + ACCEPT_PAUSE;
+      return;
     }
+    if (srv->nconns >= srv->max_conns) { /* over the cap: closed at once, before any TLS or HTTP/2 work */
+      close(fd);
+      STAT_ADD(srv->n_refused, 1);
+      continue;
+    }
+    STAT_ADD(srv->n_accepted, 1);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     conn_new(srv, fd, &sa);
+  }
+}
+
+/* Timers, checked every sweep_every seconds: the handshake timeout (TLS handshake and the client's connection
+ * preface), the idle timeout (no open stream and nothing received), and the end of an accept pause. */
+static void sweep(ServerObject *srv) {
+  double now = srv->now;
+  srv->next_sweep = now + srv->sweep_every;
+  if (srv->accept_at > 0 && now >= srv->accept_at && srv->listen_fd >= 0) {
+    srv->accept_at = 0;
+    listen_watch(srv, 1);
+  }
+  for (Conn *c = srv->conns; c; c = c->next) {
+    if (c->dead) continue;
+    if (!c->preface_done) {
+      if (now - c->accepted_at >= srv->handshake_timeout) {
+        c->dead = 1;
+        STAT_ADD(srv->n_handshake_timeouts, 1);
+      }
+    } else if (c->goaway_sent) {
+      if (now >= c->close_at) c->dead = 1; /* the client does not read its GOAWAY */
+    } else if (c->nstreams == 0 && now - c->last_rx >= srv->idle_timeout && !srv->stopping) {
+      /* GOAWAY with the last stream processed: nothing is in flight, and nghttp2 wants no more reads once it is
+       * sent, so the connection closes as soon as it is flushed */
+      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess), NGHTTP2_NO_ERROR,
+                       NULL, 0);
+      c->goaway_sent = 1;
+      c->close_at = now + GOAWAY_LINGER;
+      STAT_ADD(srv->n_idle_closed, 1);
+    }
   }
 }
 
@@ -1082,20 +1176,30 @@ static void *io_main(void *arg) {
   PyGILState_STATE gs = PyGILState_Ensure();
   srv->tstate = PyEval_SaveThread();
   struct epoll_event evs[128];
+  srv->now = now_s();
+  srv->next_sweep = srv->now + srv->sweep_every;
   for (;;) {
     int timeout = -1;
     if (srv->nev) {
       timeout = 0;
-    } else if (srv->stopping) {
-      double left = srv->deadline - now_s();
-      timeout = left <= 0 ? 0 : (left > 0.05 ? 50 : (int)(left * 1000) + 1);
+    } else {
+      double wake_at = srv->conns || srv->accept_at > 0 ? srv->next_sweep : -1;
+      if (srv->stopping) {
+        double at = srv->deadline < srv->now + 0.05 ? srv->deadline : srv->now + 0.05;
+        if (wake_at < 0 || at < wake_at) wake_at = at;
+      }
+      if (wake_at >= 0) {
+        double left = wake_at - now_s();
+        timeout = left <= 0 ? 0 : (int)(left * 1000) + 1;
+      }
     }
     int n = epoll_wait(srv->epfd, evs, 128, timeout);
     if (n < 0) n = 0;
+    srv->now = now_s();
     for (int i = 0; i < n; i++) {
       void *p = evs[i].data.ptr;
       if (p == (void *)&srv->listen_fd) {
-        if (srv->listen_fd >= 0) accept_all(srv);
+        if (srv->listen_fd >= 0) accept_some(srv);
       } else if (p == (void *)&srv->evfd) {
         uint64_t v;
         ssize_t r = read(srv->evfd, &v, sizeof v);
@@ -1114,6 +1218,7 @@ static void *io_main(void *arg) {
     double grace = srv->grace;
     pthread_mutex_unlock(&srv->mu);
     if (stop_req && !srv->stopping) begin_stop(srv, grace);
+    if (srv->now >= srv->next_sweep) sweep(srv);
     if (srv->stopping && !srv->hard && now_s() >= srv->deadline) {
       srv->hard = 1;
       for (Conn *c = srv->conns; c; c = c->next)
@@ -1416,31 +1521,61 @@ static int bind_listener(ServerObject *self, const char *host, int port) {
 static PyObject *Server_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   ServerObject *self = (ServerObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
-  self->listen_fd = self->epfd = self->evfd = -1;
+  self->listen_fd = self->epfd = self->evfd = self->reserve_fd = -1;
   pthread_mutex_init(&self->mu, NULL);
   pthread_mutex_init(&self->join_mu, NULL);
   (void)args, (void)kw;
   return (PyObject *)self;
 }
 
+static int positive(double v, const char *name) {
+  if (v > 0) return 0; /* NaN fails this too */
+  PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds", name);
+  return -1;
+}
+
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"host", "port", "handler", "max_message_bytes", "tls", "libpath", NULL};
+  static char *kwlist[] = {"host",         "port",         "handler",           "max_message_bytes",
+                           "tls",          "libpath",      "max_connections",   "idle_timeout",
+                           "handshake_timeout", "max_header_list_bytes", "max_buffered_bytes", NULL};
   const char *host, *libpath = NULL;
   int port;
   PyObject *handler, *tls = Py_None;
-  Py_ssize_t max_msg;
+  Py_ssize_t max_msg, max_conns = 1024, max_hdr = 16384, max_buf = 64 << 20;
+  double idle = 300.0, hs = 10.0;
   if (self->started || self->on_message) {
     PyErr_SetString(PyExc_RuntimeError, "Server.__init__ called twice");
     return -1;
   }
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz:Server", kwlist, &host, &port, &handler, &max_msg, &tls,
-                                   &libpath))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz$nddnn:Server", kwlist, &host, &port, &handler, &max_msg, &tls,
+                                   &libpath, &max_conns, &idle, &hs, &max_hdr, &max_buf))
     return -1;
   if (max_msg < 0) {
     PyErr_SetString(PyExc_ValueError, "max_message_bytes must be >= 0");
     return -1;
   }
+  if (max_conns <= 0 || max_conns > INT_MAX) {
+    PyErr_SetString(PyExc_ValueError, "max_connections must be a positive int");
+    return -1;
+  }
+  if (max_hdr <= 0 || max_hdr > INT32_MAX) {
+    PyErr_SetString(PyExc_ValueError, "max_header_list_bytes must be a positive int below 2**31");
+    return -1;
+  }
+  if (max_buf <= 0) {
+    PyErr_SetString(PyExc_ValueError, "max_buffered_bytes must be a positive int");
+    return -1;
+  }
+  if (positive(idle, "idle_timeout") < 0 || positive(hs, "handshake_timeout") < 0) return -1;
   self->max_msg = (size_t)max_msg;
+  self->max_conns = (int)max_conns;
+  self->idle_timeout = idle;
+  self->handshake_timeout = hs;
+  self->max_hdr = (size_t)max_hdr;
+  self->max_buf = (size_t)max_buf;
+  /* timers are checked this often: a tenth of the shorter timeout, between 10 ms and 1 s */
+  double shorter = idle < hs ? idle : hs;
+  self->sweep_every = shorter / 10 < 0.01 ? 0.01 : shorter / 10 > 1.0 ? 1.0 : shorter / 10;
   if (load_nghttp2(libpath) < 0) return -1;
   if (!(self->on_message = PyObject_GetAttrString(handler, "on_message"))) return -1;
   if (!(self->on_half_close = PyObject_GetAttrString(handler, "on_half_close"))) return -1;
@@ -1449,9 +1584,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
   if (bind_listener(self, host, port) < 0) return -1;
   self->epfd = epoll_create1(EPOLL_CLOEXEC);
   self->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  self->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   self->rbuf = malloc(RBUF_SIZE);
   self->cbs = make_callbacks();
-  if (self->epfd < 0 || self->evfd < 0 || !self->rbuf || !self->cbs) {
+  if (self->epfd < 0 || self->evfd < 0 || self->reserve_fd < 0 || !self->rbuf || !self->cbs) {
     PyErr_SetString(PyExc_OSError, "cannot set up the IO thread (epoll/eventfd/memory)");
     return -1;
   }
@@ -1541,6 +1677,7 @@ static void Server_dealloc(ServerObject *self) {
   if (self->listen_fd >= 0) close(self->listen_fd);
   if (self->epfd >= 0) close(self->epfd);
   if (self->evfd >= 0) close(self->evfd);
+  if (self->reserve_fd >= 0) close(self->reserve_fd);
   if (self->cbs) ng.session_callbacks_del(self->cbs);
   if (self->ssl_ctx) ossl.SSL_CTX_free(self->ssl_ctx);
   free(self->ev);
@@ -1551,9 +1688,22 @@ static void Server_dealloc(ServerObject *self) {
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *Server_stats(ServerObject *self, PyObject *unused) {
+  (void)unused;
+  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open), "accepted",
+                       (unsigned long long)STAT_GET(self->n_accepted), "refused",
+                       (unsigned long long)STAT_GET(self->n_refused), "emfile",
+                       (unsigned long long)STAT_GET(self->n_emfile), "idle_closed",
+                       (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
+                       (unsigned long long)STAT_GET(self->n_handshake_timeouts));
+}
+
 static PyMethodDef Server_methods[] = {
     {"stop", (PyCFunction)Server_stop, METH_VARARGS,
      "stop(grace=0): stop accepting, let calls finish for up to grace seconds, cancel the rest, join the IO thread"},
+    {"stats", (PyCFunction)Server_stats, METH_NOARGS,
+     "stats() -> dict of counters: connections (open now), accepted, refused (over max_connections or out of file "
+     "descriptors), emfile (accepts that failed for want of descriptors), idle_closed, handshake_timeouts"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef Server_members[] = {
@@ -1563,8 +1713,9 @@ static PyTypeObject ServerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton._h2.Server",
     .tp_basicsize = sizeof(ServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Server(host, port, handler, max_message_bytes, tls=None, libpath=None): gRPC over HTTP/2 on one IO "
-              "thread.",
+    .tp_doc = "Server(host, port, handler, max_message_bytes, tls=None, libpath=None, *, max_connections=1024, "
+              "idle_timeout=300.0, handshake_timeout=10.0, max_header_list_bytes=16384, "
+              "max_buffered_bytes=67108864): gRPC over HTTP/2 on one IO thread.",
     .tp_new = Server_new,
     .tp_init = (initproc)Server_init,
     .tp_dealloc = (destructor)Server_dealloc,

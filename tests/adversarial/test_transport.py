@@ -9,12 +9,192 @@ import glob
 import json
 import os
 import site
+import socket
+import ssl
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 _h2 = pytest.importorskip("embedtriton._h2")
+h2_config = pytest.importorskip("h2.config")
+import h2.connection  # noqa: E402
+import h2.events  # noqa: E402
+import h2.exceptions  # noqa: E402
+import h2.settings  # noqa: E402
+
+MAX_MSG = 4 << 20
+REQUEST_HEADERS = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":authority", b"localhost"),
+    (b"content-type", b"application/grpc"),
+    (b"te", b"trailers"),
+]
+
+
+def grpc_frame(body: bytes) -> bytes:
+    return b"\0" + len(body).to_bytes(4, "big") + body
+
+
+class Handler:
+    """Records what reaches the application; the method name picks the behaviour."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.messages = []  # method of each on_message
+        self.half_closes = []
+        self.cancelled = []
+        self.held = []  # calls the application keeps open
+        self.cancel_event = threading.Event()
+
+    def on_message(self, call, data):
+        with self.lock:
+            self.messages.append(call.method)
+        call.user = data
+        if call.method.endswith("/Block"):  # holds the IO thread, as a slow handler would
+            time.sleep(float(data))
+
+    def on_half_close(self, call):
+        with self.lock:
+            self.half_closes.append(call.method)
+        method = call.method.rsplit("/", 1)[-1]
+        if method in ("Echo", "Block"):
+            call.send(call.user or b"")
+            call.finish(0)
+        elif method == "Hold":
+            with self.lock:
+                self.held.append(call)
+        else:
+            call.finish(12, "unknown method")
+
+    def on_cancel(self, call):
+        with self.lock:
+            self.cancelled.append(call)
+        self.cancel_event.set()
+
+
+@pytest.fixture
+def handler():
+    return Handler()
+
+
+@pytest.fixture
+def start(handler):
+    """start(**options) -> a running _h2.Server with ``handler``; stopped after the test."""
+    servers = []
+
+    def make(tls=None, **options):
+        srv = _h2.Server("127.0.0.1", 0, handler, MAX_MSG, tls, None, **options)
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop(0)
+
+
+class Raw:
+    """An HTTP/2 client on a plain (or TLS) socket, driven frame by frame with the h2 package."""
+
+    def __init__(self, port, preface=True, settings=None, tls_context=None, timeout=5.0):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        if tls_context is not None:
+            sock = tls_context.wrap_socket(sock, server_hostname="localhost")
+        self.sock = sock
+        self.closed = False
+        self.events = []
+        cfg = h2_config.H2Configuration(client_side=True, header_encoding=None, validate_inbound_headers=False)
+        self.conn = h2.connection.H2Connection(cfg)
+        self.raw = not preface  # no HTTP/2 on this side: what the server sends is read and dropped
+        if preface:
+            self.conn.initiate_connection()
+            if settings:
+                self.conn.update_settings(settings)
+            self.flush()
+
+    def flush(self):
+        data = self.conn.data_to_send()
+        if data and not self.closed:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True
+
+    def request(self, method, body=b"", end=True, headers=()):
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(b":path", f"/x.Y/{method}".encode()), *REQUEST_HEADERS, *headers])
+        if body is not None:
+            self.conn.send_data(sid, grpc_frame(body), end_stream=end)
+        self.flush()
+        return sid
+
+    def pump(self, timeout):
+        """Read once (up to timeout); returns the new events. Sets .closed on end of stream or reset."""
+        if self.closed:
+            return []
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(1 << 20)
+        except (TimeoutError, ssl.SSLWantReadError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+            return []
+        if self.raw:
+            return []
+        try:
+            new = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self.closed = True
+            return []
+        self.events += new
+        self.flush()
+        return new
+
+    def wait(self, predicate, timeout=5.0):
+        """Pump until an event satisfies predicate (returns it), the connection closes, or timeout (None)."""
+        deadline = time.monotonic() + timeout
+        for e in self.events:
+            if predicate(e):
+                return e
+        while not self.closed and (left := deadline - time.monotonic()) > 0:
+            for e in self.pump(min(left, 0.5)):
+                if predicate(e):
+                    return e
+        return None
+
+    def wait_closed(self, timeout):
+        """Seconds until the server closed the connection, or None if it is still open after timeout."""
+        started = time.monotonic()
+        self.wait(lambda e: False, timeout)
+        return time.monotonic() - started if self.closed else None
+
+    def response(self, sid, timeout=5.0):
+        """(grpc-status, grpc-message, data) of one call; status None if it did not end in time."""
+        ended = self.wait(
+            lambda e: isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) and e.stream_id == sid, timeout
+        )
+        data = b"".join(e.data for e in self.events if isinstance(e, h2.events.DataReceived) and e.stream_id == sid)
+        headers = {}
+        for e in self.events:
+            if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived)) and e.stream_id == sid:
+                headers.update(dict(e.headers))
+        if ended is None or isinstance(ended, h2.events.StreamReset):
+            return None, ended, data
+        status = headers.get(b"grpc-status")
+        return (int(status) if status is not None else None), headers.get(b"grpc-message", b"").decode(), data[5:]
+
+    def call(self, method, body=b"", timeout=5.0):
+        return self.response(self.request(method, body), timeout)
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
 
 
 def _wheel_nghttp2():
@@ -67,3 +247,155 @@ def test_library_choice(tmp_path):
     assert with_wheel["path"] == best["path"]
     # A libpath that is not nghttp2 is ignored.
     assert _library_in_child(tmp_path, "/nonexistent/libnghttp2.so", env=env)["path"] == system["path"]
+
+
+# ---- 4: connection cap, idle and handshake timeouts, running out of file descriptors ----
+
+
+def test_connection_cap(start):
+    """Connections beyond max_connections are closed at once; those within keep working."""
+    srv = start(max_connections=3)
+    clients = [Raw(srv.port) for _ in range(3)]
+    for c in clients:
+        assert c.call("Echo", b"in")[0] == 0
+    extra = [Raw(srv.port) for _ in range(2)]
+    for c in extra:
+        closed_after = c.wait_closed(3.0)
+        assert closed_after is not None and closed_after < 1.0
+    for c in clients:
+        assert c.call("Echo", b"still")[:3:2] == (0, b"still")
+    stats = srv.stats()
+    assert stats["connections"] == 3 and stats["refused"] >= 2
+    clients[0].close()
+    deadline = time.monotonic() + 3
+    while srv.stats()["connections"] > 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    again = Raw(srv.port)  # room again
+    assert again.call("Echo", b"new")[0] == 0
+    for c in clients[1:] + extra + [again]:
+        c.close()
+
+
+def test_idle_timeout(start, handler):
+    """A connection with no open stream that sends nothing for idle_timeout gets GOAWAY and is closed; one with an
+    open call is left alone."""
+    srv = start(idle_timeout=0.5)
+    idle = Raw(srv.port)
+    busy = Raw(srv.port)
+    assert idle.call("Echo", b"x")[0] == 0
+    started = time.monotonic()
+    sid = busy.request("Hold")
+    goaway = idle.wait(lambda e: isinstance(e, h2.events.ConnectionTerminated), 3.0)
+    assert goaway is not None and goaway.error_code == 0
+    assert idle.wait_closed(2.0) is not None
+    assert 0.4 < time.monotonic() - started < 2.5
+    time.sleep(max(0.0, started + 1.0 - time.monotonic()))  # twice the idle timeout with the call open
+    busy.pump(0.1)
+    assert not busy.closed and not any(isinstance(e, h2.events.ConnectionTerminated) for e in busy.events)
+    handler.held[0].send(b"late")
+    handler.held[0].finish(0)
+    assert busy.response(sid)[:3:2] == (0, b"late")
+    assert busy.wait_closed(3.0) is not None  # idle once the call is over
+    assert srv.stats()["idle_closed"] >= 2
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory):
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
+        pytest.skip("no openssl CLI")
+    d = tmp_path_factory.mktemp("cert")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", "key.pem", "-out", "cert.pem", "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        cwd=d, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return d / "cert.pem", d / "key.pem"
+
+
+def tls_context(cert):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(str(cert[0]))
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def test_handshake_timeout(start, cert):
+    """TLS handshake plus the HTTP/2 client preface must be done within handshake_timeout, else the connection is
+    closed: silent, half a preface, a TLS handshake never finished, a TLS connection that never sends its preface."""
+    plain = start(handshake_timeout=0.5)
+    tls = start((str(cert[0]), str(cert[1]), None), handshake_timeout=0.5)
+    silent = Raw(plain.port, preface=False)
+    half = Raw(plain.port, preface=False)
+    half.sock.sendall(b"PRI * HTTP/2.0\r\n")
+    tcp_only = Raw(tls.port, preface=False)
+    tcp_only.sock.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello
+    no_preface = Raw(tls.port, preface=False, tls_context=tls_context(cert))
+    good = Raw(tls.port, tls_context=tls_context(cert))
+    assert good.call("Echo", b"tls")[:3:2] == (0, b"tls")
+    for c in (silent, half, tcp_only, no_preface):
+        closed_after = c.wait_closed(3.0)
+        assert closed_after is not None and closed_after < 2.0
+    assert good.call("Echo", b"still")[0] == 0  # a finished preface is not timed out
+    assert plain.stats()["handshake_timeouts"] == 2 and tls.stats()["handshake_timeouts"] == 2
+    good.close()
+
+
+FD_CHILD = """
+import json, os, resource, sys
+from embedtriton import _h2
+
+class H:
+    def on_message(self, call, data):
+        call.user = data
+    def on_half_close(self, call):
+        call.send(call.user or b"")
+        call.finish(0)
+    def on_cancel(self, call):
+        pass
+
+srv = _h2.Server("127.0.0.1", 0, H(), 1 << 20)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 6, hard))
+print(srv.port, flush=True)
+for line in sys.stdin:  # one line in, the server's counters out
+    print(json.dumps(srv.stats() if hasattr(srv, "stats") else {}), flush=True)
+"""
+
+
+def _cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_fd_exhaustion(tmp_path):
+    """With its descriptors used up (RLIMIT_NOFILE lowered in a child process) the server neither spins nor leaves
+    connections hanging in the accept queue: they are accepted and closed at once, and existing ones keep working."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", FD_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    conns = []
+    try:
+        port = int(child.stdout.readline())
+        normal = Raw(port)
+        assert normal.call("Echo", b"before")[0] == 0
+        conns = [Raw(port, preface=False) for _ in range(30)]
+        time.sleep(0.3)
+        cpu = _cpu_seconds(child.pid)
+        time.sleep(1.0)
+        cpu = _cpu_seconds(child.pid) - cpu
+        assert cpu < 0.3, f"the server used {cpu:.2f} s of CPU in 1 s while out of descriptors"
+        closed = sum(c.wait_closed(0.05) is not None for c in conns)
+        assert closed >= 30 - 6, f"only {closed} of 30 connections beyond the descriptor limit were closed"
+        started = time.monotonic()
+        assert normal.call("Echo", b"during", timeout=3)[:3:2] == (0, b"during")
+        assert time.monotonic() - started < 1.0
+        child.stdin.write("stats\n")
+        child.stdin.flush()
+        assert json.loads(child.stdout.readline()).get("emfile", 0) > 0
+    finally:
+        for c in conns:
+            c.close()
+        child.kill()
+        child.wait(10)
