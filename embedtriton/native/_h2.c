@@ -254,7 +254,9 @@ struct Stream {
   char *path;
   char **meta; /* name, value, name, value, ... (NUL-terminated copies) */
   size_t nmeta, capmeta;
+  size_t hdr_bytes, hdr_count; /* the request's header list: RFC 7540 size (name + value + 32 each), fields */
   int is_post, ctype_ok, headers_done, rejected;
+  int hdr_over; /* 1: the list is over max_header_list_bytes, 2: it has too many fields */
 
   /* incoming message framing (IO thread) */
   uint8_t pfx[5];
@@ -568,11 +570,28 @@ static char *dup_n(const uint8_t *s, size_t n) {
   return d;
 }
 
+/* At most this many header fields per request (pseudo-headers included), whatever their size: Envoy's and nghttpx's
+ * default is 100 as well, and a gRPC client sends about ten. */
+#define MAX_HEADER_FIELDS 100
+
 static int on_header(nghttp2_session *sess, const nghttp2_frame *f, const uint8_t *name, size_t namelen,
                      const uint8_t *value, size_t valuelen, uint8_t flags, void *ud) {
-  (void)flags, (void)ud;
+  (void)flags;
   Stream *st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
   if (!st || st->headers_done) return 0; /* trailers from the client: ignored */
+  /* HPACK makes a header cheap to send and dear to keep: one byte can refer to a 4 KiB table entry. The list is
+   * measured before anything is copied; once over the limit, what was kept is freed and the rest only counted. The
+   * request is refused when its header block ends (on_frame_recv). */
+  st->hdr_bytes += namelen + valuelen + 32;
+  st->hdr_count++;
+  if (st->hdr_over) return 0;
+  if (st->hdr_bytes > ((Conn *)ud)->srv->max_hdr || st->hdr_count > MAX_HEADER_FIELDS) {
+    st->hdr_over = st->hdr_bytes > ((Conn *)ud)->srv->max_hdr ? 1 : 2; /* which limit it met first */
+    free_meta(st->meta, st->nmeta);
+    st->meta = NULL;
+    st->nmeta = st->capmeta = 0;
+    return 0;
+  }
   if (namelen && name[0] == ':') {
     if (namelen == 5 && !memcmp(name, ":path", 5)) {
       free(st->path);
@@ -595,10 +614,12 @@ static int on_header(nghttp2_session *sess, const nghttp2_frame *f, const uint8_
   return 0;
 }
 
-static void reject(nghttp2_session *sess, Stream *st, const char *status, const char *msg) {
+static void reject(nghttp2_session *sess, Stream *st, const char *status, int code, const char *msg) {
   char *enc = percent_encode(msg, strlen(msg));
+  char cs[16];
+  int cl = snprintf(cs, sizeof cs, "%d", code);
   nghttp2_nv h[4] = {MAKE_NV(":status", status, strlen(status)), MAKE_NV("content-type", "application/grpc", 16),
-                     MAKE_NV("grpc-status", "13", 2), MAKE_NV("grpc-message", enc, strlen(enc))};
+                     MAKE_NV("grpc-status", cs, (size_t)cl), MAKE_NV("grpc-message", enc, strlen(enc))};
   ng.submit_response(sess, st->id, h, 4, NULL);
   free(enc);
   st->rejected = 1;
@@ -627,9 +648,18 @@ static int on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, void *ud
   if (!st) return 0;
   if (f->hd.type == NGHTTP2_HEADERS && !st->headers_done) {
     st->headers_done = 1;
-    if (!st->is_post) reject(sess, st, "405", "gRPC requests must use POST");
-    else if (!st->ctype_ok) reject(sess, st, "415", "content-type must be application/grpc");
-    else if (!st->path) reject(sess, st, "400", "missing :path");
+    if (st->hdr_over) { /* as grpc-core says it: RESOURCE_EXHAUSTED, naming the limit */
+      char m[160];
+      size_t limit = ((Conn *)ud)->srv->max_hdr;
+      if (st->hdr_over == 2)
+        snprintf(m, sizeof m, "received metadata has too many entries (%zu vs. %d)", st->hdr_count,
+                 MAX_HEADER_FIELDS);
+      else
+        snprintf(m, sizeof m, "received metadata size exceeds limit (%zu vs. %zu bytes)", st->hdr_bytes, limit);
+      reject(sess, st, "200", 8, m);
+    } else if (!st->is_post) reject(sess, st, "405", 13, "gRPC requests must use POST");
+    else if (!st->ctype_ok) reject(sess, st, "415", 13, "content-type must be application/grpc");
+    else if (!st->path) reject(sess, st, "400", 13, "missing :path");
   }
   if (f->hd.flags & NGHTTP2_FLAG_END_STREAM) on_remote_end(st);
   return 0;
@@ -885,10 +915,11 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
     close(fd);
     return;
   }
-  nghttp2_settings_entry iv[3] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 1024},
+  nghttp2_settings_entry iv[4] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 1024},
                                   {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 8 << 20},
-                                  {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, 1 << 20}};
-  ng.submit_settings(c->sess, NGHTTP2_FLAG_NONE, iv, 3);
+                                  {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, 1 << 20},
+                                  {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)srv->max_hdr}};
+  ng.submit_settings(c->sess, NGHTTP2_FLAG_NONE, iv, 4);
   ng.session_set_local_window_size(c->sess, NGHTTP2_FLAG_NONE, 0, 16 << 20);
   if (srv->ssl_ctx) {
     c->ssl = ossl.SSL_new(srv->ssl_ctx);

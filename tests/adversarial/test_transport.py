@@ -399,3 +399,53 @@ def test_fd_exhaustion(tmp_path):
             c.close()
         child.kill()
         child.wait(10)
+
+
+# ---- 1: HPACK header bomb ----
+
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _server_settings(client):
+    changed = client.wait(lambda e: isinstance(e, h2.events.RemoteSettingsChanged), 3.0)
+    assert changed is not None
+    return {int(k): v.new_value for k, v in changed.changed_settings.items()}
+
+
+def test_header_bomb(start, handler):
+    """30,000 one-byte references to a 4 KiB HPACK table entry (~120 MB of headers from ~30 KB on the wire) are
+    refused with RESOURCE_EXHAUSTED naming the limit, without the server keeping them; the limit is advertised."""
+    srv = start()
+    bomb = Raw(srv.port, settings={h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 1 << 30})
+    bomb.conn.config.validate_outbound_headers = False
+    assert _server_settings(bomb)[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE] == 16384
+    before = rss_mib()
+    sid = bomb.request("Echo", body=None, headers=[(b"x-bomb", b"a" * 4000)] * 30000)  # HEADERS only: stays open
+    status, message, _ = bomb.response(sid, timeout=3.0)
+    grown = rss_mib() - before
+    assert status == 8 and "16384" in message, (status, message)
+    assert grown < 16, f"RSS grew by {grown:.0f} MiB"
+    assert handler.messages == [] and handler.half_closes == []
+    assert not bomb.closed and bomb.call("Echo", b"after")[:3:2] == (0, b"after")  # the connection survives
+
+
+def test_header_field_count_and_option(start, handler):
+    """More than 100 header fields are refused even when small; max_header_list_bytes sets the size limit."""
+    client = Raw(start().port)
+    many = [(b"x-k%d" % i, b"v") for i in range(120)]
+    status, message, _ = client.response(client.request("Echo", headers=many))
+    assert status == 8 and "100" in message, (status, message)
+    fine = [(b"x-k%d" % i, b"v") for i in range(60)]
+    assert client.response(client.request("Echo", b"ok", headers=fine))[:3:2] == (0, b"ok")
+    small = Raw(start(max_header_list_bytes=2048).port)
+    assert _server_settings(small)[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE] == 2048
+    status, message, _ = small.response(small.request("Echo", headers=[(b"x-big", b"b" * 2100)]))
+    assert status == 8 and "2048" in message, (status, message)
+    assert small.response(small.request("Echo", b"ok", headers=[(b"x-big", b"b" * 1500)]))[:3:2] == (0, b"ok")
+    assert handler.half_closes == ["/x.Y/Echo"] * 2
