@@ -745,7 +745,7 @@ static int on_stream_close(nghttp2_session *sess, int32_t id, uint32_t code, voi
 
 static void conn_want_out(Conn *c, int on) {
   if (c->epollout == on) return;
-  struct epoll_event e = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = c};
+  struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.ptr = c};
   epoll_ctl(c->srv->epfd, EPOLL_CTL_MOD, c->fd, &e);
   c->epollout = on;
 }
@@ -933,7 +933,7 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
     ossl.SSL_set_accept_state(c->ssl);
     c->handshaking = 1;
   }
-  struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+  struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
   epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &e);
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
@@ -1106,6 +1106,12 @@ static void dispatch(ServerObject *srv) {
       stream_free(st);
       continue;
     }
+    /* Reset, or its connection closed, before the application saw this: nobody is left to answer, so no work is
+     * started (its EV_CLOSE follows, and cancels the call if an earlier event created one). */
+    if (st->closed || (st->conn && st->conn->dead)) {
+      free(e->data);
+      continue;
+    }
     if (!st->call && !make_call(srv, st)) {
       PyErr_WriteUnraisable(NULL);
       free(e->data);
@@ -1237,7 +1243,10 @@ static void *io_main(void *arg) {
         (void)r;
       } else {
         Conn *c = p;
-        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) conn_readable(c);
+        /* The client shut its side or the connection failed: whatever it still has queued is not read, as no
+         * answer could reach it (a request followed by a close must not start work). */
+        if (evs[i].events & (EPOLLRDHUP | EPOLLERR | EPOLLHUP)) c->dead = 1;
+        else if (evs[i].events & EPOLLIN) conn_readable(c);
         else if (c->handshaking && (evs[i].events & EPOLLOUT)) conn_readable(c);
       }
     }

@@ -449,3 +449,61 @@ def test_header_field_count_and_option(start, handler):
     assert status == 8 and "2048" in message, (status, message)
     assert small.response(small.request("Echo", b"ok", headers=[(b"x-big", b"b" * 1500)]))[:3:2] == (0, b"ok")
     assert handler.half_closes == ["/x.Y/Echo"] * 2
+
+
+# ---- 2: resets and disconnects ----
+
+
+def _block_io_thread(client, seconds):
+    """Make the handler hold the IO thread for a while (as a slow on_message would), so that what other clients
+    send meanwhile is read in one go afterwards."""
+    sid = client.request("Block", b"%.2f" % seconds)
+    time.sleep(0.1)  # the IO thread is now inside on_message
+    return sid
+
+
+def test_closed_before_dispatch_never_starts(start, handler):
+    """A request whose stream was reset, or whose client closed its side, before the request was handed to the
+    application never reaches on_message/on_half_close (and, with no call made, gets no on_cancel)."""
+    srv = start()
+    blocker, resetting, closing = Raw(srv.port), Raw(srv.port), Raw(srv.port)
+    for c in (blocker, resetting, closing):  # connections set up before the IO thread is held
+        assert c.call("Echo", b"up")[0] == 0
+    with handler.lock:
+        handler.messages.clear()
+        handler.half_closes.clear()
+    bsid = _block_io_thread(blocker, 0.4)
+    sid = resetting.request("Echo", b"reset me")
+    resetting.conn.reset_stream(sid, error_code=8)
+    resetting.flush()
+    closing.request("Echo", b"closing")
+    closing.sock.shutdown(socket.SHUT_WR)
+    assert blocker.response(bsid)[0] == 0
+    time.sleep(0.3)
+    assert handler.messages == ["/x.Y/Block"] and handler.half_closes == ["/x.Y/Block"]
+    assert handler.cancelled == []
+    assert resetting.call("Echo", b"next")[:3:2] == (0, b"next")  # the connection itself is fine
+
+
+def test_open_calls_are_cancelled(start, handler):
+    """Every call the application holds gets on_cancel when its stream is reset or its connection goes, whether its
+    half-close was dispatched (unary) or not (a stream still sending); send/finish then return False."""
+    srv = start()
+    a, b = Raw(srv.port), Raw(srv.port)
+    reset_sid = a.request("Hold", b"unary, reset")
+    b.request("Hold", b"unary, disconnected")
+    b.request("Hold", b"streaming, disconnected", end=False)
+    deadline = time.monotonic() + 3
+    while (len(handler.held) < 2 or len(handler.messages) < 3) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(handler.held) == 2 and len(handler.messages) == 3
+    a.conn.reset_stream(reset_sid, error_code=8)
+    a.flush()
+    b.close()
+    deadline = time.monotonic() + 3
+    while len(handler.cancelled) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(handler.cancelled) == 3
+    for call in handler.cancelled:
+        assert call.send(b"late") is False and call.finish(0) is False
+    assert a.call("Echo", b"a lives")[0] == 0
