@@ -284,6 +284,9 @@ struct Conn {
   int preface_done; /* the client's SETTINGS (the end of its connection preface) arrived */
   int goaway_sent;  /* closing: an idle timeout sent GOAWAY */
   double accepted_at, last_rx, close_at;
+  int pending_in;      /* read budget used up: on srv->pend, served again next iteration whatever epoll says */
+  unsigned served;     /* the loop iteration that last read it */
+  Conn *pprev, *pnext; /* srv->pend */
   nghttp2_session *sess;
   uint8_t *out;
   size_t outlen, outoff, outcap;
@@ -328,6 +331,8 @@ struct ServerObject {
   /* IO thread only */
   Conn *conns;
   int nconns;
+  Conn *pend; /* connections with input left over (conn_readable) */
+  unsigned iter;
   int reserve_fd;     /* spent to accept-and-close a connection when descriptors run out */
   double accept_at;   /* > 0: accepting is paused until then */
   double now, next_sweep;
@@ -362,6 +367,12 @@ static PyTypeObject ServerType, CallType;
 static ServerObject *registry; /* servers whose IO thread is running */
 
 #define RBUF_SIZE (256 * 1024)
+/* What one connection may read per loop iteration, TLS or not, so that one fast sender cannot hold the IO thread
+ * while the others wait: up to READ_BUDGET bytes in at most READ_CALLS reads. A plaintext connection gets one
+ * recv() of RBUF_SIZE; a TLS one up to 16 SSL_read()s, each returning one record (at most 16 KiB), since a client
+ * sending one-byte records would otherwise cost two syscalls and a decryption per byte within one budget. */
+#define READ_BUDGET RBUF_SIZE
+#define READ_CALLS 16
 #define FLUSH_AT (256 * 1024)
 
 static void *xrealloc(void *p, size_t n) {
@@ -800,27 +811,62 @@ static void tls_handshake(Conn *c) {
   ossl.ERR_clear_error();
 }
 
+static void pending_set(Conn *c, int on) {
+  ServerObject *srv = c->srv;
+  if (c->pending_in == on) return;
+  c->pending_in = on;
+  if (on) {
+    c->pprev = NULL;
+    c->pnext = srv->pend;
+    if (srv->pend) srv->pend->pprev = c;
+    srv->pend = c;
+  } else {
+    if (c->pprev) c->pprev->pnext = c->pnext;
+    else srv->pend = c->pnext;
+    if (c->pnext) c->pnext->pprev = c->pprev;
+    c->pprev = c->pnext = NULL;
+  }
+}
+
+/* Read what the connection has, up to READ_BUDGET. If the budget ran out, or OpenSSL holds decrypted bytes that
+ * level-triggered epoll cannot report (SSL_pending), the connection goes on srv->pend and is read again next
+ * iteration (which then does not wait in epoll_wait). */
 static void conn_readable(Conn *c) {
-  if (c->dead) return;
+  c->served = c->srv->iter;
+  int more = 0;
+  if (c->dead) goto out;
   if (c->handshaking) {
     tls_handshake(c);
-    if (c->handshaking || c->dead) return;
+    if (c->handshaking || c->dead) goto out;
   }
   uint8_t *buf = c->srv->rbuf;
-  for (int i = 0; i < 16 || c->ssl; i++) {
+  size_t got = 0;
+  int calls = 0, drained = 0;
+  while (got < READ_BUDGET && calls < READ_CALLS) {
+    calls++;
     ssize_t n = conn_recv(c, buf, RBUF_SIZE);
-    if (n == -1) break;
+    if (n == -1) {
+      drained = 1;
+      break;
+    }
     if (n <= 0) {
       c->dead = 1;
-      return;
+      goto out;
     }
+    got += (size_t)n;
     c->last_rx = c->srv->now;
     if (ng.session_mem_recv(c->sess, buf, (size_t)n) < 0) { /* protocol error, bad preface, ... */
       c->dead = 1;
-      return;
+      goto out;
     }
-    if (!c->ssl && (size_t)n < RBUF_SIZE) break; /* drained; epoll is level-triggered anyway */
+    if (!c->ssl && (size_t)n < RBUF_SIZE) { /* a short read: the socket is empty for now */
+      drained = 1;
+      break;
+    }
   }
+  more = !drained || (c->ssl && ossl.SSL_pending(c->ssl) > 0);
+out:
+  pending_set(c, more);
 }
 
 static void conn_append(Conn *c, const uint8_t *p, size_t n) {
@@ -944,6 +990,7 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
 
 static void conn_close(Conn *c) {
   ServerObject *srv = c->srv;
+  pending_set(c, 0);
   while (c->streams) stream_detach(c->streams);
   ng.session_del(c->sess);
   if (c->ssl) ossl.SSL_free(c->ssl);
@@ -1217,7 +1264,7 @@ static void *io_main(void *arg) {
   srv->next_sweep = srv->now + srv->sweep_every;
   for (;;) {
     int timeout = -1;
-    if (srv->nev) {
+    if (srv->nev || srv->pend) {
       timeout = 0;
     } else {
       double wake_at = srv->conns || srv->accept_at > 0 ? srv->next_sweep : -1;
@@ -1233,6 +1280,7 @@ static void *io_main(void *arg) {
     int n = epoll_wait(srv->epfd, evs, 128, timeout);
     if (n < 0) n = 0;
     srv->now = now_s();
+    srv->iter++;
     for (int i = 0; i < n; i++) {
       void *p = evs[i].data.ptr;
       if (p == (void *)&srv->listen_fd) {
@@ -1249,6 +1297,11 @@ static void *io_main(void *arg) {
         else if (evs[i].events & EPOLLIN) conn_readable(c);
         else if (c->handshaking && (evs[i].events & EPOLLOUT)) conn_readable(c);
       }
+    }
+    Conn *pnext;
+    for (Conn *c = srv->pend; c; c = pnext) { /* left over from the last iteration and not read in this one */
+      pnext = c->pnext;
+      if (c->served != srv->iter) conn_readable(c);
     }
     dispatch(srv);
     apply_dirty(srv);

@@ -507,3 +507,54 @@ def test_open_calls_are_cancelled(start, handler):
     for call in handler.cancelled:
         assert call.send(b"late") is False and call.finish(0) is False
     assert a.call("Echo", b"a lives")[0] == 0
+
+
+# ---- 3: one fast TLS sender ----
+
+
+def _tiny_tls_records(port, cert, payload):
+    """A TLS connection (socket, handshake done, HTTP/2 preface sent) and payload encrypted as one-byte records:
+    each record costs the server two reads and a decryption, so it cannot keep up with the sender."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = tls_context(cert).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            sock.sendall(outgoing.read())
+            incoming.write(sock.recv(65536))
+    client = h2.connection.H2Connection(h2_config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    tls.write(client.data_to_send())
+    sock.sendall(outgoing.read())
+    for i in range(len(payload)):
+        tls.write(payload[i : i + 1])
+    return sock, outgoing.read()
+
+
+def test_fast_tls_sender_does_not_starve_others(start, cert):
+    """A TLS client sending more than the server can read (1.5 million one-byte records of WINDOW_UPDATE frames,
+    which no flow control stops) gets a bounded share of each loop iteration; a call on another connection still
+    answers promptly."""
+    srv = start((str(cert[0]), str(cert[1]), None))
+    normal = Raw(srv.port, tls_context=tls_context(cert))
+    assert normal.call("Echo", b"before")[0] == 0
+    window_update = (4).to_bytes(3, "big") + b"\x08\x00" + (0).to_bytes(4, "big") + (1).to_bytes(4, "big")
+    sock, flood = _tiny_tls_records(srv.port, cert, (window_update * 120000)[:1500000])
+    thread = threading.Thread(target=sock.sendall, args=(flood,))
+    thread.start()
+    try:
+        time.sleep(0.1)
+        worst = 0.0
+        for i in range(5):
+            started = time.monotonic()
+            assert normal.call("Echo", b"%d" % i, timeout=5.0)[:3:2] == (0, b"%d" % i)
+            worst = max(worst, time.monotonic() - started)
+        flooding = thread.is_alive()
+        thread.join(30)
+    finally:
+        sock.close()
+    assert worst < 0.5, f"a call took {worst:.2f} s during the flood"
+    assert flooding, "the flood was read before the calls were made"
