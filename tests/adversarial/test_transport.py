@@ -138,7 +138,7 @@ class Raw:
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(1 << 20)
-        except (TimeoutError, ssl.SSLWantReadError):
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
             return []
         except OSError:
             data = b""
@@ -558,3 +558,67 @@ def test_fast_tls_sender_does_not_starve_others(start, cert):
         sock.close()
     assert worst < 0.5, f"a call took {worst:.2f} s during the flood"
     assert flooding, "the flood was read before the calls were made"
+
+
+# ---- 2c: rapid reset ----
+
+
+def _open_and_reset(client, n, method="Hold", gap=0.0):
+    """Open n calls on client (complete requests), then reset them all; with a gap, the requests are read (and
+    dispatched) before the resets arrive. Returns False once the connection is over."""
+    conn = client.conn
+    try:
+        sids = []
+        for _ in range(n):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, [(b":path", f"/x.Y/{method}".encode()), *REQUEST_HEADERS])
+            conn.send_data(sid, grpc_frame(b"r"), end_stream=True)
+            sids.append(sid)
+        if gap:
+            client.flush()
+            time.sleep(gap)
+        for sid in sids:
+            conn.reset_stream(sid, error_code=8)
+        client.flush()
+    except h2.exceptions.ProtocolError:  # the server said GOAWAY
+        return False
+    client.pump(0)
+    return not client.closed and not any(isinstance(e, h2.events.ConnectionTerminated) for e in client.events)
+
+
+def test_rapid_reset_flood_is_cut_off(start, handler):
+    """A connection resetting calls as fast as it opens them gets GOAWAY once it used nghttp2's burst (1000) plus
+    500/s; a call on another connection answers promptly meanwhile."""
+    srv = start()
+    flood, normal = Raw(srv.port), Raw(srv.port)
+    assert normal.call("Echo", b"up")[0] == 0
+    started = time.monotonic()
+    resets, worst = 0, 0.0
+    while resets < 5000 and time.monotonic() - started < 8:
+        # half of the batches are dispatched before their resets arrive: those reach the handler
+        if not _open_and_reset(flood, 100, gap=0.01 if resets % 200 else 0.0):
+            break
+        resets += 100
+        if resets % 500 == 0:
+            t = time.monotonic()
+            assert normal.call("Echo", b"%d" % resets, timeout=3.0)[0] == 0
+            worst = max(worst, time.monotonic() - t)
+    elapsed = time.monotonic() - started
+    assert resets < 5000, f"{resets} resets in {elapsed:.1f} s and the connection is still open"
+    assert resets <= 1000 + 500 * (elapsed + 1) + 200
+    assert flood.wait(lambda e: isinstance(e, h2.events.ConnectionTerminated), 3.0) is not None
+    assert flood.wait_closed(3.0) is not None
+    assert worst < 0.5, f"a call on another connection took {worst:.2f} s"
+    assert normal.call("Echo", b"after")[0] == 0
+
+
+def test_busy_client_cancelling_is_not_dropped(start, handler):
+    """A client that cancels 400 calls a second for 3 s (1200 resets, past the burst) keeps its connection."""
+    srv = start()
+    client = Raw(srv.port)
+    started = time.monotonic()
+    for i in range(30):
+        time.sleep(max(0.0, started + i * 0.1 - time.monotonic()))
+        assert _open_and_reset(client, 40, gap=0.005), f"dropped after {i * 40} cancels"
+    assert client.call("Echo", b"still here")[:3:2] == (0, b"still here")
+    assert len(handler.cancelled) >= 1000  # they reached the application and were cancelled there
