@@ -257,7 +257,7 @@ typedef struct Stream Stream;
 #define PEER_LEN 80
 
 struct Stream {
-  Conn *conn; /* NULL once nghttp2 closed the stream or the connection died */
+  Conn *conn; /* NULL once nghttp2 closed the stream or the connection died (written under srv->mu) */
   int32_t id;
   Stream *cprev, *cnext; /* the connection's streams */
   CallObject *call;      /* strong reference; created with the GIL at the first event */
@@ -280,11 +280,14 @@ struct Stream {
   /* outgoing (IO thread) */
   OutBuf *oq_head, *oq_tail;
   int headers_sent, trailers_sent, fin_ready, closed;
+  int do_reset, reset_sent; /* overflow seen by the IO thread; the stream was reset for it: nothing more is sent */
 
   /* shared with threads calling send/finish: guarded by srv->mu */
   OutBuf *pq_head, *pq_tail;
   int finish_req, finished_by_app, fin_code;
   char *fin_msg; /* percent-encoded, written once when finish_req is set */
+  size_t queued; /* bytes in pq and oq, not yet handed to nghttp2 */
+  int overflow;  /* send() found the stream or its connection over its buffer limit */
   int dirty;
   Stream *dprev, *dnext;
 };
@@ -303,6 +306,7 @@ struct Conn {
   nghttp2_session *sess;
   uint8_t *out;
   size_t outlen, outoff, outcap;
+  size_t queued; /* the sum of its streams' queued (srv->mu) */
   Stream *streams;
   int nstreams;
   char peer[PEER_LEN];
@@ -338,7 +342,7 @@ struct ServerObject {
 
   /* limits (set before the IO thread starts) */
   int max_conns;
-  size_t max_hdr, max_buf;
+  size_t max_hdr, max_buf, max_buf_stream;
   double idle_timeout, handshake_timeout, sweep_every;
 
   /* IO thread only */
@@ -346,8 +350,8 @@ struct ServerObject {
   int nconns;
   Conn *pend; /* connections with input left over (conn_readable) */
   unsigned iter;
-  int reserve_fd;     /* spent to accept-and-close a connection when descriptors run out */
-  double accept_at;   /* > 0: accepting is paused until then */
+  int reserve_fd;   /* spent to accept-and-close a connection when descriptors run out */
+  double accept_at; /* > 0: accepting is paused until then */
   double now, next_sweep;
   Event *ev;
   size_t nev, capev;
@@ -359,7 +363,7 @@ struct ServerObject {
   ServerObject *reg_next; /* registry of running servers (GIL) */
 
   /* counters written by the IO thread, read by stats() (relaxed atomics) */
-  uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts;
+  uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets;
   int64_t n_open;
 };
 
@@ -515,7 +519,11 @@ static void stream_detach(Stream *st) {
   else c->streams = st->cnext;
   if (st->cnext) st->cnext->cprev = st->cprev;
   c->nstreams--;
+  pthread_mutex_lock(&c->srv->mu); /* send() reads st->conn and the counts under mu */
   st->conn = NULL;
+  c->queued -= st->queued;
+  st->queued = 0;
+  pthread_mutex_unlock(&c->srv->mu);
   st->closed = 1;
   push_event(c->srv, EV_CLOSE, st, NULL, 0);
 }
@@ -527,8 +535,8 @@ static void stream_detach(Stream *st) {
 
 static ssize_t data_read_cb(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length, uint32_t *flags,
                             nghttp2_data_source *src, void *ud) {
-  (void)ud;
   Stream *st = src->ptr;
+  if (st->reset_sent) return NGHTTP2_ERR_DEFERRED;
   size_t n = 0;
   while (n < length && st->oq_head) {
     OutBuf *b = st->oq_head;
@@ -542,6 +550,13 @@ static ssize_t data_read_cb(nghttp2_session *sess, int32_t id, uint8_t *buf, siz
       if (!st->oq_head) st->oq_tail = NULL;
       free(b);
     }
+  }
+  if (n) {
+    ServerObject *srv = ((Conn *)ud)->srv;
+    pthread_mutex_lock(&srv->mu);
+    st->queued -= n;
+    ((Conn *)ud)->queued -= n;
+    pthread_mutex_unlock(&srv->mu);
   }
   if (!st->oq_head) {
     if (st->fin_ready && !st->trailers_sent) {
@@ -1226,13 +1241,30 @@ static void apply_dirty(ServerObject *srv) {
       st->pq_head = st->pq_tail = NULL;
     }
     if (st->finish_req) st->fin_ready = 1;
+    if (st->overflow) st->do_reset = 1;
   }
   srv->dirty_head = NULL;
   pthread_mutex_unlock(&srv->mu);
 
   for (size_t i = 0; i < n; i++) {
     Stream *st = srv->work[i];
-    if (st->closed || !st->conn || st->trailers_sent) continue;
+    if (st->do_reset && !st->reset_sent) {
+      /* Reset the stream (ENHANCE_YOUR_CALM: grpc clients report RESOURCE_EXHAUSTED) and drop what it queued; the
+       * application gets on_cancel when the stream closes, its send() and finish() already return False. */
+      st->reset_sent = 1;
+      free_outbufs(st->oq_head);
+      st->oq_head = st->oq_tail = NULL;
+      pthread_mutex_lock(&srv->mu);
+      if (st->conn) st->conn->queued -= st->queued;
+      st->queued = 0;
+      pthread_mutex_unlock(&srv->mu);
+      if (!st->closed && st->conn) {
+        ng.submit_rst_stream(st->conn->sess, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_ENHANCE_YOUR_CALM);
+        STAT_ADD(srv->n_buffer_resets, 1);
+      }
+      continue;
+    }
+    if (st->closed || !st->conn || st->trailers_sent || st->reset_sent) continue;
     nghttp2_session *sess = st->conn->sess;
     if (st->headers_sent) {
       ng.session_resume_data(sess, st->id);
@@ -1388,12 +1420,26 @@ static PyObject *Call_send(CallObject *self, PyObject *arg) {
   int queued = 0, w = 0;
   pthread_mutex_lock(&srv->mu);
   Stream *st = self->st;
-  if (st && !st->finish_req) {
-    if (st->pq_tail) st->pq_tail->next = ob;
-    else st->pq_head = ob;
-    st->pq_tail = ob;
-    w = mark_dirty_locked(srv, st);
-    queued = 1;
+  if (st && st->conn && !st->finish_req) {
+    Conn *c = st->conn;
+    /* Bounded buffering: a client that does not read (a zero flow-control window) must not make the server hold
+     * all the application sends. A message always fits when nothing else is queued (on the stream, and on the
+     * connection); beyond max_buffered_bytes per connection, or half of it per stream (so that one stalled stream
+     * leaves room for the others), the call fails: the IO thread resets the stream and drops what it queued. */
+    if ((st->queued && st->queued + ob->len > srv->max_buf_stream) ||
+        (c->queued && c->queued + ob->len > srv->max_buf)) {
+      st->overflow = 1;
+      st->finish_req = 1; /* finish() and later send()s return False; on_cancel follows the reset */
+      w = mark_dirty_locked(srv, st);
+    } else {
+      if (st->pq_tail) st->pq_tail->next = ob;
+      else st->pq_head = ob;
+      st->pq_tail = ob;
+      st->queued += ob->len;
+      c->queued += ob->len;
+      w = mark_dirty_locked(srv, st);
+      queued = 1;
+    }
   }
   pthread_mutex_unlock(&srv->mu);
   if (!queued) free(ob);
@@ -1641,9 +1687,10 @@ static int positive(double v, const char *name) {
 }
 
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"host",         "port",         "handler",           "max_message_bytes",
-                           "tls",          "libpath",      "max_connections",   "idle_timeout",
-                           "handshake_timeout", "max_header_list_bytes", "max_buffered_bytes", NULL};
+  static char *kwlist[] = {
+      "host", "port", "handler", "max_message_bytes", "tls", "libpath",                                 /* positional */
+      "max_connections", "idle_timeout", "handshake_timeout", "max_header_list_bytes", "max_buffered_bytes", /* kw */
+      NULL};
   const char *host, *libpath = NULL;
   int port;
   PyObject *handler, *tls = Py_None;
@@ -1679,6 +1726,7 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
   self->handshake_timeout = hs;
   self->max_hdr = (size_t)max_hdr;
   self->max_buf = (size_t)max_buf;
+  self->max_buf_stream = (size_t)max_buf / 2;
   /* timers are checked this often: a tenth of the shorter timeout, between 10 ms and 1 s */
   double shorter = idle < hs ? idle : hs;
   self->sweep_every = shorter / 10 < 0.01 ? 0.01 : shorter / 10 > 1.0 ? 1.0 : shorter / 10;
@@ -1796,7 +1844,8 @@ static void Server_dealloc(ServerObject *self) {
 
 static PyObject *Server_stats(ServerObject *self, PyObject *unused) {
   (void)unused;
-  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open), "accepted",
+  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open),
+                       "buffer_resets", (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted",
                        (unsigned long long)STAT_GET(self->n_accepted), "refused",
                        (unsigned long long)STAT_GET(self->n_refused), "emfile",
                        (unsigned long long)STAT_GET(self->n_emfile), "idle_closed",
@@ -1809,7 +1858,8 @@ static PyMethodDef Server_methods[] = {
      "stop(grace=0): stop accepting, let calls finish for up to grace seconds, cancel the rest, join the IO thread"},
     {"stats", (PyCFunction)Server_stats, METH_NOARGS,
      "stats() -> dict of counters: connections (open now), accepted, refused (over max_connections or out of file "
-     "descriptors), emfile (accepts that failed for want of descriptors), idle_closed, handshake_timeouts"},
+     "descriptors), emfile (accepts that failed for want of descriptors), idle_closed, handshake_timeouts, "
+     "buffer_resets (calls reset for queueing more than max_buffered_bytes allows)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef Server_members[] = {

@@ -49,6 +49,17 @@ class Handler:
         self.cancelled = []
         self.held = []  # calls the application keeps open
         self.cancel_event = threading.Event()
+        self.poured = []  # what each send() of a Pour call returned
+        self.pour = None
+
+    def _pour(self, call, count, size):
+        chunk = b"z" * size
+        for _ in range(count):
+            ok = call.send(chunk)
+            self.poured.append(ok)
+            if not ok:
+                break
+        call.finish(0)
 
     def on_message(self, call, data):
         with self.lock:
@@ -67,6 +78,11 @@ class Handler:
         elif method == "Hold":
             with self.lock:
                 self.held.append(call)
+        elif method == "Pour":  # b"<count>:<size>": send count messages of size bytes from another thread
+            count, size = map(int, call.user.split(b":"))
+            pour = threading.Thread(target=self._pour, args=(call, count, size))
+            pour.start()
+            self.pour = pour
         else:
             call.finish(12, "unknown method")
 
@@ -127,7 +143,9 @@ class Raw:
         sid = self.conn.get_next_available_stream_id()
         self.conn.send_headers(sid, [(b":path", f"/x.Y/{method}".encode()), *REQUEST_HEADERS, *headers])
         if body is not None:
-            self.conn.send_data(sid, grpc_frame(body), end_stream=end)
+            data, step = grpc_frame(body), self.conn.max_outbound_frame_size
+            for i in range(0, max(len(data), 1), step):
+                self.conn.send_data(sid, data[i : i + step], end_stream=end and i + step >= len(data))
         self.flush()
         return sid
 
@@ -622,3 +640,55 @@ def test_busy_client_cancelling_is_not_dropped(start, handler):
         assert _open_and_reset(client, 40, gap=0.005), f"dropped after {i * 40} cancels"
     assert client.call("Echo", b"still here")[:3:2] == (0, b"still here")
     assert len(handler.cancelled) >= 1000  # they reached the application and were cancelled there
+
+
+# ---- 5: back-pressure on responses ----
+
+
+def test_zero_window_client_bounded(start, handler):
+    """A client that opens no flow-control window while the application sends 128 x 1 MiB: the server buffers at
+    most half of max_buffered_bytes (64 MiB) for the stream, then resets it (ENHANCE_YOUR_CALM), send() returns
+    False, and the application gets on_cancel."""
+    srv = start()
+    client = Raw(srv.port, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    client.wait(lambda e: isinstance(e, h2.events.SettingsAcknowledged), 3.0)
+    before = rss_mib()
+    sid = client.request("Pour", b"128:1048576")
+    deadline = time.monotonic() + 5
+    while handler.pour is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    handler.pour.join(10)
+    grown = rss_mib() - before
+    assert grown < 48, f"RSS grew by {grown:.0f} MiB"
+    assert False in handler.poured and handler.poured.index(False) <= 33, handler.poured.count(True)
+    assert handler.cancel_event.wait(3.0)
+    reset = client.wait(lambda e: isinstance(e, h2.events.StreamReset) and e.stream_id == sid, 3.0)
+    assert reset is not None and reset.error_code == 0xB
+    assert handler.cancelled[0].send(b"more") is False
+    assert srv.stats()["buffer_resets"] == 1
+
+
+def test_connection_buffer_bound_and_one_message_fits(start, handler):
+    """max_buffered_bytes bounds a connection's streams together; a single message larger than the bound is still
+    sent when nothing else is queued."""
+    srv = start(max_buffered_bytes=2 << 20)
+    client = Raw(srv.port, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    client.wait(lambda e: isinstance(e, h2.events.SettingsAcknowledged), 3.0)
+    sids = [client.request("Hold", b"%d" % i) for i in range(3)]
+    deadline = time.monotonic() + 3
+    while len(handler.held) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    held = sorted(handler.held, key=lambda c: c.user)
+    part = b"p" * (768 << 10)
+    assert [c.send(part) for c in held] == [True, True, False]  # 0.75 + 0.75 MiB queued, 2.25 would be over 2
+    for c in held[:2]:
+        c.finish(0)
+    client.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 24})
+    client.conn.increment_flow_control_window(1 << 24)
+    client.flush()
+    for sid in sids[:2]:
+        assert client.response(sid)[:3:2] == (0, part)
+    reset = client.wait(lambda e: isinstance(e, h2.events.StreamReset) and e.stream_id == sids[2], 3.0)
+    assert reset is not None and reset.error_code == 0xB
+    big = os.urandom(3 << 20)  # over max_buffered_bytes, under max_message_bytes
+    assert client.call("Echo", big, timeout=10)[:3:2] == (0, big)
