@@ -299,7 +299,8 @@ struct Conn {
   int handshaking, dead, epollout;
   int preface_done; /* the client's SETTINGS (the end of its connection preface) arrived */
   int goaway_sent;  /* closing: an idle timeout sent GOAWAY */
-  double accepted_at, last_rx, close_at;
+  double accepted_at, close_at;
+  double last_active; /* when it last received bytes or its last stream ended (the idle timeout counts from it) */
   int pending_in;      /* read budget used up: on srv->pend, served again next iteration whatever epoll says */
   unsigned served;     /* the loop iteration that last read it */
   Conn *pprev, *pnext; /* srv->pend */
@@ -519,6 +520,7 @@ static void stream_detach(Stream *st) {
   else c->streams = st->cnext;
   if (st->cnext) st->cnext->cprev = st->cprev;
   c->nstreams--;
+  c->last_active = c->srv->now; /* a call that outlasted idle_timeout does not make its connection idle at once */
   pthread_mutex_lock(&c->srv->mu); /* send() reads st->conn and the counts under mu */
   st->conn = NULL;
   c->queued -= st->queued;
@@ -882,7 +884,7 @@ static void conn_readable(Conn *c) {
       goto out;
     }
     got += (size_t)n;
-    c->last_rx = c->srv->now;
+    c->last_active = c->srv->now;
     if (ng.session_mem_recv(c->sess, buf, (size_t)n) < 0) { /* protocol error, bad preface, ... */
       c->dead = 1;
       goto out;
@@ -980,7 +982,7 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
   }
   c->srv = srv;
   c->fd = fd;
-  c->accepted_at = c->last_rx = srv->now;
+  c->accepted_at = c->last_active = srv->now;
   format_peer(sa, c->peer);
   int rv = ng_options ? ng_session_server_new2(&c->sess, srv->cbs, c, ng_options)
                       : ng.session_server_new(&c->sess, srv->cbs, c);
@@ -1084,7 +1086,8 @@ static void accept_some(ServerObject *srv) {
 }
 
 /* Timers, checked every sweep_every seconds: the handshake timeout (TLS handshake and the client's connection
- * preface), the idle timeout (no open stream and nothing received), and the end of an accept pause. */
+ * preface), the idle timeout (no open stream, and nothing received since the last one ended), and the end of an
+ * accept pause. */
 static void sweep(ServerObject *srv) {
   double now = srv->now;
   srv->next_sweep = now + srv->sweep_every;
@@ -1101,7 +1104,7 @@ static void sweep(ServerObject *srv) {
       }
     } else if (c->goaway_sent) {
       if (now >= c->close_at) c->dead = 1; /* the client does not read its GOAWAY */
-    } else if (c->nstreams == 0 && now - c->last_rx >= srv->idle_timeout && !srv->stopping) {
+    } else if (c->nstreams == 0 && now - c->last_active >= srv->idle_timeout && !srv->stopping) {
       /* GOAWAY with the last stream processed: nothing is in flight, and nghttp2 wants no more reads once it is
        * sent, so the connection closes as soon as it is flushed */
       ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess), NGHTTP2_NO_ERROR,
