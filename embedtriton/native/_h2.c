@@ -22,6 +22,7 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <libgen.h>
 #include <netdb.h>
@@ -43,23 +44,48 @@
 /* dynamically loaded libraries                                              */
 
 #define ET_DECL_NG(ret, name, args) ret(*name) args;
-static struct {
+typedef struct {
   ET_NGHTTP2_FUNCS(ET_DECL_NG)
-} ng;
+} NgFuncs;
+static NgFuncs ng;
 static int ng_loaded;
-/* optional (nghttp2 >= 1.57 and distro backports): the rapid-reset (CVE-2023-44487) limit */
+/* optional: the rapid-reset (CVE-2023-44487) limit and the CONTINUATION-flood (CVE-2024-30255) limit, in nghttp2
+ * >= 1.57 / 1.61 and in distribution backports (Debian 12's 1.52.0, the Triton wheel's 1.43.0) */
 static int (*ng_option_new)(nghttp2_option **);
 static void (*ng_option_del)(nghttp2_option *);
 static void (*ng_option_set_stream_reset_rate_limit)(nghttp2_option *, uint64_t burst, uint64_t rate);
+static void (*ng_option_set_max_continuations)(nghttp2_option *, size_t);
 static int (*ng_session_server_new2)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
                                      const nghttp2_option *);
 static nghttp2_option *ng_options;
 
-#define ET_DECL_SSL(ret, name, args) ret(*name) args;
+/* What library() reports about the libnghttp2 in use. */
 static struct {
-  ET_SSL_FUNCS(ET_DECL_SSL)
-} ossl;
-static int ossl_loaded;
+  char path[4096];
+  char version[32];
+  int version_num, reset_rate_limit, max_continuations;
+} ng_info;
+
+/* Rapid reset (CVE-2023-44487): a token bucket per connection, one token per RST_STREAM the client sends; when it is
+ * empty nghttp2 sends GOAWAY and the connection ends. nghttp2's default is a burst of 1000 refilled at 33/s.
+ *
+ * Measured here (2 vCPUs, a trivial handler, IO thread CPU time per reset stream): ~1.7 us for a request reset in
+ * the same read, which never reaches Python (dispatch drops it), ~3-4 us for one reset after on_message and
+ * on_half_close ran (on_cancel follows). What a reset costs beyond that is the application's work for a call that
+ * is then cancelled: ~160 us of CPU for an AddSub inference through Triton (12,683 infer/s on 2 cores, README).
+ * The burst bounds that work per connection, the rate its sustained share:
+ *  - burst 1000, nghttp2's own: at most ~0.16 s of such work, once per connection (max_connections bounds how
+ *    many); the old 10,000 let one connection queue seconds of it ahead of every other client;
+ *  - rate 500/s instead of 33/s: a busy client cancelling a few hundred calls a second (deadlines, hedged requests)
+ *    keeps its connection, where 33/s dropped one cancelling 66/s after ~30 s; a flooding connection is held to
+ *    ~8 % of one core of cancelled inference work (500 x 160 us) and ~0.2 % of the IO thread for the transport's
+ *    part (tests/adversarial checks both: a flood gets GOAWAY within the budget, 400 cancels/s do not).
+ */
+#define RESET_BURST 1000
+#define RESET_RATE 500
+/* nghttp2's own default (8 CONTINUATION frames per header block), set explicitly so that it holds whatever the
+ * library's default is. */
+#define MAX_CONTINUATIONS 8
 
 static int load_symbols(void *h, const char *prefix, const char *const *names, void **slots, size_t n, char *err,
                         size_t errlen) {
@@ -79,44 +105,112 @@ static int load_symbols(void *h, const char *prefix, const char *const *names, v
 static const char *const ng_names[] = {ET_NGHTTP2_FUNCS(ET_NAME)};
 static const char *const ssl_names[] = {ET_SSL_FUNCS(ET_NAME)};
 
-static int load_nghttp2(const char *libpath) {
-  if (ng_loaded) return 0;
-  char err[512] = "", err2[512] = "";
-  void *h = dlopen("libnghttp2.so.14", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(err, sizeof err, "%s", dlerror());
-    if (libpath) {
-      h = dlopen(libpath, RTLD_NOW | RTLD_LOCAL);
-      if (!h) snprintf(err2, sizeof err2, "%s", dlerror());
-    }
-  }
-  if (!h) {
-    PyErr_Format(PyExc_ImportError,
-                 "embedtriton._h2 needs libnghttp2: dlopen(libnghttp2.so.14) failed (%s)%s%s%s; install libnghttp2-14 "
-                 "or the nvidia-pytriton wheel, which bundles it",
-                 err, libpath ? "; dlopen of " : ", and no fallback path was given", libpath ? libpath : "",
-                 libpath ? (err2[0] ? err2 : "") : "");
+/* One libnghttp2 that could be used: its handle, what it offers, and where it was found. */
+typedef struct {
+  void *h;
+  NgFuncs f;
+  int version_num, reset_rate_limit, max_continuations;
+  char version[32], path[4096];
+} NgCandidate;
+
+static int ng_probe(const char *name, NgCandidate *c, char *err, size_t errlen) {
+  memset(c, 0, sizeof *c);
+  c->h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (!c->h) {
+    snprintf(err, errlen, "dlopen(%s) failed: %s", name, dlerror());
     return -1;
   }
-  if (load_symbols(h, "nghttp2_", ng_names, (void **)&ng, sizeof ng_names / sizeof *ng_names, err, sizeof err) < 0) {
-    PyErr_Format(PyExc_ImportError, "libnghttp2 is too old or not nghttp2: %s", err);
-    dlclose(h);
+  char why[256];
+  if (load_symbols(c->h, "nghttp2_", ng_names, (void **)&c->f, sizeof ng_names / sizeof *ng_names, why,
+                   sizeof why) < 0) {
+    snprintf(err, errlen, "%s is too old or not nghttp2: %s", name, why);
+    dlclose(c->h);
+    c->h = NULL;
     return -1;
   }
-  ng_option_new = (int (*)(nghttp2_option **))dlsym(h, "nghttp2_option_new");
-  ng_option_del = (void (*)(nghttp2_option *))dlsym(h, "nghttp2_option_del");
-  ng_option_set_stream_reset_rate_limit =
-      (void (*)(nghttp2_option *, uint64_t, uint64_t))dlsym(h, "nghttp2_option_set_stream_reset_rate_limit");
-  ng_session_server_new2 = (int (*)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
-                                    const nghttp2_option *))dlsym(h, "nghttp2_session_server_new2");
-  /* The library's default (a burst of 1000 client resets, then 33/s) drops a connection whose client cancels a
-   * few hundred calls a second, which a busy inference client does; keep the protection with roomier numbers. */
-  if (ng_option_new && ng_option_del && ng_option_set_stream_reset_rate_limit && ng_session_server_new2 &&
-      ng_option_new(&ng_options) == 0)
-    ng_option_set_stream_reset_rate_limit(ng_options, 10000, 1000);
-  ng_loaded = 1;
+  nghttp2_info *info = c->f.version(0);
+  c->version_num = info ? info->version_num : 0;
+  snprintf(c->version, sizeof c->version, "%s", info && info->version_str ? info->version_str : "?");
+  int opts = dlsym(c->h, "nghttp2_option_new") && dlsym(c->h, "nghttp2_option_del") &&
+             dlsym(c->h, "nghttp2_session_server_new2");
+  c->reset_rate_limit = opts && dlsym(c->h, "nghttp2_option_set_stream_reset_rate_limit");
+  c->max_continuations = opts && dlsym(c->h, "nghttp2_option_set_max_continuations");
+  Dl_info dl;
+  char real[4096];
+  if (dladdr((void *)c->f.version, &dl) && dl.dli_fname && realpath(dl.dli_fname, real))
+    snprintf(c->path, sizeof c->path, "%s", real);
+  else
+    snprintf(c->path, sizeof c->path, "%s", name);
   return 0;
 }
+
+/* Which of two usable libraries to keep: the one with more of the two security options, then the newer. */
+static int ng_better(const NgCandidate *a, const NgCandidate *b) {
+  int sa = a->reset_rate_limit + a->max_continuations, sb = b->reset_rate_limit + b->max_continuations;
+  if (sa != sb) return sa > sb;
+  return a->version_num > b->version_num;
+}
+
+static void ng_use(NgCandidate *c) {
+  ng = c->f;
+  ng_option_new = (int (*)(nghttp2_option **))dlsym(c->h, "nghttp2_option_new");
+  ng_option_del = (void (*)(nghttp2_option *))dlsym(c->h, "nghttp2_option_del");
+  ng_session_server_new2 = (int (*)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
+                                    const nghttp2_option *))dlsym(c->h, "nghttp2_session_server_new2");
+  ng_option_set_stream_reset_rate_limit =
+      (void (*)(nghttp2_option *, uint64_t, uint64_t))dlsym(c->h, "nghttp2_option_set_stream_reset_rate_limit");
+  ng_option_set_max_continuations =
+      (void (*)(nghttp2_option *, size_t))dlsym(c->h, "nghttp2_option_set_max_continuations");
+  if ((c->reset_rate_limit || c->max_continuations) && ng_option_new(&ng_options) == 0) {
+    if (c->reset_rate_limit) ng_option_set_stream_reset_rate_limit(ng_options, RESET_BURST, RESET_RATE);
+    if (c->max_continuations) ng_option_set_max_continuations(ng_options, MAX_CONTINUATIONS);
+  } else {
+    ng_options = NULL;
+  }
+  snprintf(ng_info.path, sizeof ng_info.path, "%s", c->path);
+  snprintf(ng_info.version, sizeof ng_info.version, "%s", c->version);
+  ng_info.version_num = c->version_num;
+  ng_info.reset_rate_limit = c->reset_rate_limit;
+  ng_info.max_continuations = c->max_continuations;
+  ng_loaded = 1;
+}
+
+/* EMBEDTRITON_NGHTTP2=/path/libnghttp2.so forces that library. Otherwise both the system's libnghttp2.so.14 and the
+ * caller's libpath (the copy bundled with the Triton wheel) are tried, and the better one (ng_better) is kept. */
+static int load_nghttp2(const char *libpath) {
+  if (ng_loaded) return 0;
+  char err[1024] = "", err2[1024] = "";
+  NgCandidate a, b;
+  const char *forced = getenv("EMBEDTRITON_NGHTTP2");
+  if (forced && forced[0]) {
+    if (ng_probe(forced, &a, err, sizeof err) < 0) {
+      PyErr_Format(PyExc_ImportError, "EMBEDTRITON_NGHTTP2=%s is unusable: %s", forced, err);
+      return -1;
+    }
+    ng_use(&a);
+    return 0;
+  }
+  int ok_a = ng_probe("libnghttp2.so.14", &a, err, sizeof err) == 0;
+  int ok_b = libpath && ng_probe(libpath, &b, err2, sizeof err2) == 0;
+  if (!ok_a && !ok_b) {
+    PyErr_Format(PyExc_ImportError,
+                 "embedtriton._h2 needs libnghttp2: %s%s%s; install libnghttp2-14 or the nvidia-pytriton wheel, which "
+                 "bundles it (or set EMBEDTRITON_NGHTTP2 to a libnghttp2.so)",
+                 err, libpath ? "; " : ", and no fallback path was given", libpath ? err2 : "");
+    return -1;
+  }
+  NgCandidate *keep = ok_a && (!ok_b || !ng_better(&b, &a)) ? &a : &b, *drop = keep == &a ? &b : &a;
+  int drop_ok = keep == &a ? ok_b : ok_a;
+  ng_use(keep);
+  if (drop_ok) dlclose(drop->h); /* the same file opened twice is one handle with two references */
+  return 0;
+}
+
+#define ET_DECL_SSL(ret, name, args) ret(*name) args;
+static struct {
+  ET_SSL_FUNCS(ET_DECL_SSL)
+} ossl;
+static int ossl_loaded;
 
 static int load_openssl(const char *libpath) {
   if (ossl_loaded) return 0;
@@ -163,7 +257,7 @@ typedef struct Stream Stream;
 #define PEER_LEN 80
 
 struct Stream {
-  Conn *conn; /* NULL once nghttp2 closed the stream or the connection died */
+  Conn *conn; /* NULL once nghttp2 closed the stream or the connection died (written under srv->mu) */
   int32_t id;
   Stream *cprev, *cnext; /* the connection's streams */
   CallObject *call;      /* strong reference; created with the GIL at the first event */
@@ -173,7 +267,9 @@ struct Stream {
   char *path;
   char **meta; /* name, value, name, value, ... (NUL-terminated copies) */
   size_t nmeta, capmeta;
+  size_t hdr_bytes, hdr_count; /* the request's header list: RFC 7540 size (name + value + 32 each), fields */
   int is_post, ctype_ok, headers_done, rejected;
+  int hdr_over; /* 1: the list is over max_header_list_bytes, 2: it has too many fields */
 
   /* incoming message framing (IO thread) */
   uint8_t pfx[5];
@@ -184,11 +280,14 @@ struct Stream {
   /* outgoing (IO thread) */
   OutBuf *oq_head, *oq_tail;
   int headers_sent, trailers_sent, fin_ready, closed;
+  int do_reset, reset_sent; /* overflow seen by the IO thread; the stream was reset for it: nothing more is sent */
 
   /* shared with threads calling send/finish: guarded by srv->mu */
   OutBuf *pq_head, *pq_tail;
   int finish_req, finished_by_app, fin_code;
   char *fin_msg; /* percent-encoded, written once when finish_req is set */
+  size_t queued; /* bytes in pq and oq, not yet handed to nghttp2 */
+  int overflow;  /* send() found the stream or its connection over its buffer limit */
   int dirty;
   Stream *dprev, *dnext;
 };
@@ -198,9 +297,17 @@ struct Conn {
   int fd;
   SSL *ssl;
   int handshaking, dead, epollout;
+  int preface_done; /* the client's SETTINGS (the end of its connection preface) arrived */
+  int goaway_sent;  /* closing: an idle timeout sent GOAWAY */
+  double accepted_at, close_at;
+  double last_active; /* when it last received bytes or its last stream ended (the idle timeout counts from it) */
+  int pending_in;      /* read budget used up: on srv->pend, served again next iteration whatever epoll says */
+  unsigned served;     /* the loop iteration that last read it */
+  Conn *pprev, *pnext; /* srv->pend */
   nghttp2_session *sess;
   uint8_t *out;
   size_t outlen, outoff, outcap;
+  size_t queued; /* the sum of its streams' queued (srv->mu) */
   Stream *streams;
   int nstreams;
   char peer[PEER_LEN];
@@ -234,8 +341,19 @@ struct ServerObject {
   int wake_pending, in_dispatch, stop_req;
   double grace;
 
+  /* limits (set before the IO thread starts) */
+  int max_conns;
+  size_t max_hdr, max_buf, max_buf_stream;
+  double idle_timeout, handshake_timeout, sweep_every;
+
   /* IO thread only */
   Conn *conns;
+  int nconns;
+  Conn *pend; /* connections with input left over (conn_readable) */
+  unsigned iter;
+  int reserve_fd;   /* spent to accept-and-close a connection when descriptors run out */
+  double accept_at; /* > 0: accepting is paused until then */
+  double now, next_sweep;
   Event *ev;
   size_t nev, capev;
   Stream **work;
@@ -244,7 +362,14 @@ struct ServerObject {
   double deadline;
   uint8_t *rbuf;
   ServerObject *reg_next; /* registry of running servers (GIL) */
+
+  /* counters written by the IO thread, read by stats() (relaxed atomics) */
+  uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets;
+  int64_t n_open;
 };
+
+#define STAT_ADD(field, v) __atomic_add_fetch(&(field), (v), __ATOMIC_RELAXED)
+#define STAT_GET(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
 
 struct CallObject {
   PyObject_HEAD
@@ -260,6 +385,12 @@ static PyTypeObject ServerType, CallType;
 static ServerObject *registry; /* servers whose IO thread is running */
 
 #define RBUF_SIZE (256 * 1024)
+/* What one connection may read per loop iteration, TLS or not, so that one fast sender cannot hold the IO thread
+ * while the others wait: up to READ_BUDGET bytes in at most READ_CALLS reads. A plaintext connection gets one
+ * recv() of RBUF_SIZE; a TLS one up to 16 SSL_read()s, each returning one record (at most 16 KiB), since a client
+ * sending one-byte records would otherwise cost two syscalls and a decryption per byte within one budget. */
+#define READ_BUDGET RBUF_SIZE
+#define READ_CALLS 16
 #define FLUSH_AT (256 * 1024)
 
 static void *xrealloc(void *p, size_t n) {
@@ -389,7 +520,12 @@ static void stream_detach(Stream *st) {
   else c->streams = st->cnext;
   if (st->cnext) st->cnext->cprev = st->cprev;
   c->nstreams--;
+  c->last_active = c->srv->now; /* a call that outlasted idle_timeout does not make its connection idle at once */
+  pthread_mutex_lock(&c->srv->mu); /* send() reads st->conn and the counts under mu */
   st->conn = NULL;
+  c->queued -= st->queued;
+  st->queued = 0;
+  pthread_mutex_unlock(&c->srv->mu);
   st->closed = 1;
   push_event(c->srv, EV_CLOSE, st, NULL, 0);
 }
@@ -401,8 +537,8 @@ static void stream_detach(Stream *st) {
 
 static ssize_t data_read_cb(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length, uint32_t *flags,
                             nghttp2_data_source *src, void *ud) {
-  (void)ud;
   Stream *st = src->ptr;
+  if (st->reset_sent) return NGHTTP2_ERR_DEFERRED;
   size_t n = 0;
   while (n < length && st->oq_head) {
     OutBuf *b = st->oq_head;
@@ -416,6 +552,13 @@ static ssize_t data_read_cb(nghttp2_session *sess, int32_t id, uint8_t *buf, siz
       if (!st->oq_head) st->oq_tail = NULL;
       free(b);
     }
+  }
+  if (n) {
+    ServerObject *srv = ((Conn *)ud)->srv;
+    pthread_mutex_lock(&srv->mu);
+    st->queued -= n;
+    ((Conn *)ud)->queued -= n;
+    pthread_mutex_unlock(&srv->mu);
   }
   if (!st->oq_head) {
     if (st->fin_ready && !st->trailers_sent) {
@@ -468,11 +611,28 @@ static char *dup_n(const uint8_t *s, size_t n) {
   return d;
 }
 
+/* At most this many header fields per request (pseudo-headers included), whatever their size: Envoy's and nghttpx's
+ * default is 100 as well, and a gRPC client sends about ten. */
+#define MAX_HEADER_FIELDS 100
+
 static int on_header(nghttp2_session *sess, const nghttp2_frame *f, const uint8_t *name, size_t namelen,
                      const uint8_t *value, size_t valuelen, uint8_t flags, void *ud) {
-  (void)flags, (void)ud;
+  (void)flags;
   Stream *st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
   if (!st || st->headers_done) return 0; /* trailers from the client: ignored */
+  /* HPACK makes a header cheap to send and dear to keep: one byte can refer to a 4 KiB table entry. The list is
+   * measured before anything is copied; once over the limit, what was kept is freed and the rest only counted. The
+   * request is refused when its header block ends (on_frame_recv). */
+  st->hdr_bytes += namelen + valuelen + 32;
+  st->hdr_count++;
+  if (st->hdr_over) return 0;
+  if (st->hdr_bytes > ((Conn *)ud)->srv->max_hdr || st->hdr_count > MAX_HEADER_FIELDS) {
+    st->hdr_over = st->hdr_bytes > ((Conn *)ud)->srv->max_hdr ? 1 : 2; /* which limit it met first */
+    free_meta(st->meta, st->nmeta);
+    st->meta = NULL;
+    st->nmeta = st->capmeta = 0;
+    return 0;
+  }
   if (namelen && name[0] == ':') {
     if (namelen == 5 && !memcmp(name, ":path", 5)) {
       free(st->path);
@@ -495,10 +655,12 @@ static int on_header(nghttp2_session *sess, const nghttp2_frame *f, const uint8_
   return 0;
 }
 
-static void reject(nghttp2_session *sess, Stream *st, const char *status, const char *msg) {
+static void reject(nghttp2_session *sess, Stream *st, const char *status, int code, const char *msg) {
   char *enc = percent_encode(msg, strlen(msg));
+  char cs[16];
+  int cl = snprintf(cs, sizeof cs, "%d", code);
   nghttp2_nv h[4] = {MAKE_NV(":status", status, strlen(status)), MAKE_NV("content-type", "application/grpc", 16),
-                     MAKE_NV("grpc-status", "13", 2), MAKE_NV("grpc-message", enc, strlen(enc))};
+                     MAKE_NV("grpc-status", cs, (size_t)cl), MAKE_NV("grpc-message", enc, strlen(enc))};
   ng.submit_response(sess, st->id, h, 4, NULL);
   free(enc);
   st->rejected = 1;
@@ -518,15 +680,27 @@ static void on_remote_end(Stream *st) {
 }
 
 static int on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, void *ud) {
-  (void)ud;
+  if (f->hd.type == NGHTTP2_SETTINGS) { /* nghttp2 checked the magic; this ends the client's connection preface */
+    ((Conn *)ud)->preface_done = 1;
+    return 0;
+  }
   if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
   Stream *st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
   if (!st) return 0;
   if (f->hd.type == NGHTTP2_HEADERS && !st->headers_done) {
     st->headers_done = 1;
-    if (!st->is_post) reject(sess, st, "405", "gRPC requests must use POST");
-    else if (!st->ctype_ok) reject(sess, st, "415", "content-type must be application/grpc");
-    else if (!st->path) reject(sess, st, "400", "missing :path");
+    if (st->hdr_over) { /* as grpc-core says it: RESOURCE_EXHAUSTED, naming the limit */
+      char m[160];
+      size_t limit = ((Conn *)ud)->srv->max_hdr;
+      if (st->hdr_over == 2)
+        snprintf(m, sizeof m, "received metadata has too many entries (%zu vs. %d)", st->hdr_count,
+                 MAX_HEADER_FIELDS);
+      else
+        snprintf(m, sizeof m, "received metadata size exceeds limit (%zu vs. %zu bytes)", st->hdr_bytes, limit);
+      reject(sess, st, "200", 8, m);
+    } else if (!st->is_post) reject(sess, st, "405", 13, "gRPC requests must use POST");
+    else if (!st->ctype_ok) reject(sess, st, "415", 13, "content-type must be application/grpc");
+    else if (!st->path) reject(sess, st, "400", 13, "missing :path");
   }
   if (f->hd.flags & NGHTTP2_FLAG_END_STREAM) on_remote_end(st);
   return 0;
@@ -612,7 +786,7 @@ static int on_stream_close(nghttp2_session *sess, int32_t id, uint32_t code, voi
 
 static void conn_want_out(Conn *c, int on) {
   if (c->epollout == on) return;
-  struct epoll_event e = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = c};
+  struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.ptr = c};
   epoll_ctl(c->srv->epfd, EPOLL_CTL_MOD, c->fd, &e);
   c->epollout = on;
 }
@@ -667,26 +841,62 @@ static void tls_handshake(Conn *c) {
   ossl.ERR_clear_error();
 }
 
+static void pending_set(Conn *c, int on) {
+  ServerObject *srv = c->srv;
+  if (c->pending_in == on) return;
+  c->pending_in = on;
+  if (on) {
+    c->pprev = NULL;
+    c->pnext = srv->pend;
+    if (srv->pend) srv->pend->pprev = c;
+    srv->pend = c;
+  } else {
+    if (c->pprev) c->pprev->pnext = c->pnext;
+    else srv->pend = c->pnext;
+    if (c->pnext) c->pnext->pprev = c->pprev;
+    c->pprev = c->pnext = NULL;
+  }
+}
+
+/* Read what the connection has, up to READ_BUDGET. If the budget ran out, or OpenSSL holds decrypted bytes that
+ * level-triggered epoll cannot report (SSL_pending), the connection goes on srv->pend and is read again next
+ * iteration (which then does not wait in epoll_wait). */
 static void conn_readable(Conn *c) {
-  if (c->dead) return;
+  c->served = c->srv->iter;
+  int more = 0;
+  if (c->dead) goto out;
   if (c->handshaking) {
     tls_handshake(c);
-    if (c->handshaking || c->dead) return;
+    if (c->handshaking || c->dead) goto out;
   }
   uint8_t *buf = c->srv->rbuf;
-  for (int i = 0; i < 16 || c->ssl; i++) {
+  size_t got = 0;
+  int calls = 0, drained = 0;
+  while (got < READ_BUDGET && calls < READ_CALLS) {
+    calls++;
     ssize_t n = conn_recv(c, buf, RBUF_SIZE);
-    if (n == -1) break;
+    if (n == -1) {
+      drained = 1;
+      break;
+    }
     if (n <= 0) {
       c->dead = 1;
-      return;
+      goto out;
     }
+    got += (size_t)n;
+    c->last_active = c->srv->now;
     if (ng.session_mem_recv(c->sess, buf, (size_t)n) < 0) { /* protocol error, bad preface, ... */
       c->dead = 1;
-      return;
+      goto out;
     }
-    if (!c->ssl && (size_t)n < RBUF_SIZE) break; /* drained; epoll is level-triggered anyway */
+    if (!c->ssl && (size_t)n < RBUF_SIZE) { /* a short read: the socket is empty for now */
+      drained = 1;
+      break;
+    }
   }
+  more = !drained || (c->ssl && ossl.SSL_pending(c->ssl) > 0);
+out:
+  pending_set(c, more);
 }
 
 static void conn_append(Conn *c, const uint8_t *p, size_t n) {
@@ -772,6 +982,7 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
   }
   c->srv = srv;
   c->fd = fd;
+  c->accepted_at = c->last_active = srv->now;
   format_peer(sa, c->peer);
   int rv = ng_options ? ng_session_server_new2(&c->sess, srv->cbs, c, ng_options)
                       : ng.session_server_new(&c->sess, srv->cbs, c);
@@ -780,10 +991,11 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
     close(fd);
     return;
   }
-  nghttp2_settings_entry iv[3] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 1024},
+  nghttp2_settings_entry iv[4] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 1024},
                                   {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 8 << 20},
-                                  {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, 1 << 20}};
-  ng.submit_settings(c->sess, NGHTTP2_FLAG_NONE, iv, 3);
+                                  {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, 1 << 20},
+                                  {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)srv->max_hdr}};
+  ng.submit_settings(c->sess, NGHTTP2_FLAG_NONE, iv, 4);
   ng.session_set_local_window_size(c->sess, NGHTTP2_FLAG_NONE, 0, 16 << 20);
   if (srv->ssl_ctx) {
     c->ssl = ossl.SSL_new(srv->ssl_ctx);
@@ -797,15 +1009,18 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
     ossl.SSL_set_accept_state(c->ssl);
     c->handshaking = 1;
   }
-  struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+  struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
   epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &e);
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
+  srv->nconns++;
+  STAT_ADD(srv->n_open, 1);
 }
 
 static void conn_close(Conn *c) {
   ServerObject *srv = c->srv;
+  pending_set(c, 0);
   while (c->streams) stream_detach(c->streams);
   ng.session_del(c->sess);
   if (c->ssl) ossl.SSL_free(c->ssl);
@@ -815,21 +1030,89 @@ static void conn_close(Conn *c) {
   if (c->prev) c->prev->next = c->next;
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
+  srv->nconns--;
+  STAT_ADD(srv->n_open, -1);
   free(c);
 }
 
-static void accept_all(ServerObject *srv) {
-  for (;;) {
+#define ACCEPT_BATCH 64  /* connections accepted per loop iteration: a connect flood cannot hold the IO thread */
+#define ACCEPT_PAUSE 0.1 /* seconds without accepting after an error that retrying at once would only repeat */
+#define GOAWAY_LINGER 1.0 /* seconds a connection closing on its idle timeout may take to flush its GOAWAY */
+
+static void listen_watch(ServerObject *srv, int on) {
+  struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.ptr = &srv->listen_fd};
+  epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &e);
+}
+
+static void accept_some(ServerObject *srv) {
+  for (int i = 0; i < ACCEPT_BATCH; i++) {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;
     int fd = accept4(srv->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      return; /* EAGAIN, or out of descriptors: try again on the next readiness */
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if ((errno == EMFILE || errno == ENFILE) && srv->reserve_fd >= 0) {
+        /* Out of descriptors. The listener stays readable (level-triggered), so retrying would spin: spend the
+         * reserve descriptor to take the connection off the queue and close it, then take the reserve back. */
+        STAT_ADD(srv->n_emfile, 1);
+        close(srv->reserve_fd);
+        fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+          close(fd);
+          STAT_ADD(srv->n_refused, 1);
+        }
+        srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && srv->reserve_fd >= 0) continue;
+      } else if (errno == EMFILE || errno == ENFILE) {
+        STAT_ADD(srv->n_emfile, 1);
+      }
+      /* no reserve (or another error such as ENOBUFS): stop watching the listener for a moment */
+      if (srv->reserve_fd < 0) srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      listen_watch(srv, 0);
+      srv->accept_at = srv->now + ACCEPT_PAUSE;
+      return;
     }
+    if (srv->nconns >= srv->max_conns) { /* over the cap: closed at once, before any TLS or HTTP/2 work */
+      close(fd);
+      STAT_ADD(srv->n_refused, 1);
+      continue;
+    }
+    STAT_ADD(srv->n_accepted, 1);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     conn_new(srv, fd, &sa);
+  }
+}
+
+/* Timers, checked every sweep_every seconds: the handshake timeout (TLS handshake and the client's connection
+ * preface), the idle timeout (no open stream, and nothing received since the last one ended), and the end of an
+ * accept pause. */
+static void sweep(ServerObject *srv) {
+  double now = srv->now;
+  srv->next_sweep = now + srv->sweep_every;
+  if (srv->accept_at > 0 && now >= srv->accept_at && srv->listen_fd >= 0) {
+    srv->accept_at = 0;
+    listen_watch(srv, 1);
+  }
+  for (Conn *c = srv->conns; c; c = c->next) {
+    if (c->dead) continue;
+    if (!c->preface_done) {
+      if (now - c->accepted_at >= srv->handshake_timeout) {
+        c->dead = 1;
+        STAT_ADD(srv->n_handshake_timeouts, 1);
+      }
+    } else if (c->goaway_sent) {
+      if (now >= c->close_at) c->dead = 1; /* the client does not read its GOAWAY */
+    } else if (c->nstreams == 0 && now - c->last_active >= srv->idle_timeout && !srv->stopping) {
+      /* GOAWAY with the last stream processed: nothing is in flight, and nghttp2 wants no more reads once it is
+       * sent, so the connection closes as soon as it is flushed */
+      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess), NGHTTP2_NO_ERROR,
+                       NULL, 0);
+      c->goaway_sent = 1;
+      c->close_at = now + GOAWAY_LINGER;
+      STAT_ADD(srv->n_idle_closed, 1);
+    }
   }
 }
 
@@ -901,6 +1184,12 @@ static void dispatch(ServerObject *srv) {
       stream_free(st);
       continue;
     }
+    /* Reset, or its connection closed, before the application saw this: nobody is left to answer, so no work is
+     * started (its EV_CLOSE follows, and cancels the call if an earlier event created one). */
+    if (st->closed || (st->conn && st->conn->dead)) {
+      free(e->data);
+      continue;
+    }
     if (!st->call && !make_call(srv, st)) {
       PyErr_WriteUnraisable(NULL);
       free(e->data);
@@ -955,13 +1244,30 @@ static void apply_dirty(ServerObject *srv) {
       st->pq_head = st->pq_tail = NULL;
     }
     if (st->finish_req) st->fin_ready = 1;
+    if (st->overflow) st->do_reset = 1;
   }
   srv->dirty_head = NULL;
   pthread_mutex_unlock(&srv->mu);
 
   for (size_t i = 0; i < n; i++) {
     Stream *st = srv->work[i];
-    if (st->closed || !st->conn || st->trailers_sent) continue;
+    if (st->do_reset && !st->reset_sent) {
+      /* Reset the stream (ENHANCE_YOUR_CALM: grpc clients report RESOURCE_EXHAUSTED) and drop what it queued; the
+       * application gets on_cancel when the stream closes, its send() and finish() already return False. */
+      st->reset_sent = 1;
+      free_outbufs(st->oq_head);
+      st->oq_head = st->oq_tail = NULL;
+      pthread_mutex_lock(&srv->mu);
+      if (st->conn) st->conn->queued -= st->queued;
+      st->queued = 0;
+      pthread_mutex_unlock(&srv->mu);
+      if (!st->closed && st->conn) {
+        ng.submit_rst_stream(st->conn->sess, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_ENHANCE_YOUR_CALM);
+        STAT_ADD(srv->n_buffer_resets, 1);
+      }
+      continue;
+    }
+    if (st->closed || !st->conn || st->trailers_sent || st->reset_sent) continue;
     nghttp2_session *sess = st->conn->sess;
     if (st->headers_sent) {
       ng.session_resume_data(sess, st->id);
@@ -1002,29 +1308,48 @@ static void *io_main(void *arg) {
   PyGILState_STATE gs = PyGILState_Ensure();
   srv->tstate = PyEval_SaveThread();
   struct epoll_event evs[128];
+  srv->now = now_s();
+  srv->next_sweep = srv->now + srv->sweep_every;
   for (;;) {
     int timeout = -1;
-    if (srv->nev) {
+    if (srv->nev || srv->pend) {
       timeout = 0;
-    } else if (srv->stopping) {
-      double left = srv->deadline - now_s();
-      timeout = left <= 0 ? 0 : (left > 0.05 ? 50 : (int)(left * 1000) + 1);
+    } else {
+      double wake_at = srv->conns || srv->accept_at > 0 ? srv->next_sweep : -1;
+      if (srv->stopping) {
+        double at = srv->deadline < srv->now + 0.05 ? srv->deadline : srv->now + 0.05;
+        if (wake_at < 0 || at < wake_at) wake_at = at;
+      }
+      if (wake_at >= 0) {
+        double left = wake_at - now_s();
+        timeout = left <= 0 ? 0 : (int)(left * 1000) + 1;
+      }
     }
     int n = epoll_wait(srv->epfd, evs, 128, timeout);
     if (n < 0) n = 0;
+    srv->now = now_s();
+    srv->iter++;
     for (int i = 0; i < n; i++) {
       void *p = evs[i].data.ptr;
       if (p == (void *)&srv->listen_fd) {
-        if (srv->listen_fd >= 0) accept_all(srv);
+        if (srv->listen_fd >= 0) accept_some(srv);
       } else if (p == (void *)&srv->evfd) {
         uint64_t v;
         ssize_t r = read(srv->evfd, &v, sizeof v);
         (void)r;
       } else {
         Conn *c = p;
-        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) conn_readable(c);
+        /* The client shut its side or the connection failed: whatever it still has queued is not read, as no
+         * answer could reach it (a request followed by a close must not start work). */
+        if (evs[i].events & (EPOLLRDHUP | EPOLLERR | EPOLLHUP)) c->dead = 1;
+        else if (evs[i].events & EPOLLIN) conn_readable(c);
         else if (c->handshaking && (evs[i].events & EPOLLOUT)) conn_readable(c);
       }
+    }
+    Conn *pnext;
+    for (Conn *c = srv->pend; c; c = pnext) { /* left over from the last iteration and not read in this one */
+      pnext = c->pnext;
+      if (c->served != srv->iter) conn_readable(c);
     }
     dispatch(srv);
     apply_dirty(srv);
@@ -1034,6 +1359,7 @@ static void *io_main(void *arg) {
     double grace = srv->grace;
     pthread_mutex_unlock(&srv->mu);
     if (stop_req && !srv->stopping) begin_stop(srv, grace);
+    if (srv->now >= srv->next_sweep) sweep(srv);
     if (srv->stopping && !srv->hard && now_s() >= srv->deadline) {
       srv->hard = 1;
       for (Conn *c = srv->conns; c; c = c->next)
@@ -1097,12 +1423,26 @@ static PyObject *Call_send(CallObject *self, PyObject *arg) {
   int queued = 0, w = 0;
   pthread_mutex_lock(&srv->mu);
   Stream *st = self->st;
-  if (st && !st->finish_req) {
-    if (st->pq_tail) st->pq_tail->next = ob;
-    else st->pq_head = ob;
-    st->pq_tail = ob;
-    w = mark_dirty_locked(srv, st);
-    queued = 1;
+  if (st && st->conn && !st->finish_req) {
+    Conn *c = st->conn;
+    /* Bounded buffering: a client that does not read (a zero flow-control window) must not make the server hold
+     * all the application sends. A message always fits when nothing else is queued (on the stream, and on the
+     * connection); beyond max_buffered_bytes per connection, or half of it per stream (so that one stalled stream
+     * leaves room for the others), the call fails: the IO thread resets the stream and drops what it queued. */
+    if ((st->queued && st->queued + ob->len > srv->max_buf_stream) ||
+        (c->queued && c->queued + ob->len > srv->max_buf)) {
+      st->overflow = 1;
+      st->finish_req = 1; /* finish() and later send()s return False; on_cancel follows the reset */
+      w = mark_dirty_locked(srv, st);
+    } else {
+      if (st->pq_tail) st->pq_tail->next = ob;
+      else st->pq_head = ob;
+      st->pq_tail = ob;
+      st->queued += ob->len;
+      c->queued += ob->len;
+      w = mark_dirty_locked(srv, st);
+      queued = 1;
+    }
   }
   pthread_mutex_unlock(&srv->mu);
   if (!queued) free(ob);
@@ -1336,31 +1676,63 @@ static int bind_listener(ServerObject *self, const char *host, int port) {
 static PyObject *Server_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   ServerObject *self = (ServerObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
-  self->listen_fd = self->epfd = self->evfd = -1;
+  self->listen_fd = self->epfd = self->evfd = self->reserve_fd = -1;
   pthread_mutex_init(&self->mu, NULL);
   pthread_mutex_init(&self->join_mu, NULL);
   (void)args, (void)kw;
   return (PyObject *)self;
 }
 
+static int positive(double v, const char *name) {
+  if (v > 0) return 0; /* NaN fails this too */
+  PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds", name);
+  return -1;
+}
+
 static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"host", "port", "handler", "max_message_bytes", "tls", "libpath", NULL};
+  static char *kwlist[] = {
+      "host", "port", "handler", "max_message_bytes", "tls", "libpath",                                 /* positional */
+      "max_connections", "idle_timeout", "handshake_timeout", "max_header_list_bytes", "max_buffered_bytes", /* kw */
+      NULL};
   const char *host, *libpath = NULL;
   int port;
   PyObject *handler, *tls = Py_None;
-  Py_ssize_t max_msg;
+  Py_ssize_t max_msg, max_conns = 1024, max_hdr = 16384, max_buf = 64 << 20;
+  double idle = 300.0, hs = 10.0;
   if (self->started || self->on_message) {
     PyErr_SetString(PyExc_RuntimeError, "Server.__init__ called twice");
     return -1;
   }
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz:Server", kwlist, &host, &port, &handler, &max_msg, &tls,
-                                   &libpath))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz$nddnn:Server", kwlist, &host, &port, &handler, &max_msg, &tls,
+                                   &libpath, &max_conns, &idle, &hs, &max_hdr, &max_buf))
     return -1;
   if (max_msg < 0) {
     PyErr_SetString(PyExc_ValueError, "max_message_bytes must be >= 0");
     return -1;
   }
+  if (max_conns <= 0 || max_conns > INT_MAX) {
+    PyErr_SetString(PyExc_ValueError, "max_connections must be a positive int");
+    return -1;
+  }
+  if (max_hdr <= 0 || max_hdr > INT32_MAX) {
+    PyErr_SetString(PyExc_ValueError, "max_header_list_bytes must be a positive int below 2**31");
+    return -1;
+  }
+  if (max_buf <= 0) {
+    PyErr_SetString(PyExc_ValueError, "max_buffered_bytes must be a positive int");
+    return -1;
+  }
+  if (positive(idle, "idle_timeout") < 0 || positive(hs, "handshake_timeout") < 0) return -1;
   self->max_msg = (size_t)max_msg;
+  self->max_conns = (int)max_conns;
+  self->idle_timeout = idle;
+  self->handshake_timeout = hs;
+  self->max_hdr = (size_t)max_hdr;
+  self->max_buf = (size_t)max_buf;
+  self->max_buf_stream = (size_t)max_buf / 2;
+  /* timers are checked this often: a tenth of the shorter timeout, between 10 ms and 1 s */
+  double shorter = idle < hs ? idle : hs;
+  self->sweep_every = shorter / 10 < 0.01 ? 0.01 : shorter / 10 > 1.0 ? 1.0 : shorter / 10;
   if (load_nghttp2(libpath) < 0) return -1;
   if (!(self->on_message = PyObject_GetAttrString(handler, "on_message"))) return -1;
   if (!(self->on_half_close = PyObject_GetAttrString(handler, "on_half_close"))) return -1;
@@ -1369,9 +1741,10 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
   if (bind_listener(self, host, port) < 0) return -1;
   self->epfd = epoll_create1(EPOLL_CLOEXEC);
   self->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  self->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   self->rbuf = malloc(RBUF_SIZE);
   self->cbs = make_callbacks();
-  if (self->epfd < 0 || self->evfd < 0 || !self->rbuf || !self->cbs) {
+  if (self->epfd < 0 || self->evfd < 0 || self->reserve_fd < 0 || !self->rbuf || !self->cbs) {
     PyErr_SetString(PyExc_OSError, "cannot set up the IO thread (epoll/eventfd/memory)");
     return -1;
   }
@@ -1461,6 +1834,7 @@ static void Server_dealloc(ServerObject *self) {
   if (self->listen_fd >= 0) close(self->listen_fd);
   if (self->epfd >= 0) close(self->epfd);
   if (self->evfd >= 0) close(self->evfd);
+  if (self->reserve_fd >= 0) close(self->reserve_fd);
   if (self->cbs) ng.session_callbacks_del(self->cbs);
   if (self->ssl_ctx) ossl.SSL_CTX_free(self->ssl_ctx);
   free(self->ev);
@@ -1471,9 +1845,24 @@ static void Server_dealloc(ServerObject *self) {
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *Server_stats(ServerObject *self, PyObject *unused) {
+  (void)unused;
+  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open),
+                       "buffer_resets", (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted",
+                       (unsigned long long)STAT_GET(self->n_accepted), "refused",
+                       (unsigned long long)STAT_GET(self->n_refused), "emfile",
+                       (unsigned long long)STAT_GET(self->n_emfile), "idle_closed",
+                       (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
+                       (unsigned long long)STAT_GET(self->n_handshake_timeouts));
+}
+
 static PyMethodDef Server_methods[] = {
     {"stop", (PyCFunction)Server_stop, METH_VARARGS,
      "stop(grace=0): stop accepting, let calls finish for up to grace seconds, cancel the rest, join the IO thread"},
+    {"stats", (PyCFunction)Server_stats, METH_NOARGS,
+     "stats() -> dict of counters: connections (open now), accepted, refused (over max_connections or out of file "
+     "descriptors), emfile (accepts that failed for want of descriptors), idle_closed, handshake_timeouts, "
+     "buffer_resets (calls reset for queueing more than max_buffered_bytes allows)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef Server_members[] = {
@@ -1483,8 +1872,9 @@ static PyTypeObject ServerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton._h2.Server",
     .tp_basicsize = sizeof(ServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Server(host, port, handler, max_message_bytes, tls=None, libpath=None): gRPC over HTTP/2 on one IO "
-              "thread.",
+    .tp_doc = "Server(host, port, handler, max_message_bytes, tls=None, libpath=None, *, max_connections=1024, "
+              "idle_timeout=300.0, handshake_timeout=10.0, max_header_list_bytes=16384, "
+              "max_buffered_bytes=67108864): gRPC over HTTP/2 on one IO thread.",
     .tp_new = Server_new,
     .tp_init = (initproc)Server_init,
     .tp_dealloc = (destructor)Server_dealloc,
@@ -1507,8 +1897,22 @@ static PyObject *stop_all(PyObject *mod, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
+static PyObject *library(PyObject *mod, PyObject *args, PyObject *kw) {
+  (void)mod;
+  static char *kwlist[] = {"libpath", NULL};
+  const char *libpath = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|z:library", kwlist, &libpath)) return NULL;
+  if (load_nghttp2(libpath) < 0) return NULL;
+  return Py_BuildValue("{s:s,s:s,s:O,s:O}", "path", ng_info.path, "version", ng_info.version, "reset_rate_limit",
+                       ng_info.reset_rate_limit ? Py_True : Py_False, "max_continuations",
+                       ng_info.max_continuations ? Py_True : Py_False);
+}
+
 static PyMethodDef module_methods[] = {
     {"_stop_all", stop_all, METH_NOARGS, "stop every running server (registered with atexit)"},
+    {"library", (PyCFunction)(void (*)(void))library, METH_VARARGS | METH_KEYWORDS,
+     "library(libpath=None) -> dict: the libnghttp2 in use (loaded now if no Server loaded it yet): path, version, "
+     "reset_rate_limit and max_continuations (whether its rapid-reset and CONTINUATION-flood limits are set)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "embedtriton._h2",

@@ -44,6 +44,14 @@ typedef union {
   void *ptr;
 } nghttp2_data_source;
 
+/* what nghttp2_version() returns (the members that exist since age 1) */
+typedef struct {
+  int age;
+  int version_num; /* 0xMMmmpp */
+  const char *version_str;
+  const char *proto_str;
+} nghttp2_info;
+
 typedef ssize_t (*nghttp2_data_source_read_callback)(nghttp2_session *session, int32_t stream_id, uint8_t *buf,
                                                      size_t length, uint32_t *data_flags, nghttp2_data_source *source,
                                                      void *user_data);
@@ -86,11 +94,12 @@ enum {
   NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS = 0x03,
   NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE = 0x04,
   NGHTTP2_SETTINGS_MAX_FRAME_SIZE = 0x05,
+  NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE = 0x06,
 };
 /* library error codes */
 enum { NGHTTP2_ERR_DEFERRED = -508, NGHTTP2_ERR_CALLBACK_FAILURE = -902 };
 /* HTTP/2 error codes */
-enum { NGHTTP2_NO_ERROR = 0, NGHTTP2_INTERNAL_ERROR = 2, NGHTTP2_CANCEL = 8 };
+enum { NGHTTP2_NO_ERROR = 0, NGHTTP2_INTERNAL_ERROR = 2, NGHTTP2_CANCEL = 8, NGHTTP2_ENHANCE_YOUR_CALM = 0x0b };
 
 /* X(return type, name without the "nghttp2_" prefix, parameter list) */
 #define ET_NGHTTP2_FUNCS(X)                                                                                          \
@@ -124,6 +133,8 @@ enum { NGHTTP2_NO_ERROR = 0, NGHTTP2_INTERNAL_ERROR = 2, NGHTTP2_CANCEL = 8 };
   X(int, submit_trailer, (nghttp2_session *, int32_t, const nghttp2_nv *, size_t))                                 \
   X(int, submit_rst_stream, (nghttp2_session *, uint8_t, int32_t, uint32_t))                                       \
   X(int, submit_goaway, (nghttp2_session *, uint8_t, int32_t, uint32_t, const uint8_t *, size_t))                  \
+  X(int32_t, session_get_last_proc_stream_id, (nghttp2_session *))                                                 \
+  X(nghttp2_info *, version, (int))                                                                                 \
   X(const char *, strerror, (int))
 
 /* ---- OpenSSL 3 (libssl, which pulls in libcrypto) ---- */
@@ -172,6 +183,7 @@ enum { ET_TLS1_2_VERSION = 0x0303 };
   X(int, SSL_read, (SSL *, void *, int))                                                  \
   X(int, SSL_write, (SSL *, const void *, int))                                           \
   X(int, SSL_get_error, (const SSL *, int))                                               \
+  X(int, SSL_pending, (const SSL *))                                                      \
   X(unsigned long, ERR_get_error, (void))                                                 \
   X(void, ERR_clear_error, (void))                                                        \
   X(void, ERR_error_string_n, (unsigned long, char *, size_t))

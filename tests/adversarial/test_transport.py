@@ -1,0 +1,695 @@
+"""The native HTTP/2 transport (embedtriton._h2) under hostile clients: raw frames over plain sockets, 127.0.0.1 only.
+
+Each test states the protective behaviour it checks; all are bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import site
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+_h2 = pytest.importorskip("embedtriton._h2")
+h2_config = pytest.importorskip("h2.config")
+import h2.connection  # noqa: E402
+import h2.events  # noqa: E402
+import h2.exceptions  # noqa: E402
+import h2.settings  # noqa: E402
+
+MAX_MSG = 4 << 20
+REQUEST_HEADERS = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":authority", b"localhost"),
+    (b"content-type", b"application/grpc"),
+    (b"te", b"trailers"),
+]
+
+
+def grpc_frame(body: bytes) -> bytes:
+    return b"\0" + len(body).to_bytes(4, "big") + body
+
+
+class Handler:
+    """Records what reaches the application; the method name picks the behaviour."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.messages = []  # method of each on_message
+        self.half_closes = []
+        self.cancelled = []
+        self.held = []  # calls the application keeps open
+        self.cancel_event = threading.Event()
+        self.poured = []  # what each send() of a Pour call returned
+        self.pour = None
+
+    def _pour(self, call, count, size):
+        chunk = b"z" * size
+        for _ in range(count):
+            ok = call.send(chunk)
+            self.poured.append(ok)
+            if not ok:
+                break
+        call.finish(0)
+
+    def on_message(self, call, data):
+        with self.lock:
+            self.messages.append(call.method)
+        call.user = data
+        if call.method.endswith("/Block"):  # holds the IO thread, as a slow handler would
+            time.sleep(float(data))
+
+    def on_half_close(self, call):
+        with self.lock:
+            self.half_closes.append(call.method)
+        method = call.method.rsplit("/", 1)[-1]
+        if method in ("Echo", "Block"):
+            call.send(call.user or b"")
+            call.finish(0)
+        elif method == "Hold":
+            with self.lock:
+                self.held.append(call)
+        elif method == "Pour":  # b"<count>:<size>": send count messages of size bytes from another thread
+            count, size = map(int, call.user.split(b":"))
+            pour = threading.Thread(target=self._pour, args=(call, count, size))
+            pour.start()
+            self.pour = pour
+        else:
+            call.finish(12, "unknown method")
+
+    def on_cancel(self, call):
+        with self.lock:
+            self.cancelled.append(call)
+        self.cancel_event.set()
+
+
+@pytest.fixture
+def handler():
+    return Handler()
+
+
+@pytest.fixture
+def start(handler):
+    """start(**options) -> a running _h2.Server with ``handler``; stopped after the test."""
+    servers = []
+
+    def make(tls=None, **options):
+        srv = _h2.Server("127.0.0.1", 0, handler, MAX_MSG, tls, None, **options)
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop(0)
+
+
+class Raw:
+    """An HTTP/2 client on a plain (or TLS) socket, driven frame by frame with the h2 package."""
+
+    def __init__(self, port, preface=True, settings=None, tls_context=None, timeout=5.0):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        if tls_context is not None:
+            sock = tls_context.wrap_socket(sock, server_hostname="localhost")
+        self.sock = sock
+        self.closed = False
+        self.events = []
+        cfg = h2_config.H2Configuration(client_side=True, header_encoding=None, validate_inbound_headers=False)
+        self.conn = h2.connection.H2Connection(cfg)
+        self.raw = not preface  # no HTTP/2 on this side: what the server sends is read and dropped
+        if preface:
+            self.conn.initiate_connection()
+            if settings:
+                self.conn.update_settings(settings)
+            self.flush()
+
+    def flush(self):
+        data = self.conn.data_to_send()
+        if data and not self.closed:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True
+
+    def request(self, method, body=b"", end=True, headers=()):
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(b":path", f"/x.Y/{method}".encode()), *REQUEST_HEADERS, *headers])
+        if body is not None:
+            data, step = grpc_frame(body), self.conn.max_outbound_frame_size
+            for i in range(0, max(len(data), 1), step):
+                self.conn.send_data(sid, data[i : i + step], end_stream=end and i + step >= len(data))
+        self.flush()
+        return sid
+
+    def pump(self, timeout):
+        """Read once (up to timeout); returns the new events. Sets .closed on end of stream or reset."""
+        if self.closed:
+            return []
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(1 << 20)
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+            return []
+        if self.raw:
+            return []
+        try:
+            new = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self.closed = True
+            return []
+        self.events += new
+        self.flush()
+        return new
+
+    def wait(self, predicate, timeout=5.0):
+        """Pump until an event satisfies predicate (returns it), the connection closes, or timeout (None)."""
+        deadline = time.monotonic() + timeout
+        for e in self.events:
+            if predicate(e):
+                return e
+        while not self.closed and (left := deadline - time.monotonic()) > 0:
+            for e in self.pump(min(left, 0.5)):
+                if predicate(e):
+                    return e
+        return None
+
+    def wait_closed(self, timeout):
+        """Seconds until the server closed the connection, or None if it is still open after timeout."""
+        started = time.monotonic()
+        self.wait(lambda e: False, timeout)
+        return time.monotonic() - started if self.closed else None
+
+    def response(self, sid, timeout=5.0):
+        """(grpc-status, grpc-message, data) of one call; status None if it did not end in time."""
+        ended = self.wait(
+            lambda e: isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) and e.stream_id == sid, timeout
+        )
+        data = b"".join(e.data for e in self.events if isinstance(e, h2.events.DataReceived) and e.stream_id == sid)
+        headers = {}
+        for e in self.events:
+            if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived)) and e.stream_id == sid:
+                headers.update(dict(e.headers))
+        if ended is None or isinstance(ended, h2.events.StreamReset):
+            return None, ended, data
+        status = headers.get(b"grpc-status")
+        return (int(status) if status is not None else None), headers.get(b"grpc-message", b"").decode(), data[5:]
+
+    def call(self, method, body=b"", timeout=5.0):
+        return self.response(self.request(method, body), timeout)
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+
+
+def _wheel_nghttp2():
+    for d in site.getsitepackages():
+        found = glob.glob(os.path.join(d, "nvidia_pytriton.libs", "libnghttp2-*.so*"))
+        if found:
+            return os.path.realpath(found[0])
+    return None
+
+
+LIBRARY_CHILD = """
+import json, sys
+from embedtriton import _h2
+print(json.dumps(_h2.library(sys.argv[1] if len(sys.argv) > 1 else None)))
+"""
+
+
+def _library_in_child(tmp_path, *args, env=None):
+    out = subprocess.run(
+        [sys.executable, "-c", LIBRARY_CHILD, *args],
+        env=dict(os.environ, **(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,  # the installed package, not the source tree
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _library_rank(info):
+    return info["reset_rate_limit"] + info["max_continuations"], tuple(map(int, info["version"].split(".")))
+
+
+def test_library_choice(tmp_path):
+    """The libnghttp2 with the security options, then the newer one, is used; EMBEDTRITON_NGHTTP2 forces one."""
+    env = {"EMBEDTRITON_NGHTTP2": ""}
+    info = _library_in_child(tmp_path, env=env)
+    assert set(info) == {"path", "version", "reset_rate_limit", "max_continuations"}
+    assert os.path.exists(info["path"]) and info["version"].count(".") == 2
+    wheel = _wheel_nghttp2()
+    if wheel is None:
+        pytest.skip("nvidia-pytriton wheel not installed")
+    system = info
+    with_wheel = _library_in_child(tmp_path, wheel, env=env)
+    wheel_info = _library_in_child(tmp_path, env={"EMBEDTRITON_NGHTTP2": wheel})
+    assert wheel_info["path"] == wheel
+    # Whichever of the two is better is chosen, whatever the order they were found in.
+    best = max((system, wheel_info), key=_library_rank)
+    assert with_wheel["path"] == best["path"]
+    # A libpath that is not nghttp2 is ignored.
+    assert _library_in_child(tmp_path, "/nonexistent/libnghttp2.so", env=env)["path"] == system["path"]
+
+
+# ---- 4: connection cap, idle and handshake timeouts, running out of file descriptors ----
+
+
+def test_connection_cap(start):
+    """Connections beyond max_connections are closed at once; those within keep working."""
+    srv = start(max_connections=3)
+    clients = [Raw(srv.port) for _ in range(3)]
+    for c in clients:
+        assert c.call("Echo", b"in")[0] == 0
+    extra = [Raw(srv.port) for _ in range(2)]
+    for c in extra:
+        closed_after = c.wait_closed(3.0)
+        assert closed_after is not None and closed_after < 1.0
+    for c in clients:
+        assert c.call("Echo", b"still")[:3:2] == (0, b"still")
+    stats = srv.stats()
+    assert stats["connections"] == 3 and stats["refused"] >= 2
+    clients[0].close()
+    deadline = time.monotonic() + 3
+    while srv.stats()["connections"] > 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    again = Raw(srv.port)  # room again
+    assert again.call("Echo", b"new")[0] == 0
+    for c in clients[1:] + extra + [again]:
+        c.close()
+
+
+def test_idle_timeout(start, handler):
+    """A connection with no open stream that sends nothing for idle_timeout gets GOAWAY and is closed; one with an
+    open call is left alone."""
+    srv = start(idle_timeout=0.5)
+    idle = Raw(srv.port)
+    busy = Raw(srv.port)
+    assert idle.call("Echo", b"x")[0] == 0
+    started = time.monotonic()
+    sid = busy.request("Hold")
+    goaway = idle.wait(lambda e: isinstance(e, h2.events.ConnectionTerminated), 3.0)
+    assert goaway is not None and goaway.error_code == 0
+    assert idle.wait_closed(2.0) is not None
+    assert 0.4 < time.monotonic() - started < 2.5
+    time.sleep(max(0.0, started + 1.0 - time.monotonic()))  # twice the idle timeout with the call open
+    busy.pump(0.1)
+    assert not busy.closed and not any(isinstance(e, h2.events.ConnectionTerminated) for e in busy.events)
+    handler.held[0].send(b"late")
+    handler.held[0].finish(0)
+    assert busy.response(sid)[:3:2] == (0, b"late")
+    closed_after = busy.wait_closed(3.0)  # idle once the call is over, counted from its end
+    assert closed_after is not None and closed_after > 0.3
+    assert srv.stats()["idle_closed"] >= 2
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory):
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
+        pytest.skip("no openssl CLI")
+    d = tmp_path_factory.mktemp("cert")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", "key.pem", "-out", "cert.pem", "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        cwd=d, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return d / "cert.pem", d / "key.pem"
+
+
+def tls_context(cert):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(str(cert[0]))
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def test_handshake_timeout(start, cert):
+    """TLS handshake plus the HTTP/2 client preface must be done within handshake_timeout, else the connection is
+    closed: silent, half a preface, a TLS handshake never finished, a TLS connection that never sends its preface."""
+    plain = start(handshake_timeout=0.5)
+    tls = start((str(cert[0]), str(cert[1]), None), handshake_timeout=0.5)
+    silent = Raw(plain.port, preface=False)
+    half = Raw(plain.port, preface=False)
+    half.sock.sendall(b"PRI * HTTP/2.0\r\n")
+    tcp_only = Raw(tls.port, preface=False)
+    tcp_only.sock.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello
+    no_preface = Raw(tls.port, preface=False, tls_context=tls_context(cert))
+    good = Raw(tls.port, tls_context=tls_context(cert))
+    assert good.call("Echo", b"tls")[:3:2] == (0, b"tls")
+    for c in (silent, half, tcp_only, no_preface):
+        closed_after = c.wait_closed(3.0)
+        assert closed_after is not None and closed_after < 2.0
+    assert good.call("Echo", b"still")[0] == 0  # a finished preface is not timed out
+    assert plain.stats()["handshake_timeouts"] == 2 and tls.stats()["handshake_timeouts"] == 2
+    good.close()
+
+
+FD_CHILD = """
+import json, os, resource, sys
+from embedtriton import _h2
+
+class H:
+    def on_message(self, call, data):
+        call.user = data
+    def on_half_close(self, call):
+        call.send(call.user or b"")
+        call.finish(0)
+    def on_cancel(self, call):
+        pass
+
+srv = _h2.Server("127.0.0.1", 0, H(), 1 << 20)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 6, hard))
+print(srv.port, flush=True)
+for line in sys.stdin:  # one line in, the server's counters out
+    print(json.dumps(srv.stats() if hasattr(srv, "stats") else {}), flush=True)
+"""
+
+
+def _cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_fd_exhaustion(tmp_path):
+    """With its descriptors used up (RLIMIT_NOFILE lowered in a child process) the server neither spins nor leaves
+    connections hanging in the accept queue: they are accepted and closed at once, and existing ones keep working."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", FD_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    conns = []
+    try:
+        port = int(child.stdout.readline())
+        normal = Raw(port)
+        assert normal.call("Echo", b"before")[0] == 0
+        conns = [Raw(port, preface=False) for _ in range(30)]
+        time.sleep(0.3)
+        cpu = _cpu_seconds(child.pid)
+        time.sleep(1.0)
+        cpu = _cpu_seconds(child.pid) - cpu
+        assert cpu < 0.3, f"the server used {cpu:.2f} s of CPU in 1 s while out of descriptors"
+        closed = sum(c.wait_closed(0.05) is not None for c in conns)
+        assert closed >= 30 - 6, f"only {closed} of 30 connections beyond the descriptor limit were closed"
+        started = time.monotonic()
+        assert normal.call("Echo", b"during", timeout=3)[:3:2] == (0, b"during")
+        assert time.monotonic() - started < 1.0
+        child.stdin.write("stats\n")
+        child.stdin.flush()
+        assert json.loads(child.stdout.readline()).get("emfile", 0) > 0
+    finally:
+        for c in conns:
+            c.close()
+        child.kill()
+        child.wait(10)
+
+
+# ---- 1: HPACK header bomb ----
+
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _server_settings(client):
+    changed = client.wait(lambda e: isinstance(e, h2.events.RemoteSettingsChanged), 3.0)
+    assert changed is not None
+    return {int(k): v.new_value for k, v in changed.changed_settings.items()}
+
+
+def test_header_bomb(start, handler):
+    """30,000 one-byte references to a 4 KiB HPACK table entry (~120 MB of headers from ~30 KB on the wire) are
+    refused with RESOURCE_EXHAUSTED naming the limit, without the server keeping them; the limit is advertised."""
+    srv = start()
+    bomb = Raw(srv.port, settings={h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 1 << 30})
+    bomb.conn.config.validate_outbound_headers = False
+    assert _server_settings(bomb)[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE] == 16384
+    before = rss_mib()
+    sid = bomb.request("Echo", body=None, headers=[(b"x-bomb", b"a" * 4000)] * 30000)  # HEADERS only: stays open
+    status, message, _ = bomb.response(sid, timeout=3.0)
+    grown = rss_mib() - before
+    assert status == 8 and "16384" in message, (status, message)
+    assert grown < 16, f"RSS grew by {grown:.0f} MiB"
+    assert handler.messages == [] and handler.half_closes == []
+    assert not bomb.closed and bomb.call("Echo", b"after")[:3:2] == (0, b"after")  # the connection survives
+
+
+def test_header_field_count_and_option(start, handler):
+    """More than 100 header fields are refused even when small; max_header_list_bytes sets the size limit."""
+    client = Raw(start().port)
+    many = [(b"x-k%d" % i, b"v") for i in range(120)]
+    status, message, _ = client.response(client.request("Echo", headers=many))
+    assert status == 8 and "100" in message, (status, message)
+    fine = [(b"x-k%d" % i, b"v") for i in range(60)]
+    assert client.response(client.request("Echo", b"ok", headers=fine))[:3:2] == (0, b"ok")
+    small = Raw(start(max_header_list_bytes=2048).port)
+    assert _server_settings(small)[h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE] == 2048
+    status, message, _ = small.response(small.request("Echo", headers=[(b"x-big", b"b" * 2100)]))
+    assert status == 8 and "2048" in message, (status, message)
+    assert small.response(small.request("Echo", b"ok", headers=[(b"x-big", b"b" * 1500)]))[:3:2] == (0, b"ok")
+    assert handler.half_closes == ["/x.Y/Echo"] * 2
+
+
+# ---- 2: resets and disconnects ----
+
+
+def _block_io_thread(client, seconds):
+    """Make the handler hold the IO thread for a while (as a slow on_message would), so that what other clients
+    send meanwhile is read in one go afterwards."""
+    sid = client.request("Block", b"%.2f" % seconds)
+    time.sleep(0.1)  # the IO thread is now inside on_message
+    return sid
+
+
+def test_closed_before_dispatch_never_starts(start, handler):
+    """A request whose stream was reset, or whose client closed its side, before the request was handed to the
+    application never reaches on_message/on_half_close (and, with no call made, gets no on_cancel)."""
+    srv = start()
+    blocker, resetting, closing = Raw(srv.port), Raw(srv.port), Raw(srv.port)
+    for c in (blocker, resetting, closing):  # connections set up before the IO thread is held
+        assert c.call("Echo", b"up")[0] == 0
+    with handler.lock:
+        handler.messages.clear()
+        handler.half_closes.clear()
+    bsid = _block_io_thread(blocker, 0.4)
+    sid = resetting.request("Echo", b"reset me")
+    resetting.conn.reset_stream(sid, error_code=8)
+    resetting.flush()
+    closing.request("Echo", b"closing")
+    closing.sock.shutdown(socket.SHUT_WR)
+    assert blocker.response(bsid)[0] == 0
+    time.sleep(0.3)
+    assert handler.messages == ["/x.Y/Block"] and handler.half_closes == ["/x.Y/Block"]
+    assert handler.cancelled == []
+    assert resetting.call("Echo", b"next")[:3:2] == (0, b"next")  # the connection itself is fine
+
+
+def test_open_calls_are_cancelled(start, handler):
+    """Every call the application holds gets on_cancel when its stream is reset or its connection goes, whether its
+    half-close was dispatched (unary) or not (a stream still sending); send/finish then return False."""
+    srv = start()
+    a, b = Raw(srv.port), Raw(srv.port)
+    reset_sid = a.request("Hold", b"unary, reset")
+    b.request("Hold", b"unary, disconnected")
+    b.request("Hold", b"streaming, disconnected", end=False)
+    deadline = time.monotonic() + 3
+    while (len(handler.held) < 2 or len(handler.messages) < 3) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(handler.held) == 2 and len(handler.messages) == 3
+    a.conn.reset_stream(reset_sid, error_code=8)
+    a.flush()
+    b.close()
+    deadline = time.monotonic() + 3
+    while len(handler.cancelled) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(handler.cancelled) == 3
+    for call in handler.cancelled:
+        assert call.send(b"late") is False and call.finish(0) is False
+    assert a.call("Echo", b"a lives")[0] == 0
+
+
+# ---- 3: one fast TLS sender ----
+
+
+def _tiny_tls_records(port, cert, payload):
+    """A TLS connection (socket, handshake done, HTTP/2 preface sent) and payload encrypted as one-byte records:
+    each record costs the server two reads and a decryption, so it cannot keep up with the sender."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = tls_context(cert).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            sock.sendall(outgoing.read())
+            incoming.write(sock.recv(65536))
+    client = h2.connection.H2Connection(h2_config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    tls.write(client.data_to_send())
+    sock.sendall(outgoing.read())
+    for i in range(len(payload)):
+        tls.write(payload[i : i + 1])
+    return sock, outgoing.read()
+
+
+def test_fast_tls_sender_does_not_starve_others(start, cert):
+    """A TLS client sending more than the server can read (1.5 million one-byte records of WINDOW_UPDATE frames,
+    which no flow control stops) gets a bounded share of each loop iteration; a call on another connection still
+    answers promptly."""
+    srv = start((str(cert[0]), str(cert[1]), None))
+    normal = Raw(srv.port, tls_context=tls_context(cert))
+    assert normal.call("Echo", b"before")[0] == 0
+    window_update = (4).to_bytes(3, "big") + b"\x08\x00" + (0).to_bytes(4, "big") + (1).to_bytes(4, "big")
+    sock, flood = _tiny_tls_records(srv.port, cert, (window_update * 120000)[:1500000])
+    thread = threading.Thread(target=sock.sendall, args=(flood,))
+    thread.start()
+    try:
+        time.sleep(0.1)
+        worst = 0.0
+        for i in range(5):
+            started = time.monotonic()
+            assert normal.call("Echo", b"%d" % i, timeout=5.0)[:3:2] == (0, b"%d" % i)
+            worst = max(worst, time.monotonic() - started)
+        flooding = thread.is_alive()
+        thread.join(30)
+    finally:
+        sock.close()
+    assert worst < 0.5, f"a call took {worst:.2f} s during the flood"
+    assert flooding, "the flood was read before the calls were made"
+
+
+# ---- 2c: rapid reset ----
+
+
+def _open_and_reset(client, n, method="Hold", gap=0.0):
+    """Open n calls on client (complete requests), then reset them all; with a gap, the requests are read (and
+    dispatched) before the resets arrive. Returns False once the connection is over."""
+    conn = client.conn
+    try:
+        sids = []
+        for _ in range(n):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, [(b":path", f"/x.Y/{method}".encode()), *REQUEST_HEADERS])
+            conn.send_data(sid, grpc_frame(b"r"), end_stream=True)
+            sids.append(sid)
+        if gap:
+            client.flush()
+            time.sleep(gap)
+        for sid in sids:
+            conn.reset_stream(sid, error_code=8)
+        client.flush()
+    except h2.exceptions.ProtocolError:  # the server said GOAWAY
+        return False
+    client.pump(0)
+    return not client.closed and not any(isinstance(e, h2.events.ConnectionTerminated) for e in client.events)
+
+
+def test_rapid_reset_flood_is_cut_off(start, handler):
+    """A connection resetting calls as fast as it opens them gets GOAWAY once it used nghttp2's burst (1000) plus
+    500/s; a call on another connection answers promptly meanwhile."""
+    srv = start()
+    flood, normal = Raw(srv.port), Raw(srv.port)
+    assert normal.call("Echo", b"up")[0] == 0
+    started = time.monotonic()
+    resets, worst = 0, 0.0
+    while resets < 5000 and time.monotonic() - started < 8:
+        # half of the batches are dispatched before their resets arrive: those reach the handler
+        if not _open_and_reset(flood, 100, gap=0.01 if resets % 200 else 0.0):
+            break
+        resets += 100
+        if resets % 500 == 0:
+            t = time.monotonic()
+            assert normal.call("Echo", b"%d" % resets, timeout=3.0)[0] == 0
+            worst = max(worst, time.monotonic() - t)
+    elapsed = time.monotonic() - started
+    assert resets < 5000, f"{resets} resets in {elapsed:.1f} s and the connection is still open"
+    assert resets <= 1000 + 500 * (elapsed + 1) + 200
+    assert flood.wait(lambda e: isinstance(e, h2.events.ConnectionTerminated), 3.0) is not None
+    assert flood.wait_closed(3.0) is not None
+    assert worst < 0.5, f"a call on another connection took {worst:.2f} s"
+    assert normal.call("Echo", b"after")[0] == 0
+
+
+def test_busy_client_cancelling_is_not_dropped(start, handler):
+    """A client that cancels 400 calls a second for 3 s (1200 resets, past the burst) keeps its connection."""
+    srv = start()
+    client = Raw(srv.port)
+    started = time.monotonic()
+    for i in range(30):
+        time.sleep(max(0.0, started + i * 0.1 - time.monotonic()))
+        assert _open_and_reset(client, 40, gap=0.005), f"dropped after {i * 40} cancels"
+    assert client.call("Echo", b"still here")[:3:2] == (0, b"still here")
+    assert len(handler.cancelled) >= 1000  # they reached the application and were cancelled there
+
+
+# ---- 5: back-pressure on responses ----
+
+
+def test_zero_window_client_bounded(start, handler):
+    """A client that opens no flow-control window while the application sends 128 x 1 MiB: the server buffers at
+    most half of max_buffered_bytes (64 MiB) for the stream, then resets it (ENHANCE_YOUR_CALM), send() returns
+    False, and the application gets on_cancel."""
+    srv = start()
+    client = Raw(srv.port, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    client.wait(lambda e: isinstance(e, h2.events.SettingsAcknowledged), 3.0)
+    before = rss_mib()
+    sid = client.request("Pour", b"128:1048576")
+    deadline = time.monotonic() + 5
+    while handler.pour is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    handler.pour.join(10)
+    grown = rss_mib() - before
+    assert grown < 48, f"RSS grew by {grown:.0f} MiB"
+    assert False in handler.poured and handler.poured.index(False) <= 33, handler.poured.count(True)
+    assert handler.cancel_event.wait(3.0)
+    reset = client.wait(lambda e: isinstance(e, h2.events.StreamReset) and e.stream_id == sid, 3.0)
+    assert reset is not None and reset.error_code == 0xB
+    assert handler.cancelled[0].send(b"more") is False
+    assert srv.stats()["buffer_resets"] == 1
+
+
+def test_connection_buffer_bound_and_one_message_fits(start, handler):
+    """max_buffered_bytes bounds a connection's streams together; a single message larger than the bound is still
+    sent when nothing else is queued."""
+    srv = start(max_buffered_bytes=2 << 20)
+    client = Raw(srv.port, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    client.wait(lambda e: isinstance(e, h2.events.SettingsAcknowledged), 3.0)
+    sids = [client.request("Hold", b"%d" % i) for i in range(3)]
+    deadline = time.monotonic() + 3
+    while len(handler.held) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    held = sorted(handler.held, key=lambda c: c.user)
+    part = b"p" * (768 << 10)
+    assert [c.send(part) for c in held] == [True, True, False]  # 0.75 + 0.75 MiB queued, 2.25 would be over 2
+    for c in held[:2]:
+        c.finish(0)
+    client.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 24})
+    client.conn.increment_flow_control_window(1 << 24)
+    client.flush()
+    for sid in sids[:2]:
+        assert client.response(sid)[:3:2] == (0, part)
+    reset = client.wait(lambda e: isinstance(e, h2.events.StreamReset) and e.stream_id == sids[2], 3.0)
+    assert reset is not None and reset.error_code == 0xB
+    big = os.urandom(3 << 20)  # over max_buffered_bytes, under max_message_bytes
+    assert client.call("Echo", big, timeout=10)[:3:2] == (0, big)
