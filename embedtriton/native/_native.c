@@ -747,7 +747,7 @@ static void release_cb(TRITONSERVER_InferenceRequest* request,
   if (flags & RELEASE_RESCHEDULE) return; /* Triton keeps it for another iteration */
   Call* c = (Call*)userp;
   held_release(c);
-  if (c->is_stream && c->closed) take_closed(request); /* forget it: the pointer may be reused */
+  if (c->is_stream) take_closed(request); /* forget it (closed, or cancelled by stop): the pointer may be reused */
   bury(request, NULL);
   int entered = gil_enter();
   if (c->is_stream && g_request_done != NULL) {
