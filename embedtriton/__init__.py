@@ -11,6 +11,7 @@ Bind plain Python callables as Triton models and call them in-process::
 from .binding import Final, Request, batch
 from .config import (
     DynamicBatcher,
+    GrpcLimits,
     InstanceGroup,
     ModelConfig,
     ModelWarmup,
@@ -41,6 +42,7 @@ __all__ = [
     "CancelledError",
     "DynamicBatcher",
     "Final",
+    "GrpcLimits",
     "InstanceGroup",
     "InternalError",
     "InvalidArgumentError",

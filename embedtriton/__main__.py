@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 
+from .config import GrpcLimits
 from .server import Server, ServerConfig
 
 
@@ -27,6 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--tls-client-ca", help="PEM CA: require client certificates signed by it")
     serve.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024, help="gRPC message size cap")
+    serve.add_argument("--max-connections", type=int, default=1024, help="open gRPC connections at most")
+    serve.add_argument(
+        "--idle-timeout", type=float, default=300.0, help="seconds before an idle gRPC connection is closed"
+    )
+    serve.add_argument(
+        "--no-shared-memory",
+        action="store_true",
+        help="refuse system shared memory (clients could name any /dev/shm object the server can open)",
+    )
     serve.add_argument(
         "--exit-timeout",
         type=int,
@@ -79,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                 tls_cert=args.tls_cert,
                 tls_key=args.tls_key,
                 tls_client_ca=args.tls_client_ca,
+                limits=GrpcLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
+                shared_memory=not args.no_shared_memory,
             )
             log.info("gRPC (KServe v2) on %s (port %d)", args.grpc, port)
         if args.metrics and not stop.is_set():

@@ -436,3 +436,43 @@ def warmup_file_bytes(spec: WarmupInput) -> bytes:
             return f.read()
     except OSError as exc:
         raise InvalidArgumentError(f"warm-up input_data_file {path!r} cannot be read: {exc}") from None
+
+
+@dataclass(frozen=True)
+class GrpcLimits:
+    """What one gRPC client may cost the endpoint (native transport; see README "Security").
+
+    ``max_connections``: open connections; more are closed at once. ``idle_timeout_s``: a
+    connection with no call and nothing received for this long is closed (GOAWAY).
+    ``handshake_timeout_s``: the TLS handshake and HTTP/2 preface must be done within it.
+    ``max_header_list_bytes``: request headers (metadata) per call, counted as HTTP/2 does;
+    beyond, the call fails with RESOURCE_EXHAUSTED. ``max_buffered_bytes``: replies queued for a
+    client that does not read them, per connection; beyond, its call is reset
+    (RESOURCE_EXHAUSTED) and its requests cancelled.
+    """
+
+    max_connections: int = 1024
+    idle_timeout_s: float = 300.0
+    handshake_timeout_s: float = 10.0
+    max_header_list_bytes: int = 16 * 1024
+    max_buffered_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_header_list_bytes", "max_buffered_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InvalidArgumentError(f"GrpcLimits.{name} must be a positive integer, not {value!r}")
+        for name in ("idle_timeout_s", "handshake_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise InvalidArgumentError(f"GrpcLimits.{name} must be a positive number of seconds, not {value!r}")
+
+    def transport_options(self) -> dict[str, Any]:
+        """The keyword arguments of the native transport (``embedtriton._h2.Server``)."""
+        return {
+            "max_connections": self.max_connections,
+            "idle_timeout": float(self.idle_timeout_s),
+            "handshake_timeout": float(self.handshake_timeout_s),
+            "max_header_list_bytes": self.max_header_list_bytes,
+            "max_buffered_bytes": self.max_buffered_bytes,
+        }

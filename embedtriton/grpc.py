@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .config import GrpcLimits
 from .errors import (
     AlreadyExistsError,
     CancelledError,
@@ -239,9 +240,10 @@ class _Stream:
 class Service:
     """KServe-v2 inference service plus ``grpc.health.v1`` for one :class:`Server`."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, shared_memory: bool = True) -> None:
         self.server = server
         self.shm = SystemSharedMemory()
+        self.shared_memory = shared_memory
         s = service_pb2
         self._unary: dict[str, tuple[Any, Callable[[Any, Any], Any]]] = {
             _KSERVE + "ServerLive": (s.ServerLiveRequest, self.server_live),
@@ -509,6 +511,10 @@ class Service:
     # -- shared memory --------------------------------------------------------------
 
     def shm_register(self, request: Any, call: Any) -> Any:
+        if not self.shared_memory:
+            raise UnsupportedError(
+                "system shared memory is turned off on this endpoint (serve_grpc(shared_memory=False))"
+            )
         self.shm.register(request.name, request.key, request.offset, request.byte_size)
         return service_pb2.SystemSharedMemoryRegisterResponse()
 
@@ -901,19 +907,21 @@ class GrpcEndpoint:
         max_message_bytes: int = 64 * 1024 * 1024,
         tls: tuple[str, str, str | None] | None = None,
         transport: str = "native",
+        limits: GrpcLimits | None = None,
+        shared_memory: bool = True,
     ) -> None:
         if transport not in ("native", "grpcio"):
             raise InvalidArgumentError(f"transport must be 'native' or 'grpcio', not {transport!r}")
         self.address = address
-        self.service = Service(server)
+        self.service = Service(server, shared_memory)
         self._native: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         if transport == "native":
-            self._start_native(address, max_message_bytes, tls)
+            self._start_native(address, max_message_bytes, tls, limits or GrpcLimits())
         else:
             self._start_grpcio(address, max_message_bytes, tls)
 
-    def _start_native(self, address: str, max_message_bytes: int, tls: Any) -> None:
+    def _start_native(self, address: str, max_message_bytes: int, tls: Any, limits: GrpcLimits) -> None:
         from . import _h2
 
         host, sep, port = address.rpartition(":")
@@ -921,12 +929,22 @@ class GrpcEndpoint:
             raise InvalidArgumentError(f"gRPC address must look like host:port, not {address!r}")
         host = host.strip("[]") or "0.0.0.0"
         try:
-            self._native = _h2.Server(host, int(port), self.service, max_message_bytes, tls, _nghttp2_path())
+            self._native = _h2.Server(
+                host, int(port), self.service, max_message_bytes, tls, _nghttp2_path(), **limits.transport_options()
+            )
         except ValueError as exc:  # e.g. a TLS certificate or key file that does not load
             raise InvalidArgumentError(f"cannot serve gRPC on {address}: {exc}") from exc
         except (OSError, RuntimeError) as exc:
             raise UnavailableError(f"cannot serve gRPC on {address}: {exc}") from exc
         self.port = self._native.port
+        library = _h2.library()
+        missing = [name for name in ("reset_rate_limit", "max_continuations") if not library[name]]
+        log.info(
+            "gRPC transport: libnghttp2 %s from %s%s",
+            library["version"],
+            library["path"],
+            f" (without {', '.join(missing)}: an old copy; set EMBEDTRITON_NGHTTP2 to a newer one)" if missing else "",
+        )
 
     def _start_grpcio(self, address: str, max_message_bytes: int, tls: Any) -> None:
         loop = self._loop = asyncio.new_event_loop()

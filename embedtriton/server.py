@@ -21,6 +21,7 @@ from . import _capi
 from .binding import Binding, InferFunc, Request, request_done
 from .config import (
     WARMUP_FOLDER,
+    GrpcLimits,
     ModelConfig,
     Tensor,
     model_config_json,
@@ -802,6 +803,8 @@ class Server:
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
         transport: str = "native",
+        limits: GrpcLimits | None = None,
+        shared_memory: bool = True,
     ) -> int:
         """Serve the models on a KServe-v2 gRPC endpoint (``inference.GRPCInferenceService``
         plus ``grpc.health.v1.Health``) that stock Triton clients use; stopped by :meth:`stop`.
@@ -812,6 +815,10 @@ class Server:
         clients to present a certificate signed by that CA. Defaults come from
         :class:`ServerConfig`'s ``grpc_*`` fields. ``transport``: ``"native"`` (embedtriton's
         HTTP/2 server on libnghttp2, the fast one) or ``"grpcio"`` (grpcio's asyncio server).
+        ``limits``: what one client may cost (:class:`GrpcLimits`: connections, idle and
+        handshake timeouts, header bytes, buffered replies; native transport).
+        ``shared_memory=False`` refuses SystemSharedMemoryRegister: shared memory is for
+        same-host clients trusted with the server's ``/dev/shm`` objects.
         Needs ``pip install "embedtriton[grpc]"``.
         """
         from .grpc import GrpcEndpoint
@@ -827,10 +834,14 @@ class Server:
         if max_message_bytes <= 0:
             raise InvalidArgumentError(f"max_message_bytes must be > 0, not {max_message_bytes}")
         tls = (tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
+        if limits is not None and not isinstance(limits, GrpcLimits):
+            raise InvalidArgumentError(f"limits must be a GrpcLimits, not {type(limits).__name__}")
         with self._lock:
             if self._grpc is not None:
                 raise InvalidArgumentError(f"already serving gRPC on {self._grpc.address}")
-            self._grpc = GrpcEndpoint(self, address, max_message_bytes, tls, transport)
+            self._grpc = GrpcEndpoint(
+                self, address, max_message_bytes, tls, transport, limits or GrpcLimits(), shared_memory
+            )
             log.info("serving gRPC on %s (port %d)", address, self._grpc.port)
             return self._grpc.port
 

@@ -201,3 +201,67 @@ def test_many_clients_with_bad_requests_do_not_disturb_good_ones(endpoint):
     for t in threads:
         t.join(timeout=30)
     assert not failures
+
+
+def test_endpoint_limits_and_shared_memory_off(caplog, tmp_path):
+    """serve_grpc(limits=GrpcLimits(...), shared_memory=False) reach the transport and the service."""
+    import logging
+    import socket
+
+    from embedtriton import GrpcLimits, InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="max_connections"):
+        GrpcLimits(max_connections=0)
+    with pytest.raises(InvalidArgumentError, match="idle_timeout_s"):
+        GrpcLimits(idle_timeout_s=-1)
+    server = Server()
+    server.bind("Double", batch(lambda x: {"y": x * 2}), [Tensor(name="x", dtype=F32, shape=(-1,))],
+                [Tensor(name="y", dtype=F32, shape=(-1,))], ModelConfig(max_batch_size=8))  # fmt: skip
+    with server, caplog.at_level(logging.INFO, logger="embedtriton"):
+        limits = GrpcLimits(max_connections=2, idle_timeout_s=0.5)
+        port = server.serve_grpc("127.0.0.1:0", limits=limits, shared_memory=False)
+        assert "gRPC transport: libnghttp2" in caplog.text  # which copy serves is logged
+        address = f"127.0.0.1:{port}"
+        client = grpcclient.InferenceServerClient(address)
+        key = f"/embedtriton-off-{time.monotonic_ns()}"
+        with open(f"/dev/shm/{key[1:]}", "wb") as f:
+            f.write(b"\0" * 64)
+        try:
+            with pytest.raises(Exception, match="shared memory is turned off") as info:
+                client.register_system_shared_memory("r", key, 64)
+            assert "UNIMPLEMENTED" in str(info.value.status())
+        finally:
+            import os
+
+            os.unlink(f"/dev/shm/{key[1:]}")
+        client.close()
+        deadline = time.monotonic() + 5
+        while server._grpc._native.stats()["connections"] and time.monotonic() < deadline:
+            time.sleep(0.02)  # the client's connection is gone
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+        held = []
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(preface)
+            held.append(s)
+        time.sleep(0.2)
+
+        def closed(s: socket.socket) -> bool:
+            try:
+                while s.recv(65536):
+                    pass
+                return True
+            except ConnectionResetError:  # closed with our preface unread
+                return True
+            except TimeoutError:
+                return False
+
+        for s in held:
+            s.settimeout(0.1)
+        assert [closed(s) for s in held] == [False, False, True]  # the third is over the cap
+        for s in held[:2]:
+            s.settimeout(2)
+        assert all(closed(s) for s in held[:2])  # then the idle timeout closes the others
+        for s in held:
+            s.close()
+        double_works(address)
