@@ -25,19 +25,27 @@ def demo(session: nox.Session) -> None:
     session.run("python", "examples/add_sub.py")
 
 
+TEST_TOOLS = ("pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite through the real Triton runtime."""
+    """Run the test suite through the real Triton runtime, on current releases (numpy 2,
+    current tritonclient, protobuf and grpcio)."""
+    install(session, *TEST_TOOLS, "numpy>=2", "grpcio", "tritonclient[grpc]", "grpcio-health-checking")
+    session.run("pytest", "-q", "--timeout", "120", *session.posargs)
+
+
+@nox.session(name="tests-oldest")
+def tests_oldest(session: nox.Session) -> None:
+    """The test suite on the oldest supported releases (numpy 1.26, tritonclient 2.51, protobuf 4)."""
     install(
         session,
-        "pytest",
-        "pytest-timeout",
-        "grpcio",
+        *TEST_TOOLS,
+        "numpy==1.26.4",
+        "grpcio==1.67.0",  # the oldest that tritonclient 2.51's generated code accepts
         "tritonclient[grpc]==2.51.0",
-        "grpcio-health-checking<1.63",  # its later releases need protobuf 5+, tritonclient 2.51 pins <5
-        "opentelemetry-sdk",
-        "h2",  # raw HTTP/2 frames for tests/adversarial
-        "hypothesis",  # property-based inputs for tests/adversarial
+        "grpcio-health-checking==1.60.0",
         "setuptools<80",  # tritonclient.utils.shared_memory (2.51) still imports pkg_resources
     )
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
