@@ -87,3 +87,11 @@ def test_grpc_serving_example(tmp_path):
     assert "shared memory: add = [11. 22. 33.]" in out
     assert "health of 'AddSub': SERVING" in out
     assert "span AddSub" in out and "span queue" in out and "parent 00f067aa0ba902b7" in out
+
+
+def test_graceful_stop_example(tmp_path):
+    out = run_example("graceful_stop.py", tmp_path)
+    assert "during the drain: health NOT_SERVING" in out
+    assert "a new request gets StatusCode.UNAVAILABLE: the server is stopping" in out
+    assert "the request in flight: y = 42.0 (error: None)" in out
+    assert float(out.split("stop() returned after ")[1].split(" s")[0]) < 5
