@@ -2,18 +2,31 @@
  *
  * One IO thread runs epoll over the listening socket, an eventfd and the
  * connections. Each loop iteration:
- *   1. epoll_wait with the GIL released;
- *   2. read sockets and feed nghttp2 (no GIL); nghttp2 callbacks only record
- *      events (message, half-close, close) in srv->ev;
- *   3. take the GIL once and hand the recorded events to the Python handler;
+ *   1. epoll_wait with the GIL released (not waiting while events or
+ *      left-over input are pending, and waking for the timers);
+ *   2. read sockets, a bounded amount per connection (READ_BUDGET), and feed
+ *      nghttp2 (no GIL); nghttp2 callbacks only record events (message,
+ *      half-close, close) in srv->ev;
+ *   3. take the GIL once and hand the recorded events to the Python handler,
+ *      except those of streams already reset or of connections already gone;
  *   4. apply what send()/finish() queued (from any thread) to the sessions;
- *   5. write what nghttp2 has to send, close finished connections.
+ *   5. timers (handshake and idle timeouts, accept pauses), every sweep_every;
+ *   6. write what nghttp2 has to send, close finished connections.
+ *
+ * Limits against hostile clients: max_connections, handshake_timeout,
+ * idle_timeout, max_header_list_bytes (and MAX_HEADER_FIELDS),
+ * max_buffered_bytes (queued response bytes per connection, half of it per
+ * stream), the rapid-reset and CONTINUATION limits of nghttp2 (RESET_BURST,
+ * RESET_RATE, MAX_CONTINUATIONS), and a reserve descriptor for EMFILE.
  *
  * Lifetimes: a Stream (C) exists from the request's HEADERS until its CLOSE
  * event has been dispatched; it owns one reference to its Call (Python),
  * created at the first event. Call.st points back at the Stream and is cleared
  * (under srv->mu) before the Stream is freed, so a late send() from another
  * thread finds NULL and does nothing. Only the IO thread frees Streams.
+ * Stream.conn is also cleared under srv->mu (when the stream closes), and the
+ * Conn is freed only after all its streams were, so send() may read the
+ * connection's queued-bytes count under srv->mu.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1428,7 +1441,9 @@ static PyObject *Call_send(CallObject *self, PyObject *arg) {
     /* Bounded buffering: a client that does not read (a zero flow-control window) must not make the server hold
      * all the application sends. A message always fits when nothing else is queued (on the stream, and on the
      * connection); beyond max_buffered_bytes per connection, or half of it per stream (so that one stalled stream
-     * leaves room for the others), the call fails: the IO thread resets the stream and drops what it queued. */
+     * leaves room for the others), the call fails: the IO thread resets the stream and drops what it queued.
+     * Not counted: what nghttp2 and the connection's write buffer hold, which does not grow with what the
+     * application sends (at most one DATA frame of 1 MiB, and FLUSH_AT plus a frame). */
     if ((st->queued && st->queued + ob->len > srv->max_buf_stream) ||
         (c->queued && c->queued + ob->len > srv->max_buf)) {
       st->overflow = 1;
