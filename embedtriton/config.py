@@ -446,9 +446,11 @@ class GrpcLimits:
     connection with no call and nothing received for this long is closed (GOAWAY).
     ``handshake_timeout_s``: the TLS handshake and HTTP/2 preface must be done within it.
     ``max_header_list_bytes``: request headers (metadata) per call, counted as HTTP/2 does;
-    beyond, the call fails with RESOURCE_EXHAUSTED. ``max_buffered_bytes``: replies queued for a
-    client that does not read them, per connection; beyond, its call is reset
-    (RESOURCE_EXHAUSTED) and its requests cancelled.
+    beyond, the call fails with RESOURCE_EXHAUSTED. ``max_buffered_bytes``, per connection: replies
+    queued for a client that does not read them (beyond, its call is reset, RESOURCE_EXHAUSTED, and
+    its requests cancelled) and request messages still arriving (memory follows the bytes received,
+    never a declared length; beyond, the call fails with RESOURCE_EXHAUSTED); at least one message
+    of ``max_message_bytes`` always fits.
     """
 
     max_connections: int = 1024

@@ -288,7 +288,7 @@ struct Stream {
   uint8_t pfx[5];
   int pfx_have, in_msg, skipping, remote_closed;
   uint8_t *msg;
-  size_t msg_len, msg_have;
+  size_t msg_len, msg_have, msg_cap; /* declared, received, allocated (grows with what arrives) */
 
   /* outgoing (IO thread) */
   OutBuf *oq_head, *oq_tail;
@@ -321,6 +321,7 @@ struct Conn {
   uint8_t *out;
   size_t outlen, outoff, outcap;
   size_t queued; /* the sum of its streams' queued (srv->mu) */
+  size_t partial; /* bytes allocated for its streams' incomplete request messages (IO thread) */
   Stream *streams;
   int nstreams;
   char peer[PEER_LEN];
@@ -533,6 +534,8 @@ static void stream_detach(Stream *st) {
   else c->streams = st->cnext;
   if (st->cnext) st->cnext->cprev = st->cprev;
   c->nstreams--;
+  c->partial -= st->msg_cap; /* an incomplete request message goes with its stream */
+  st->msg_cap = 0;
   c->last_active = c->srv->now; /* a call that outlasted idle_timeout does not make its connection idle at once */
   pthread_mutex_lock(&c->srv->mu); /* send() reads st->conn and the counts under mu */
   st->conn = NULL;
@@ -719,6 +722,40 @@ static int on_frame_recv(nghttp2_session *sess, const nghttp2_frame *f, void *ud
   return 0;
 }
 
+/* A request message's buffer starts at this size at most and doubles as its bytes arrive (up to its declared
+ * length): a client that declares 64 MiB and sends 5 bytes gets 64 KiB, not 64 MiB. */
+#define MSG_FIRST_ALLOC (64 * 1024)
+
+/* Grow (or first allocate) st's message buffer to cap bytes, within the connection's bound on incomplete request
+ * messages (max_buffered_bytes, and never less than one message of max_message_bytes): without it, a client could
+ * open 1024 streams and leave a large message half-sent on each. Beyond the bound the call fails with
+ * RESOURCE_EXHAUSTED and the rest of its message is skipped. Returns 0 when it failed. */
+static int grow_message(Conn *c, Stream *st, size_t cap) {
+  size_t bound = c->srv->max_buf > c->srv->max_msg ? c->srv->max_buf : c->srv->max_msg;
+  size_t more = cap - st->msg_cap; /* msg_cap is 0 while st->msg is NULL */
+  uint8_t *grown = NULL;
+  if (c->partial + more <= bound) grown = realloc(st->msg, cap ? cap : 1);
+  if (!grown) {
+    char m[200];
+    if (c->partial + more > bound)
+      snprintf(m, sizeof m, "the connection holds more than %zu bytes of incomplete request messages", bound);
+    else
+      snprintf(m, sizeof m, "out of memory for the request message");
+    c->partial -= st->msg_cap;
+    free(st->msg);
+    st->msg = NULL;
+    st->msg_cap = 0;
+    st->in_msg = 0;
+    st->skipping = 1;
+    finish_internal(st, 8, m);
+    return 0;
+  }
+  c->partial += more;
+  st->msg = grown;
+  st->msg_cap = cap;
+  return 1;
+}
+
 static int on_data_chunk(nghttp2_session *sess, uint8_t flags, int32_t id, const uint8_t *data, size_t len, void *ud) {
   (void)flags;
   Conn *c = ud;
@@ -752,23 +789,27 @@ static int on_data_chunk(nghttp2_session *sess, uint8_t flags, int32_t id, const
         push_event(c->srv, EV_MSG, st, NULL, 0);
         continue;
       }
-      st->msg = malloc(mlen);
-      if (!st->msg) {
-        st->skipping = 1;
-        finish_internal(st, 8, "out of memory for the request message");
-        return 0;
-      }
+      /* The declared length is only a claim: memory grows with the bytes that actually arrive. */
+      if (!grow_message(c, st, mlen < MSG_FIRST_ALLOC ? mlen : MSG_FIRST_ALLOC)) return 0;
       st->msg_len = mlen;
       st->msg_have = 0;
       st->in_msg = 1;
     } else {
       size_t take = st->msg_len - st->msg_have;
       if (take > len) take = len;
+      if (st->msg_have + take > st->msg_cap) {
+        size_t cap = st->msg_cap * 2;
+        if (cap < st->msg_have + take) cap = st->msg_have + take;
+        if (cap > st->msg_len) cap = st->msg_len;
+        if (!grow_message(c, st, cap)) return 0;
+      }
       memcpy(st->msg + st->msg_have, data, take);
       st->msg_have += take;
       data += take;
       len -= take;
       if (st->msg_have == st->msg_len) {
+        c->partial -= st->msg_cap; /* complete: the app owns it from here */
+        st->msg_cap = 0;
         push_event(c->srv, EV_MSG, st, st->msg, st->msg_len);
         st->msg = NULL;
         st->in_msg = 0;

@@ -694,3 +694,55 @@ def test_connection_buffer_bound_and_one_message_fits(start, handler):
     assert reset is not None and reset.error_code == 0xB
     big = os.urandom(3 << 20)  # over max_buffered_bytes, under max_message_bytes
     assert client.call("Echo", big, timeout=10)[:3:2] == (0, big)
+
+
+# ---- incoming messages: memory follows the bytes received ----
+
+
+def test_incomplete_request_messages_are_bounded(start, handler):
+    """Declared message lengths are claims: a client that opens 64 calls, each declaring a 4 MiB message and sending
+    a prefix or 512 KiB of it, makes the server hold at most max_buffered_bytes for that connection (beyond, the call
+    fails with RESOURCE_EXHAUSTED); the connection and the others go on."""
+    srv = start(max_buffered_bytes=8 << 20)
+    client = Raw(srv.port)
+    client.wait(lambda e: isinstance(e, h2.events.SettingsAcknowledged), 3.0)
+    before = rss_mib()
+    declared = (MAX_MSG).to_bytes(4, "big")
+    prefix_only = []
+    for _ in range(64):  # 5 bytes each, declaring 4 MiB: next to nothing is allocated
+        sid = client.conn.get_next_available_stream_id()
+        client.conn.send_headers(sid, [(b":path", b"/x.Y/Echo"), *REQUEST_HEADERS])
+        client.conn.send_data(sid, b"\0" + declared)
+        prefix_only.append(sid)
+    client.flush()
+    assert client.call("Echo", b"still here")[:3:2] == (0, b"still here")
+    assert rss_mib() - before < 16
+    halves = []
+    chunk = b"h" * (16 << 10)
+    for _ in range(32):  # then 512 KiB of each of 32 new calls: 16 MiB claimed against an 8 MiB bound
+        sid = client.conn.get_next_available_stream_id()
+        client.conn.send_headers(sid, [(b":path", b"/x.Y/Echo"), *REQUEST_HEADERS])
+        client.conn.send_data(sid, b"\0" + declared)
+        try:
+            for _ in range(32):
+                while client.conn.local_flow_control_window(sid) < len(chunk) and not client.closed:
+                    client.pump(0.2)
+                client.conn.send_data(sid, chunk)
+                client.flush()
+        except h2.exceptions.StreamClosedError:  # refused: the server ended the call
+            pass
+        halves.append(sid)
+    statuses = [client.response(sid, timeout=5.0)[:2] for sid in halves[-8:]]
+    grown = rss_mib() - before
+    assert grown < 40, f"RSS grew by {grown:.0f} MiB"
+    assert all(s == 8 and "incomplete request messages" in m for s, m in statuses), statuses
+    other = Raw(srv.port)  # the client hurts only itself: other connections are served
+    assert other.call("Echo", b"other")[:3:2] == (0, b"other")
+    for sid in prefix_only + halves:  # and once it gives up its incomplete calls, it is served again
+        try:
+            client.conn.reset_stream(sid, error_code=8)
+        except h2.exceptions.StreamClosedError:
+            pass
+    client.flush()
+    assert not client.closed and client.call("Echo", b"after")[:3:2] == (0, b"after")
+    assert handler.messages.count("/x.Y/Echo") == 3  # only the complete calls reached the application
