@@ -48,10 +48,19 @@ def make_server() -> Server:
     return server
 
 
-async def drive(seconds: float, in_flight: int, call) -> dict[str, int]:
-    """Keep ``in_flight`` requests going for ``seconds``; ``call(a, b)`` returns (add, sub)."""
+WARM_S = 5.0  # the RSS sampled this long into a phase, once allocators and queues have filled
+
+
+async def drive(seconds: float, in_flight: int, call, samples: list[float] | None = None) -> dict[str, int]:
+    """Keep ``in_flight`` requests going for ``seconds``; ``call(a, b)`` returns (add, sub).
+    With ``samples``: this process's RSS is appended WARM_S seconds in."""
     counts = {"sent": 0, "answered": 0, "correct": 0, "errors": 0}
     deadline = time.monotonic() + seconds
+
+    async def sample() -> None:
+        await asyncio.sleep(min(WARM_S, seconds / 3))
+        samples.append(rss_mib())
+
     rng = np.random.default_rng(0)
 
     async def worker() -> None:
@@ -69,7 +78,8 @@ async def drive(seconds: float, in_flight: int, call) -> dict[str, int]:
             counts["answered"] += 1
             counts["correct"] += bool(np.array_equal(add, a + b) and np.array_equal(sub, a - b))
 
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    extra = [sample()] if samples is not None else []
+    await asyncio.gather(*(worker() for _ in range(in_flight)), *extra)
     return counts
 
 
@@ -91,11 +101,12 @@ async def grpc_client(address: str, seconds: float, in_flight: int) -> dict[str,
         await client.close()
 
 
-def report(name: str, counts: dict[str, int], seconds: float, rss: tuple[float, float]) -> bool:
+def report(name: str, counts: dict[str, int], seconds: float, rss: tuple[float, float, float]) -> bool:
     ok = counts["sent"] == counts["answered"] == counts["correct"] and not counts["errors"]
     print(
         f"| {name} | {counts['sent']:,} | {counts['answered']:,} | {counts['correct']:,} | {counts['errors']} | "
-        f"{counts['sent'] / seconds:,.0f} | {rss[0]:.1f} → {rss[1]:.1f} MiB | {'ok' if ok else 'LOST OR WRONG'} |",
+        f"{counts['sent'] / seconds:,.0f} | {rss[0]:.1f} → {rss[1]:.1f} → {rss[2]:.1f} MiB | "
+        f"{'ok' if ok else 'LOST OR WRONG'} |",
         flush=True,
     )
     return ok
@@ -117,25 +128,30 @@ def main() -> int:
         port = server.serve_grpc("127.0.0.1:0")
         model.infer({"a": np.zeros((1, 4), F32), "b": np.zeros((1, 4), F32)})  # warm
         print(f"soak: {args.in_flight} in flight, {args.seconds:.0f} s per phase", flush=True)
-        print("| phase | sent | answered | correct | errors | req/s | server RSS start → end | |")
+        print(f"| phase | sent | answered | correct | errors | req/s | server RSS start → {WARM_S:.0f} s → end | |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
 
         async def in_process(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             out = await model.infer_async({"a": a, "b": b})
             return out["add"], out["sub"]
 
-        start = rss_mib()
-        counts = asyncio.run(drive(args.seconds, args.in_flight, in_process))
-        ok = report("in process", counts, args.seconds, (start, rss_mib()))
+        start, warm = rss_mib(), []
+        counts = asyncio.run(drive(args.seconds, args.in_flight, in_process, warm))
+        ok = report("in process", counts, args.seconds, (start, warm[0], rss_mib()))
 
         start = rss_mib()
         command = [sys.executable, __file__, "--client", f"127.0.0.1:{port}", "--seconds", str(args.seconds)]
-        child = subprocess.run([*command, "--in-flight", str(args.in_flight)], capture_output=True, text=True)
+        child = subprocess.Popen(
+            [*command, "--in-flight", str(args.in_flight)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(min(WARM_S, args.seconds / 3) + 1.0)  # the client needs about a second to start
+        warm_rss = rss_mib()
+        out, err = child.communicate()
         if child.returncode != 0:
-            print(child.stderr, file=sys.stderr)
+            print(err, file=sys.stderr)
             return 1
-        counts = json.loads(child.stdout.strip().splitlines()[-1])
-        ok = report("gRPC", counts, args.seconds, (start, rss_mib())) and ok
+        counts = json.loads(out.strip().splitlines()[-1])
+        ok = report("gRPC", counts, args.seconds, (start, warm_rss, rss_mib())) and ok
         try:
             model.infer({"a": np.ones((1, 4), F32), "b": np.ones((1, 4), F32)})
         except TritonError as exc:
