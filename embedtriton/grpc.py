@@ -85,9 +85,8 @@ _REFUSED = object()  # call.user of a unary call already answered with an error
 _MAX_DIMS = 32  # as the native data path
 _STOPPING = "the server is stopping: it takes no new requests"
 _REFUSED_WHILE_DRAINING = {
-    _KSERVE + name
-    for name in ("ModelInfer", "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister")
-}
+    _KSERVE + name for name in ("RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister")
+}  # (inference requests are refused by _decode, for unary calls and streams alike)
 
 
 def _code(error: BaseException) -> int:
@@ -349,11 +348,10 @@ class Service:
         if isinstance(user, _Stream):
             user.cancelled = True
             for handle in list(user.handles):
-                if handle is not None:
-                    if type(handle) is _InFlight:
-                        _native.cancel(handle.handle)
-                    else:
-                        _native.stream_close(handle)
+                if type(handle) is _InFlight:
+                    _native.cancel(handle.handle)
+                else:  # a decoupled request's stream
+                    _native.stream_close(handle)
 
     def drain(self) -> None:
         """The server stops: refuse new requests (UNAVAILABLE; health says NOT_SERVING) while the

@@ -448,14 +448,24 @@ static void held_release(Call* c)
   pthread_mutex_unlock(&held_lock);
 }
 
-/* Mark the request cancelled if Triton still holds it (Triton only sets a flag). */
+static void mark_closed(void* request);
+
+/* Holding held_lock: mark the request cancelled if Triton still holds it (Triton
+ * only sets a flag; a released request is buried, not deleted, so the pointer is
+ * still Triton's). A stream's request is also listed as closed for the iterative
+ * path, where the flag does not survive a RESCHEDULE release. */
+static void cancel_held_locked(Call* c)
+{
+  if (c->released) return;
+  if (c->is_stream) mark_closed(c->request);
+  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
+  if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
+}
+
 static void call_cancel(Call* c)
 {
   pthread_mutex_lock(&held_lock);
-  if (!c->released && c->request != NULL) {
-    TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
-    if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
-  }
+  cancel_held_locked(c);
   pthread_mutex_unlock(&held_lock);
 }
 
@@ -1640,15 +1650,7 @@ static PyObject* py_stream_close(PyObject* self, PyObject* capsule)
   c->closed = 1;
   int cancel = !c->finished;
   pthread_mutex_unlock(&c->mu);
-  if (cancel) {
-    pthread_mutex_lock(&held_lock);
-    if (!c->released) { /* released requests are buried, not deleted: the pointer is Triton's still */
-      mark_closed(c->request);
-      TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
-      if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
-    }
-    pthread_mutex_unlock(&held_lock);
-  }
+  if (cancel) call_cancel(c);
   call_unref(c);
   Py_RETURN_NONE;
 }
@@ -1705,10 +1707,8 @@ static PyObject* py_cancel_all(PyObject* self, PyObject* arg)
   long n = 0;
   pthread_mutex_lock(&held_lock);
   for (Call* c = held.next; c != &held; c = c->next)
-    if (c->server == server && c->request != NULL) {
-      if (c->is_stream) mark_closed(c->request);
-      TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
-      if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
+    if (c->server == server) {
+      cancel_held_locked(c);
       n++;
     }
   pthread_mutex_unlock(&held_lock);
