@@ -47,7 +47,7 @@ def serve(mode: str, port: int, transport: str) -> None:
     import threading
 
     from embedtriton import ModelConfig, Server, Tensor, batch
-    from embedtriton import grpc as egrpc
+    from embedtriton.frontends.grpc import infer, service, transport
 
     @batch
     def add_sub(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
@@ -65,13 +65,13 @@ def serve(mode: str, port: int, transport: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with server:
         if mode == "floor":
-            _answer_canned(server, egrpc)
+            _answer_canned(server, infer, service, transport)
         server.serve_grpc(f"127.0.0.1:{port}", transport=transport)
         print("ready", flush=True)
         stop.wait()
 
 
-def _answer_canned(server: Any, egrpc: Any) -> None:
+def _answer_canned(server: Any, infer: Any, service: Any, transport: Any) -> None:
     """Floor mode: ModelInfer repeats one correct reply without running anything."""
     from tritonclient.grpc import service_pb2
 
@@ -83,12 +83,12 @@ def _answer_canned(server: Any, egrpc: Any) -> None:
         reply.raw_output_contents.append(out[name].tobytes())
     canned = reply.SerializeToString()
     served = [0]
-    real_stats = egrpc.Service.model_statistics
+    real_stats = service.Service.model_statistics
 
     def model_infer(self: Any, request: Any, call: Any) -> None:
         served[0] += 1
         call.send(canned)
-        call.finish(egrpc.OK)
+        call.finish(transport.OK)
 
     def model_statistics(self: Any, request: Any, call: Any) -> Any:
         response = real_stats(self, request, call)
@@ -97,8 +97,8 @@ def _answer_canned(server: Any, egrpc: Any) -> None:
             entry.inference_stats.success.count = served[0]
         return response
 
-    egrpc.Service.model_infer = model_infer
-    egrpc.Service.model_statistics = model_statistics
+    infer.Inference.model_infer = model_infer
+    service.Service.model_statistics = model_statistics
 
 
 def perf_analyzer_binary() -> tuple[str, dict[str, str]]:

@@ -8,19 +8,20 @@ Bind plain Python callables as Triton models and call them in-process::
         out = server.model("AddSub").infer({"a": a, "b": b})
 """
 
-from .binding import Final, Request, batch
+from .backend import Final, Request, batch
 from .config import (
     DynamicBatcher,
-    GrpcLimits,
     InstanceGroup,
     ModelConfig,
     ModelWarmup,
     QueuePolicy,
     SequenceBatcher,
+    ServerConfig,
     Tensor,
     TimeoutAction,
     WarmupInput,
 )
+from .core import Model, RequestOptions
 from .errors import (
     AlreadyExistsError,
     CancelledError,
@@ -32,7 +33,8 @@ from .errors import (
     UnknownError,
     UnsupportedError,
 )
-from .server import Model, Server, ServerConfig
+from .frontends.grpc import GrpcLimits, GrpcOptions
+from .server import Server
 from .tracing import Tracing
 
 __version__ = "0.1.0"
@@ -43,6 +45,7 @@ __all__ = [
     "DynamicBatcher",
     "Final",
     "GrpcLimits",
+    "GrpcOptions",
     "InstanceGroup",
     "InternalError",
     "InvalidArgumentError",
@@ -52,6 +55,7 @@ __all__ = [
     "NotFoundError",
     "QueuePolicy",
     "Request",
+    "RequestOptions",
     "SequenceBatcher",
     "Server",
     "ServerConfig",

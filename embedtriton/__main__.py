@@ -13,8 +13,9 @@ import signal
 import sys
 import threading
 
-from .config import GrpcLimits
-from .server import Server, ServerConfig
+from .config import ServerConfig
+from .frontends.grpc import GrpcLimits
+from .server import Server
 
 
 def main(argv: list[str] | None = None) -> int:

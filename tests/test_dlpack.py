@@ -20,7 +20,7 @@ from embedtriton import (
     Tensor,
     UnsupportedError,
 )
-from embedtriton.tensors import cuda_devices
+from embedtriton.triton.devices import cuda_devices
 
 
 class DLPackOnly:

@@ -17,7 +17,7 @@ from embedtriton import (
     UnavailableError,
     batch,
 )
-from embedtriton.runtime import HOME_VARIABLE, find_runtime
+from embedtriton.triton.runtime import HOME_VARIABLE, find_runtime
 
 ONE = np.ones((1, 1), np.float32)
 
@@ -169,7 +169,7 @@ def test_missing_runtime_names_both_ways(monkeypatch, tmp_path):
     monkeypatch.setenv(HOME_VARIABLE, str(tmp_path))
     with pytest.raises(NotFoundError, match="lib/libtritonserver.so"):
         find_runtime()
-    import embedtriton.runtime as runtime
+    import embedtriton.triton.runtime as runtime
 
     monkeypatch.delenv(HOME_VARIABLE)
     monkeypatch.setattr(runtime, "_from_pytriton_wheel", lambda: None)

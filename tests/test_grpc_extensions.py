@@ -18,7 +18,7 @@ from conftest import add_sub, add_sub_tensors, bind_double  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from embedtriton import ModelConfig, Server, ServerConfig  # noqa: E402
+from embedtriton import GrpcOptions, InvalidArgumentError, ModelConfig, Server  # noqa: E402
 
 
 def add_sub_inputs(a, b):
@@ -72,7 +72,7 @@ def test_system_shared_memory_inputs_and_outputs(endpoint):
         y = shm.get_contents_as_numpy(handle, np.float32, [1, 1024], offset=nbytes)
         np.testing.assert_array_equal(y, x * 2)  # written straight into the client's region
         np.testing.assert_array_equal(server.seen["x"], x)
-        region = server._grpc.service.shm.get("io").mapping
+        region = server.endpoint("grpc").service.shm.get("io").mapping
         assert server.seen["address"] == ctypes.addressof(ctypes.c_char.from_buffer(region))  # no copy on the way in
 
         # a request that does not fit the region is refused; the server keeps serving
@@ -242,10 +242,13 @@ def certs(tmp_path_factory):
 @pytest.mark.parametrize("transport", ["native", "grpcio"])
 def test_tls_and_client_certificates(certs, transport):
     read = lambda name: (certs / name).read_bytes()  # noqa: E731
-    server = Server(ServerConfig(grpc_tls_cert=str(certs / "server.pem"), grpc_tls_key=str(certs / "server.key")))
+    server = Server()
     server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
     with server:
-        port = server.serve_grpc("127.0.0.1:0", tls_client_ca=str(certs / "ca.pem"), transport=transport)
+        options = GrpcOptions(tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"))
+        port = server.serve_grpc(
+            "127.0.0.1:0", options=options, tls_client_ca=str(certs / "ca.pem"), transport=transport
+        )
         address = f"localhost:{port}"
         a = np.ones((1, 1), np.float32)
         client = grpcclient.InferenceServerClient(
@@ -266,16 +269,23 @@ def test_tls_and_client_certificates(certs, transport):
         Server().serve_grpc("127.0.0.1:0", tls_cert=str(certs / "server.pem"))
 
 
-# -- the command's address can also come from ServerConfig -----------------------------
+# -- endpoint settings as a GrpcOptions object -------------------------------------------
 
 
-def test_grpc_address_in_server_config():
+def test_grpc_options_object():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = Server(ServerConfig(grpc_address=f"127.0.0.1:{port}"))
+    server = Server()
     server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    with pytest.raises(InvalidArgumentError, match=r"unknown gRPC setting\(s\) \['tls'\]"):
+        server.serve_grpc(tls=True)
+    with pytest.raises(InvalidArgumentError, match="TLS needs both"):
+        GrpcOptions(tls_cert="cert.pem")
     with server:
+        assert server.serve_grpc(options=GrpcOptions(address=f"127.0.0.1:{port}", max_message_bytes=1 << 20)) == port
         assert grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_model_ready("AddSub")
+        with pytest.raises(InvalidArgumentError, match="already serving gRPC"):
+            server.serve_grpc("127.0.0.1:0")
     with pytest.raises(InferenceServerException):
         grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live(client_timeout=2)

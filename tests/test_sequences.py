@@ -82,7 +82,7 @@ def test_interleaved_sequences_from_concurrent_callers(strategy):
         for t in threads:
             t.join(timeout=60)
         binding = server._bound["Acc"]
-        assert binding._states == {}  # every sequence ended: its state was dropped
+        assert binding.runner._states == {}  # every sequence ended: its state was dropped
     for k, cid in enumerate(ids):
         step = k + 1.0
         assert totals[cid] == [step * (i + 1) for i in range(5)], (cid, totals[cid])
@@ -122,7 +122,7 @@ def test_idle_sequences_time_out_and_lose_their_state():
         with pytest.raises(InvalidArgumentError, match="START"):
             model.infer(one(1), correlation_id=1)  # Triton ended the idle sequence
         assert model.infer(one(5), correlation_id=2, sequence_start=True)["total"][0, 0] == 5
-        assert 1 not in server._bound["Acc"]._states  # and its state is gone
+        assert 1 not in server._bound["Acc"].runner._states  # and its state is gone
         assert model.infer(one(1), correlation_id=1, sequence_start=True)["total"][0, 0] == 1  # a fresh start
 
 
@@ -172,7 +172,7 @@ def test_iterative_sequences_stream_each_step_and_let_new_requests_join():
         for t in threads:
             t.join(timeout=30)
         stats = model.statistics()
-        assert server._bound["Tokens"]._gens == {}  # every finished request freed its slot
+        assert server._bound["Tokens"].runner._gens == {}  # every finished request freed its slot
     assert results == {n: list(range(n)) for n in lengths}
     assert max(b["batch_size"] for b in stats["batch_stats"]) > 1  # requests shared iterations
     # one iteration per token (+1 to see each generator end): far fewer than one batch per request-token
@@ -236,7 +236,7 @@ def test_iterative_batch_step_form_keeps_slots_full():
             t.start()
         for t in threads:
             t.join(timeout=30)
-        assert server._bound["Steps"]._live == {}
+        assert server._bound["Steps"].runner._live == {}
     assert results == {n: list(range(n)) for n in lengths}
     assert sum(len(c) for c in calls) == sum(lengths)  # one step per token, none wasted
     assert len(calls) < sum(lengths)  # and requests shared iterations

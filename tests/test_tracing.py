@@ -149,9 +149,8 @@ def test_grpc_traceparent_is_the_parent_and_trace_setting_works(traced):
         with pytest.raises(Exception, match="not supported"):
             client.update_trace_settings(settings={"trace_file": "/tmp/t.json"})
     finally:
-        server._tracer.update(rate=1, count=-1, level="TIMESTAMPS")
-        server._grpc.stop()
-        server._grpc = None
+        server.tracer.update(rate=1, count=-1, level="TIMESTAMPS")
+        server._stop_endpoints(1.0)
 
 
 def test_no_tracing_no_spans():

@@ -236,7 +236,7 @@ def test_endpoint_limits_and_shared_memory_off(caplog, tmp_path):
             os.unlink(f"/dev/shm/{key[1:]}")
         client.close()
         deadline = time.monotonic() + 5
-        while server._grpc._native.stats()["connections"] and time.monotonic() < deadline:
+        while server.endpoint("grpc").stats()["connections"] and time.monotonic() < deadline:
             time.sleep(0.02)  # the client's connection is gone
         preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
         held = []

@@ -1,10 +1,8 @@
 """The control-plane half of Triton's C API, declared by us through ctypes.
 
-Everything here returns Python values or raises a :class:`TritonError`; no raw
-pointer leaves this module except the opaque server handle (an int) that the
-native data path (``embedtriton._native``) takes. The per-request path lives in
-the native module; this module covers server options, lifecycle, model
-loading, metadata, statistics and metrics.
+Calls that return a Triton error raise it as a :class:`TritonError`. The per-request path
+lives in the native module; this module declares what :mod:`.options` and :mod:`.control`
+use: server options, lifecycle, model loading, metadata, statistics and metrics.
 
 Declarations follow ``tritonserver.h`` of Triton 2.51 (C API 1.34).
 """
@@ -29,7 +27,7 @@ from ctypes import (
 )
 from typing import Any
 
-from .errors import error_for_code
+from ..errors import error_for_code
 from .runtime import load_runtime
 
 # TRITONSERVER_ModelControlMode
@@ -153,14 +151,3 @@ def out_handle() -> c_void_p:
 
 def flag() -> c_bool:
     return c_bool()
-
-
-def load_model_with_config(server: int, name: str, config_json: str) -> None:
-    """Load (or reload) a model in explicit mode with its config given as JSON."""
-    a = api()
-    raw = ctypes.create_string_buffer(config_json.encode())  # alive for the whole call
-    param = a.ParameterNew(b"config", PARAMETER_STRING, ctypes.cast(raw, c_void_p))
-    try:
-        a.ServerLoadModelWithParameters(server, name.encode(), (c_void_p * 1)(param), 1)
-    finally:
-        a.ParameterDelete(param)

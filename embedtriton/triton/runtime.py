@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import NotFoundError, UnavailableError
+from ..errors import NotFoundError, UnavailableError
 
 HOME_VARIABLE = "EMBEDTRITON_TRITON_HOME"
 HOW_TO_GET_ONE = (

@@ -1,4 +1,4 @@
-"""System shared-memory regions that gRPC clients register (KServe/Triton extension).
+"""System shared-memory regions that network clients register (KServe/Triton extension).
 
 A client on the same host creates a POSIX shared-memory object (``shm_open`` name, a
 file in ``/dev/shm``), registers it under a name, and then names that region in a
@@ -23,7 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..backend.library import native
+from ..errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 
 SHM_DIR = "/dev/shm"
 _NAME_MAX = 255
@@ -86,8 +87,6 @@ class Region:
 
 
 def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
-    from . import _native
-
     file_name = shm_name(key)
     directory = os.open(SHM_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:  # relative to /dev/shm, never following a symlink, never blocking on a FIFO
@@ -106,7 +105,7 @@ def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
                 f"exceed the {info.st_size} bytes of '{key}'"
             )
         try:
-            mapping = _native.map_shared(fd, offset + byte_size)
+            mapping = native().map_shared(fd, offset + byte_size)
         except OSError as exc:
             raise InvalidArgumentError(f"cannot map shared memory region '{name}' ('{key}'): {exc.strerror}") from None
     except BaseException:

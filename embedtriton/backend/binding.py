@@ -1,0 +1,105 @@
+"""A bound model as the native backend sees it: its declarations, its runner (chosen once
+here, by execution mode) and its life in Triton (loaded copies, finalization).
+
+The attributes and methods the native module reads are listed in
+:class:`embedtriton.backend.library.NativeModel`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import ModelConfig, Tensor
+from ..tensors import BY_NAME, triton_dtype
+from . import runners
+from .batch import InferFunc
+from .request import Request
+
+log = logging.getLogger("embedtriton")
+
+
+class Binding:
+    """A bound model: what the native backend reads at load time and calls per batch."""
+
+    def __init__(
+        self,
+        name: str,
+        infer_func: InferFunc,
+        inputs: list[Tensor],
+        outputs: list[Tensor],
+        config: ModelConfig,
+    ) -> None:
+        self.name = name
+        self.infer_func = infer_func
+        self.inputs = inputs
+        self.outputs = outputs
+        self.config = config
+        self.max_batch_size = config.max_batch_size if config.batching else 0
+        self.decoupled = config.decoupled
+        self.batch_rule = config.batch_rule
+        self.sequence = config.sequence_batcher is not None
+        self.iterative = self.sequence and config.sequence_batcher.iterative
+        # (name, TRITONSERVER_DataType value, dims) per output, read by the backend.
+        self.output_specs = [(t.name, BY_NAME[triton_dtype(t.dtype)].value, t.shape) for t in outputs]
+        self.loaded_at = 0.0  # time.monotonic() when Triton last finished loading it
+        self._alive = 0  # loaded copies of the model in Triton (the backend counts them)
+        self._alive_changed = threading.Condition()
+        self.runner = self._runner()
+        self.execute = self.runner.execute
+        if isinstance(self.runner, runners.Iterative):
+            self._iterate = self.runner.iterate
+            self._knows = self.runner.knows
+            self._forget = self.runner.forget
+
+    def _runner(self) -> Any:
+        """The runner of this model's execution mode."""
+        func, config = self.infer_func, self.config
+        if config.sequence_batcher is not None:
+            if config.sequence_batcher.iterative:
+                if inspect.isgeneratorfunction(func):
+                    return runners.Iterative(self.name, func)
+                return runners.IterativeBatch(self.name, func)
+            idle_us = config.sequence_batcher.max_sequence_idle_microseconds
+            return runners.Sequence(self.name, func, idle_us, config.decoupled)
+        if config.decoupled:
+            return runners.Decoupled(self.name, func)
+        return runners.Plain(self.name, func)
+
+    def _loaded(self, delta: int) -> None:
+        """Called by the backend when Triton initializes (+1) or finalizes (-1) the model."""
+        with self._alive_changed:
+            self._alive += delta
+            self._alive_changed.notify_all()
+
+    def wait_finalized(self, timeout: float, drain: Callable[[], Any]) -> bool:
+        """Wait until Triton has finalized every loaded copy of the model.
+
+        Triton deletes an unloaded model on a thread of its own once the last request
+        referring to it is deleted; ``drain`` deletes the requests released meanwhile.
+        """
+        deadline = time.monotonic() + timeout
+        with self._alive_changed:
+            while self._alive > 0:
+                drain()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._alive_changed.wait(min(left, 0.005))
+        return True
+
+    def _include(self, batch: list[Request], candidate: Request) -> bool:
+        """Called by Triton's batcher: may ``candidate`` join ``batch`` (the requests accepted
+        so far into the batch being formed)? A rule that raises lets the request in."""
+        try:
+            accepted = bool(self.batch_rule(candidate, batch))  # type: ignore[misc]
+        except Exception:
+            log.exception("batch_rule of model %r raised; the request joins the batch", self.name)
+            accepted = True
+        if accepted:
+            batch.append(candidate)
+        return accepted

@@ -1,0 +1,72 @@
+"""The one owner of the contract between Python and the native module.
+
+``embedtriton._native`` is one shared library with two faces: the CPython extension that
+submits requests (caller side) and the Triton backend ``embedtriton`` that Triton dlopens
+from the same file (model side). This module loads it once, wires it to the process's
+Triton runtime, hands it its Python hooks, and keeps the registry it reads at model load
+(model directory -> :class:`Binding`). :class:`NativeModel` lists what the backend reads of
+a binding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import error_for_code
+from ..tensors import decode_bytes, encode_bytes
+from ..triton import capi
+from .binding import Binding
+from .request import Request
+from .runners import request_done
+
+BACKEND_NAME = "embedtriton"
+STREAM_ITEM, STREAM_EMPTY, STREAM_END = 0, 1, 2  # statuses of _native.stream_next
+
+bindings: dict[str, Binding] = {}  # model directory -> binding, read by the native backend at model load
+
+
+class NativeModel(Protocol):
+    """What the native backend reads of a bound model (see :class:`Binding`)."""
+
+    name: str
+    max_batch_size: int
+    output_specs: list[tuple[str, int, tuple[int, ...]]]  # (name, TRITONSERVER_DataType, dims)
+    decoupled: bool
+    iterative: bool
+    sequence: bool
+    batch_rule: Any
+
+    def execute(self, requests: list[Request]) -> Any: ...  # a batch: outputs per request, steps, or a message
+    def _iterate(self, step: list[tuple[int, Request | None]]) -> list[tuple[Any, bool]]: ...  # iterative only
+    def _knows(self, key: int) -> bool: ...  # iterative only
+    def _forget(self, key: int) -> None: ...  # iterative only
+    def _include(self, batch: list[Request], candidate: Request) -> bool: ...  # with a batch rule only
+    def _loaded(self, delta: int) -> None: ...  # +1 when Triton initializes a copy, -1 when it finalizes one
+
+
+_native: Any = None
+
+
+def native() -> Any:
+    """The native module, wired to the process's Triton runtime and its hooks (once)."""
+    global _native
+    if _native is None:
+        from .. import _native as module
+
+        module.load(capi.api().handle)
+        module.set_hooks(bindings, Request, error_for_code, decode_bytes, encode_bytes, request_done)
+        _native = module
+    return _native
+
+
+def library_path() -> str:
+    """The native module's file: also the backend library and the batch strategy library."""
+    return native().__file__
+
+
+def install_backend(backends: Path) -> None:
+    """Make the native module Triton's backend ``embedtriton`` in the folder ``backends``."""
+    folder = backends / BACKEND_NAME
+    folder.mkdir()
+    (folder / f"libtriton_{BACKEND_NAME}.so").symlink_to(library_path())

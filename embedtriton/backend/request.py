@@ -1,0 +1,51 @@
+"""What a model's callable is handed: :class:`Request` (one per Triton request), and
+:class:`Final` (the last outputs of an iterative request)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class Final:
+    """The last outputs of a request in an iterative batch-step function (see
+    ``SequenceBatcher(iterative=True)``): ``Final(outputs)`` sends them and ends the
+    request's stream; ``Final()`` ends it without outputs."""
+
+    __slots__ = ("outputs",)
+
+    def __init__(self, outputs: Mapping[str, Any] | None = None) -> None:
+        self.outputs = outputs
+
+
+class Request(dict):
+    """One inference request as the callable sees it: input name -> array.
+
+    Arrays are read-only views of the request's memory while the callable runs
+    (a view the callable keeps gets its own copy afterwards). ``parameters`` holds the
+    request's parameters (str, int, float or bool values).
+
+    On a sequence model (``ModelConfig(sequence_batcher=...)``) a request also has
+    ``correlation_id``, ``sequence_start``, ``sequence_end`` and ``state``: a dict the
+    library keeps for the sequence, created at its start, the same object on each of its
+    requests, dropped at its end or when Triton ends it for being idle.
+    """
+
+    __slots__ = (
+        "parameters",
+        "correlation_id",
+        "sequence_start",
+        "sequence_end",
+        "sequence_ready",
+        "state",
+        "_span",
+    )
+
+    @property
+    def span(self) -> Any:
+        """The request's OpenTelemetry span when it is traced (see ``Tracing``), else None."""
+        return getattr(self, "_span", None)
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) for k, v in self.items()}
+        return f"Request({shapes}, parameters={getattr(self, 'parameters', {})})"

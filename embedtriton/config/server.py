@@ -1,0 +1,63 @@
+"""Settings of the embedded Triton server: Triton's own options only (endpoints have theirs,
+e.g. :class:`embedtriton.frontends.grpc.GrpcOptions`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..errors import InvalidArgumentError
+from ..tracing import Tracing
+
+
+@dataclass
+class ServerConfig:
+    """Settings of the embedded Triton server.
+
+    ``cache_config`` takes Triton's ``--cache-config`` strings, e.g. ``["local,size=1048576"]``.
+    """
+
+    id: str = "embedtriton"
+    cache_config: list[str] = field(default_factory=list)
+    cache_directory: str | None = None
+    exit_timeout_secs: int = 30
+    strict_readiness: bool = True
+    metrics: bool = True
+    cpu_metrics: bool = True
+    # How often Triton samples CPU/memory metrics. Its thread sleeps half of this and the
+    # process waits for it at exit: Triton's 2000 ms default adds ~1 s to every exit.
+    metrics_interval_ms: int = 200
+    log_verbose: int = 0
+    log_info: bool = False
+    log_warning: bool = False
+    log_error: bool = True
+    log_file: str | None = None  # Triton's log; a file in the server's temporary folder by default
+    pinned_memory_pool_byte_size: int = 0
+    cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)
+    min_supported_compute_capability: float = 6.0
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    model_repository: str | None = None  # a folder we may write to; a temporary one by default
+    tracing: Tracing | None = None  # OpenTelemetry spans from Triton's trace timestamps; off by default
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidArgumentError` for settings Triton would refuse or misread."""
+        self.cache_settings()
+        for name, least in (("exit_timeout_secs", 0), ("metrics_interval_ms", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise InvalidArgumentError(f"ServerConfig.{name} must be an integer >= {least}, not {value!r}")
+
+    def cache_settings(self) -> list[tuple[str, str]]:
+        """``[(cache name, config JSON)]`` from ``cache_config``."""
+        grouped: dict[str, dict[str, str]] = {}
+        for entry in self.cache_config:
+            name, _, rest = entry.partition(",")
+            if not name or (rest and "=" not in rest):
+                raise InvalidArgumentError(
+                    f"cache_config entry {entry!r}: expected 'NAME,KEY=VALUE[,KEY=VALUE]', e.g. 'local,size=1048576'"
+                )
+            settings = grouped.setdefault(name.strip(), {})
+            for pair in filter(None, rest.split(",")):
+                key, _, value = pair.partition("=")
+                settings[key.strip()] = value.strip()
+        return [(name, json.dumps(settings)) for name, settings in grouped.items()]

@@ -1,0 +1,91 @@
+"""When a stopped Triton server may be deleted: the process-wide rules.
+
+Deleting a Triton server resets process-wide memory managers (the pinned-memory manager
+above all), under any other server still running in the process. So a stopped server is
+only deleted once no other one runs: until then it waits here ("retired"), stopped, its
+models unloaded. A server whose callable was still running at stop()'s deadline also waits
+until Triton has let go of its last request.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+from ..backend import library
+from ..errors import TritonError
+from ..triton import control
+
+log = logging.getLogger("embedtriton")
+
+lock = threading.Lock()  # ServerNew, ServerDelete and these collections
+live_servers: weakref.WeakSet[Any] = weakref.WeakSet()  # started servers (stopped at exit)
+_running: set[int] = set()  # handles of started, not yet stopped servers
+_retired: list[int] = []  # handles of stopped servers not deleted yet
+_reaper: threading.Thread | None = None
+
+
+def new_server(options: int) -> int:
+    """A new Triton server; servers retired earlier are deleted first when that is safe."""
+    with lock:
+        reap()
+        handle = control.new_server(options)
+        _running.add(handle)
+        return handle
+
+
+def reap() -> bool:
+    """Delete the retired servers when that is safe (call with ``lock`` held).
+    Returns whether some are left."""
+    if not _retired or _running:
+        return bool(_retired)
+    native = library.native()
+    if any(native.pending(handle)[1] for handle in _retired):
+        return True  # a callable still runs: Triton holds its requests
+    deadline = time.monotonic() + 0.1  # released requests go 20-40 ms late (see bury())
+    while native.drain() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for handle in _retired:
+        try:
+            control.delete_server(handle)
+        except TritonError as exc:
+            log.warning("deleting Triton: %s", exc)
+        aborted = native.abort_pending(handle)
+        if aborted:
+            log.warning("%d request(s) were still in flight when the server was deleted", aborted)
+    _retired.clear()
+    return False
+
+
+def retire(handle: int) -> None:
+    """A stopped server: delete it now or, when unsafe, later (see ``reap``)."""
+    global _reaper
+    with lock:
+        _running.discard(handle)
+        _retired.append(handle)
+        if not reap() or _running or (_reaper is not None and _reaper.is_alive()):
+            return
+        _reaper = threading.Thread(target=_reap_later, name="embedtriton-reaper", daemon=True)
+        _reaper.start()
+
+
+def _reap_later() -> None:
+    """Wait for the callables of retired servers to return, then delete the servers."""
+    while True:
+        time.sleep(0.05)
+        with lock:
+            if _running or not reap():
+                return
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(live_servers):
+        server.stop()
+    with lock:
+        if reap():
+            log.warning("a model's callable was still running at exit; its server was not deleted")

@@ -1,0 +1,162 @@
+"""A handle on one model of a server; every request of every caller goes through
+:meth:`Model.submit` into the native data path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..backend import library
+from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
+from ..triton import control
+from .request import InferRequest, RequestOptions
+from .streams import iterate, iterate_async
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .server import CoreServer
+
+
+class Model:
+    """A handle on one model of a :class:`Server`.
+
+    Every call takes the per-request options of :class:`RequestOptions` as keywords:
+    ``parameters``, ``priority``, ``timeout_us``, ``request_id``, ``outputs``, and for
+    stateful models ``correlation_id`` (a positive int or a str) with ``sequence_start`` /
+    ``sequence_end`` marking the first and last request, and ``output_device``.
+    """
+
+    def __init__(self, server: CoreServer, name: str, version: int = -1) -> None:
+        self._server = server
+        self.name = name
+        self.version = version
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r})"
+
+    def infer(self, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]) -> dict[str, Any]:
+        """Run one request and return its outputs (name -> numpy array).
+
+        ``inputs`` maps input names to arrays (with the batch axis when the model batches).
+        ``outputs`` limits which outputs come back (all by default).
+        """
+        return self.submit(InferRequest.from_options(inputs, options))
+
+    def infer_async(
+        self, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]
+    ) -> asyncio.Future[dict[str, Any]]:
+        """:meth:`infer` for asyncio: ``await model.infer_async(...)``; many may be in flight.
+
+        Must be called from a running event loop. Returns an asyncio future (no coroutine
+        per request); errors, including bad inputs, are raised where it is awaited.
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        try:
+            self.submit(InferRequest.from_options(inputs, options), loop, future)
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    def stream(self, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]) -> Iterator[dict[str, Any]]:
+        """Run one request on a decoupled model and iterate over its responses as they come.
+
+        An error (the model raised mid-stream) is raised after the responses sent before
+        it. Leaving the loop early (``break``, an exception, closing the iterator) cancels
+        the request and closes the model's generator.
+        """
+        return iterate(self.submit(InferRequest.from_options(inputs, options), stream=True))
+
+    async def stream_async(
+        self, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """:meth:`stream` for asyncio: ``async for part in model.stream_async(...)``."""
+        request = InferRequest.from_options(inputs, options)
+        arrived = asyncio.Event()
+        responses = iterate_async(self.submit(request, asyncio.get_running_loop(), arrived.set, True), arrived)
+        try:
+            async for outputs in responses:
+                yield outputs
+        finally:
+            await responses.aclose()  # closes the stream now, not when collected
+
+    def submit(
+        self,
+        request: InferRequest,
+        loop: Any = None,
+        target: Any = None,
+        stream: bool = False,
+        cancellable: bool = False,
+    ) -> Any:
+        """Hand one request to the native data path (it validates inputs and options); the
+        entry of every caller, in process and over the network.
+
+        Without a loop: waits and returns the outputs. With a loop (an asyncio loop, or any
+        object with ``call_soon_threadsafe``): resolves ``target`` (a future-like object)
+        there. ``stream``: returns a stream handle; ``target`` wakes its consumer.
+        ``cancellable`` (with a loop): returns a handle for ``_native.cancel``.
+        """
+        server = self._server
+        if server._stopping:
+            raise UnavailableError("the server is stopping: it takes no new requests")
+        binding = server._bound.get(self.name)
+        if not stream and binding is not None and binding.decoupled:
+            raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
+        # With a batch rule, Triton's batcher calls Python: hand requests over without the GIL.
+        release_gil = binding is not None and binding.batch_rule is not None
+        native = library._native or library.native()
+        r = request
+        tracer = server._tracer
+        if tracer is not None:
+            parent = r.trace_parent
+            span, sink, traced = tracer.begin(
+                self.name, self.version, r.inputs, r.request_id, r.parameters, parent, parent is not None
+            )
+            if span is not None:
+                try:
+                    return native.submit(
+                        server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
+                        r.timeout_us, traced, loop, target, stream, r.sequence, release_gil, sink, cancellable,
+                    )  # fmt: skip
+                except Exception as exc:
+                    tracer.abandon(span, traced, exc)
+                    raise
+        return native.submit(
+            server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
+            r.timeout_us, r.parameters, loop, target, stream, r.sequence, release_gil, None, cancellable,
+        )  # fmt: skip
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether the model is decoupled (answered by :meth:`stream`, not :meth:`infer`)."""
+        binding = self._server._bound.get(self.name)
+        return binding is not None and binding.decoupled
+
+    @property
+    def ready(self) -> bool:
+        """Whether Triton reports the model READY."""
+        handle = self._server._handle
+        if handle is None:
+            return False
+        try:
+            return control.model_is_ready(handle, self.name, self.version)
+        except TritonError:
+            return False
+
+    def metadata(self) -> dict[str, Any]:
+        """Triton's model metadata (inputs, outputs, versions, platform)."""
+        return control.model_metadata(self._server._require_handle(), self.name, self.version)
+
+    def config(self) -> dict[str, Any]:
+        """The model configuration that Triton applied."""
+        return control.model_config(self._server._require_handle(), self.name, self.version)
+
+    def statistics(self) -> dict[str, Any]:
+        """Triton's statistics for this model (inference/execution counts, timings, batch stats)."""
+        stats = control.model_statistics(self._server._require_handle(), self.name, self.version)
+        entries = stats.get("model_stats", [])
+        if not entries:
+            raise NotFoundError(f"no statistics for model '{self.name}'")
+        return entries[0]

@@ -1,0 +1,67 @@
+"""The folders a server writes: the model repository (one folder per bound model, with its
+version folder and file-based warm-up data) and the backend folder (our backend library,
+Triton's log)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..backend.binding import Binding
+from ..backend.library import install_backend
+from ..config.triton_json import WARMUP_FOLDER, warmup_file_bytes, warmup_file_name
+
+
+class Repository:
+    """The model repository at ``path`` (a temporary folder when None) and a temporary
+    backend folder, created by :meth:`open` and removed by :meth:`close`."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = path
+        self.models: Path | None = None
+        self.backends: Path | None = None
+        self._own = False
+
+    def open(self) -> None:
+        if self._path:
+            self.models = Path(self._path)
+            self.models.mkdir(parents=True, exist_ok=True)
+        else:
+            self.models = Path(tempfile.mkdtemp(prefix="embedtriton-models-"))
+            self._own = True
+        self.backends = Path(tempfile.mkdtemp(prefix="embedtriton-backends-"))
+        install_backend(self.backends)
+
+    def model_dir(self, name: str) -> Path:
+        assert self.models is not None
+        return self.models / name
+
+    def write(self, binding: Binding) -> Path:
+        """The model's folder, with its version folder and warm-up files."""
+        directory = self.model_dir(binding.name)
+        (directory / "1").mkdir(parents=True, exist_ok=True)
+        for stage in binding.config.model_warmup or []:  # file-based warm-up data goes beside the model
+            for input_name, spec in stage.inputs.items():
+                if spec.input_data_file is not None:
+                    folder = directory / WARMUP_FOLDER
+                    folder.mkdir(exist_ok=True)
+                    (folder / warmup_file_name(stage, input_name)).write_bytes(warmup_file_bytes(spec))
+        return directory
+
+    def remove(self, name: str) -> None:
+        shutil.rmtree(self.model_dir(name), ignore_errors=True)
+
+    def close(self, names: list[str]) -> None:
+        """Remove the backend folder and what we wrote into the model repository."""
+        if self.backends is not None:
+            shutil.rmtree(self.backends, ignore_errors=True)
+            self.backends = None
+        if self.models is not None:
+            if self._own:
+                shutil.rmtree(self.models, ignore_errors=True)
+            else:
+                for name in names:
+                    shutil.rmtree(self.models / name, ignore_errors=True)
+            self.models = None
+            self._own = False

@@ -1,0 +1,7 @@
+"""The KServe-v2 gRPC frontend: options (:mod:`.options`, importable without grpcio), the
+endpoint and its transports (:mod:`.endpoint`, :mod:`.transport`), the service's method table
+(:mod:`.service`) and inference (:mod:`.infer`). Needs ``pip install "embedtriton[grpc]"``."""
+
+from .options import GrpcLimits, GrpcOptions
+
+__all__ = ["GrpcLimits", "GrpcOptions"]

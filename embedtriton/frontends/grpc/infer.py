@@ -1,0 +1,333 @@
+"""ModelInfer and ModelStreamInfer: protobuf in, the core's request object through
+:meth:`Model.submit`, protobuf out. Completions are encoded and sent from the thread that
+completes them (Triton's), with no event-loop hop. KServe semantics come from
+:mod:`embedtriton.frontends.kserve`."""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from ...backend import library
+from ...backend.library import STREAM_EMPTY, STREAM_END, STREAM_ITEM
+from ...core import CoreServer
+from ...errors import InvalidArgumentError, TritonError, UnavailableError
+from .. import kserve
+from ..shared_memory import SystemSharedMemory
+from .transport import OK, UNAVAILABLE, Call, code_of
+
+log = logging.getLogger("embedtriton")
+
+STOPPING = "the server is stopping: it takes no new requests"
+
+
+def parameter(value: Any) -> Any:
+    """A protobuf InferParameter's value."""
+    which = value.WhichOneof("parameter_choice")
+    return getattr(value, which) if which else None
+
+
+def _tensor_parameters(tensor: Any) -> dict[str, Any]:
+    params = tensor.parameters
+    return {k: parameter(v) for k, v in params.items()} if "shared_memory_region" in params else {}
+
+
+class _Immediate:
+    """Stands in for an event loop in the native completion path: completions run at
+    once, on the Triton thread that delivers them (with the GIL)."""
+
+    @staticmethod
+    def call_soon_threadsafe(fn: Callable[..., Any], *args: Any) -> None:
+        fn(*args)
+
+
+_IMMEDIATE = _Immediate()
+
+
+class InFlight:
+    """``call.user`` of a unary ModelInfer handed to Triton: cancelled if the client leaves."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def cancel(self) -> None:
+        library.native().cancel(self.handle)
+
+
+class Stream:
+    """One ModelStreamInfer call: requests run as they arrive; the call ends once the
+    client has half-closed (or the server drains) and every request has finished."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.lock = threading.Lock()
+        self.pending = 0
+        self.half_closed = False
+        self.draining = False
+        self.cancelled = False
+        self.handles: set[Any] = set()  # native handles of its requests in flight, to cancel them
+
+    @staticmethod
+    def final_flag(request: Any) -> bool:
+        p = request.parameters.get(kserve.EMPTY_FINAL_RESPONSE)
+        return bool(p is not None and parameter(p))
+
+    def send(self, message: Any) -> None:
+        if not self.cancelled:
+            self.call.send(message.SerializeToString())
+
+    def begin_one(self) -> None:
+        with self.lock:
+            self.pending += 1
+
+    def done_one(self) -> None:
+        with self.lock:
+            self.pending -= 1
+            finished = (self.half_closed or self.draining) and self.pending == 0
+        if finished:
+            self._end()
+
+    def close(self) -> None:
+        with self.lock:
+            self.half_closed = True
+            finished = self.pending == 0
+        if finished:
+            self._end()
+
+    def drain(self) -> None:
+        """The server stops: end the stream once its requests in flight have answered."""
+        with self.lock:
+            self.draining = True
+            finished = self.pending == 0
+        if finished:
+            self._end()
+
+    def cancel(self) -> None:
+        """The client went away: cancel its requests in flight."""
+        self.cancelled = True
+        native = library.native()
+        for handle in list(self.handles):
+            if type(handle) is InFlight:
+                native.cancel(handle.handle)
+            else:  # a decoupled request's stream
+                native.stream_close(handle)
+
+    def _end(self) -> None:
+        if self.half_closed:
+            self.call.finish(OK)
+        else:
+            self.call.finish(UNAVAILABLE, STOPPING)
+
+
+def encode(request: Any, outputs: dict[str, Any], in_shm: set[str] | frozenset[str] = frozenset()) -> Any:
+    """A ModelInferResponse for ``request`` with ``outputs`` (those in ``in_shm`` are already
+    written into the client's shared memory)."""
+    response = service_pb2.ModelInferResponse(
+        model_name=request.model_name, model_version=request.model_version or "1", id=request.id
+    )
+    for name, array in outputs.items():
+        datatype = kserve.output_datatype(array)
+        tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        if name in in_shm:
+            tensor.parameters["shared_memory_byte_size"].int64_param = array.nbytes
+            response.raw_output_contents.append(b"")
+        else:
+            response.raw_output_contents.append(kserve.output_bytes(array, datatype))
+    return response
+
+
+class Reply:
+    """The future-like target of one ModelInfer (or one non-decoupled request of a stream)."""
+
+    __slots__ = ("call", "request", "decoded", "stream", "handle", "finished")
+
+    def __init__(self, call: Call, request: Any, decoded: kserve.Decoded, stream: Stream | None) -> None:
+        self.call, self.request, self.decoded, self.stream = call, request, decoded, stream
+        self.handle: Any = None  # native cancel handle (requests of a stream)
+        self.finished = False
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, outputs: dict[str, Any]) -> None:
+        try:
+            self.decoded.check_regions()  # a region shrunk under the request: its data is lost
+            response = encode(self.request, outputs, self.decoded.in_shm)
+        except Exception as exc:
+            self.set_exception(exc)
+            return
+        if self.stream is None:
+            self.call.send(response.SerializeToString())
+            self.call.finish(OK)
+        else:
+            if self.stream.final_flag(self.request):
+                response.parameters["triton_final_response"].bool_param = True
+            self.stream.send(service_pb2.ModelStreamInferResponse(infer_response=response))
+            self._stream_done()
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self.stream is None:
+            self.call.finish(code_of(exc), str(exc))
+        else:
+            self.stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
+            self._stream_done()
+
+    def _stream_done(self) -> None:
+        assert self.stream is not None
+        self.finished = True
+        self.stream.handles.discard(self.handle)
+        self.stream.done_one()
+
+
+class Inference:
+    """ModelInfer and ModelStreamInfer for one server."""
+
+    def __init__(self, server: CoreServer, shm: SystemSharedMemory) -> None:
+        self.server = server
+        self.shm = shm
+        self.draining = False
+        self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()  # ModelStreamInfer calls, to drain
+        self._streams_lock = threading.Lock()
+
+    def drain(self) -> None:
+        """Refuse new requests; streams end once their requests in flight have answered."""
+        self.draining = True
+        with self._streams_lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.drain()
+
+    def decode(self, request: Any) -> kserve.Decoded:
+        """A ModelInferRequest, checked, as the core's request object.
+
+        Every size is checked against the bytes actually received before anything is
+        allocated; a client's mistake is an InvalidArgumentError for that request only.
+        """
+        if self.draining:
+            raise UnavailableError(STOPPING)
+        decoded = kserve.Decoded(self.server.model(request.model_name))  # NotFoundError for unknown names
+        raw = request.raw_input_contents
+        if raw and len(raw) != len(request.inputs):
+            raise InvalidArgumentError(
+                f"{len(raw)} raw input contents for {len(request.inputs)} inputs: give all or none"
+            )
+        inputs = decoded.request.inputs = {}
+        try:
+            for i, tensor in enumerate(request.inputs):
+                inputs[tensor.name] = self._input_array(tensor, raw[i] if raw else None, decoded)
+            params = {k: parameter(v) for k, v in request.parameters.items()}
+            kserve.requested_outputs(decoded, self.shm, [(o.name, _tensor_parameters(o)) for o in request.outputs])
+        except TritonError:
+            raise
+        except (ValueError, TypeError, OverflowError, struct.error) as exc:  # malformed values: the client's
+            raise InvalidArgumentError(f"malformed ModelInferRequest: {exc}") from None
+        kserve.apply_parameters(decoded, params, request.id)
+        return decoded
+
+    def _input_array(self, tensor: Any, raw: bytes | None, decoded: kserve.Decoded) -> Any:
+        name, shape, datatype = tensor.name, tuple(tensor.shape), tensor.datatype
+        kserve.check_shape(name, shape)
+        ref = kserve.shm_reference(name, _tensor_parameters(tensor))
+        data = kserve.shm_view(decoded, self.shm, ref, f"input '{name}'") if ref is not None else raw
+        if data is not None:
+            return kserve.array_from_bytes(name, datatype, shape, data)
+        values = getattr(tensor.contents, kserve.contents_field(name, datatype))
+        return kserve.array_from_values(name, datatype, shape, values)
+
+    def _submit(self, call: Call, decoded: kserve.Decoded, target: Any, stream: bool) -> Any:
+        """Hand a decoded request to the core; returns its cancel (or stream) handle."""
+        tracer = self.server.tracer
+        if tracer is not None:
+            decoded.request.trace_parent = tracer.context_from_metadata(dict(call.metadata))
+        return decoded.model.submit(decoded.request, _IMMEDIATE, target, stream, cancellable=not stream)
+
+    def model_infer(self, request: Any, call: Call) -> None:
+        decoded = self.decode(request)
+        handle = self._submit(call, decoded, Reply(call, request, decoded, None), False)
+        if handle is not None:
+            call.user = InFlight(handle)  # on_cancel cancels it in Triton
+
+    def stream_message(self, call: Call, data: bytes) -> None:
+        stream = call.user
+        if stream is None:
+            stream = call.user = Stream(call)
+            with self._streams_lock:
+                self._streams.add(stream)
+        try:
+            request = service_pb2.ModelInferRequest.FromString(data)
+        except DecodeError:
+            stream.send(service_pb2.ModelStreamInferResponse(error_message="malformed ModelInferRequest message"))
+            return
+        stream.begin_one()
+        try:  # a request's mistake fails that request only; the stream goes on
+            decoded = self.decode(request)
+            if decoded.model.decoupled:
+                self._stream_decoupled(stream, call, request, decoded)
+            else:
+                reply = Reply(call, request, decoded, stream)
+                handle = self._submit(call, decoded, reply, False)
+                if handle is not None and not reply.finished:
+                    reply.handle = InFlight(handle)
+                    stream.handles.add(reply.handle)
+        except Exception as exc:
+            if not isinstance(exc, TritonError):
+                log.exception("gRPC ModelStreamInfer request failed")
+            stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
+            stream.done_one()
+
+    def _stream_decoupled(self, stream: Stream, call: Call, request: Any, decoded: kserve.Decoded) -> None:
+        """One request of a decoupled model: its responses go out as they arrive."""
+        native = library.native()
+        final_flag = stream.final_flag(request)
+        state: dict[str, Any] = {"handle": None, "early": False}
+        lock = threading.Lock()
+
+        def drain() -> None:
+            handle = state["handle"]
+            if handle is None:  # a response came before _submit returned
+                state["early"] = True
+                return
+            with lock:
+                if state.get("ended"):
+                    return
+                while True:
+                    try:
+                        status, outputs = native.stream_next(handle, False)
+                        if status == STREAM_ITEM:
+                            decoded.check_regions()
+                    except TritonError as exc:
+                        stream.send(service_pb2.ModelStreamInferResponse(error_message=str(exc)))
+                        status = STREAM_END
+                    if status == STREAM_EMPTY:
+                        return
+                    if status == STREAM_END:
+                        break
+                    response = encode(request, outputs, decoded.in_shm)
+                    if final_flag:
+                        response.parameters["triton_final_response"].bool_param = False
+                    stream.send(service_pb2.ModelStreamInferResponse(infer_response=response))
+                state["ended"] = True
+            if final_flag:
+                empty = service_pb2.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version or "1", id=request.id
+                )
+                empty.parameters["triton_final_response"].bool_param = True
+                stream.send(service_pb2.ModelStreamInferResponse(infer_response=empty))
+            stream.handles.discard(handle)
+            native.stream_close(handle)
+            stream.done_one()
+
+        handle = self._submit(call, decoded, drain, True)
+        state["handle"] = handle
+        stream.handles.add(handle)
+        if state["early"] or stream.cancelled:
+            drain()

@@ -1,0 +1,91 @@
+"""The gRPC endpoint's options (no grpcio import: these are public names of ``embedtriton``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class GrpcLimits:
+    """What one gRPC client may cost the endpoint (native transport; see README "Security").
+
+    ``max_connections``: open connections; more are closed at once. ``idle_timeout_s``: a
+    connection with no call and nothing received for this long is closed (GOAWAY).
+    ``handshake_timeout_s``: the TLS handshake and HTTP/2 preface must be done within it.
+    ``max_header_list_bytes``: request headers (metadata) per call, counted as HTTP/2 does;
+    beyond, the call fails with RESOURCE_EXHAUSTED. ``max_buffered_bytes``, per connection: replies
+    queued for a client that does not read them (beyond, its call is reset, RESOURCE_EXHAUSTED, and
+    its requests cancelled) and request messages still arriving (memory follows the bytes received,
+    never a declared length; beyond, the call fails with RESOURCE_EXHAUSTED); at least one message
+    of ``max_message_bytes`` always fits.
+    """
+
+    max_connections: int = 1024
+    idle_timeout_s: float = 300.0
+    handshake_timeout_s: float = 10.0
+    max_header_list_bytes: int = 16 * 1024
+    max_buffered_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_header_list_bytes", "max_buffered_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InvalidArgumentError(f"GrpcLimits.{name} must be a positive integer, not {value!r}")
+        for name in ("idle_timeout_s", "handshake_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise InvalidArgumentError(f"GrpcLimits.{name} must be a positive number of seconds, not {value!r}")
+
+    def transport_options(self) -> dict[str, Any]:
+        """The keyword arguments of the native transport (``embedtriton._h2.Server``)."""
+        return {
+            "max_connections": self.max_connections,
+            "idle_timeout": float(self.idle_timeout_s),
+            "handshake_timeout": float(self.handshake_timeout_s),
+            "max_header_list_bytes": self.max_header_list_bytes,
+            "max_buffered_bytes": self.max_buffered_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class GrpcOptions:
+    """Settings of a KServe-v2 gRPC endpoint (``Server.serve_grpc(options=...)``).
+
+    ``address``: ``host:port`` (127.0.0.1 unless told otherwise; port 0 picks a free one).
+    ``max_message_bytes`` caps request and response messages. ``tls_cert``/``tls_key`` (PEM
+    files) turn on TLS; ``tls_client_ca`` also requires clients to present a certificate
+    signed by that CA. ``transport``: ``"native"`` (embedtriton's HTTP/2 server on libnghttp2,
+    the fast one) or ``"grpcio"`` (grpcio's asyncio server). ``limits``: what one client may
+    cost (:class:`GrpcLimits`; native transport). ``shared_memory=False`` refuses
+    SystemSharedMemoryRegister: shared memory is for same-host clients trusted with the
+    server's ``/dev/shm`` objects.
+    """
+
+    address: str = "127.0.0.1:8001"
+    max_message_bytes: int = 64 * 1024 * 1024
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    transport: str = "native"
+    limits: GrpcLimits = field(default_factory=GrpcLimits)
+    shared_memory: bool = True
+
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise InvalidArgumentError("TLS needs both tls_cert and tls_key (PEM files)")
+        if self.tls_client_ca and not self.tls_cert:
+            raise InvalidArgumentError("tls_client_ca (client-certificate verification) needs tls_cert and tls_key")
+        if not isinstance(self.max_message_bytes, int) or self.max_message_bytes <= 0:
+            raise InvalidArgumentError(f"max_message_bytes must be > 0, not {self.max_message_bytes}")
+        if self.transport not in ("native", "grpcio"):
+            raise InvalidArgumentError(f"transport must be 'native' or 'grpcio', not {self.transport!r}")
+        if not isinstance(self.limits, GrpcLimits):
+            raise InvalidArgumentError(f"limits must be a GrpcLimits, not {type(self.limits).__name__}")
+
+    @property
+    def tls(self) -> tuple[str, str, str | None] | None:
+        """(certificate, key, client CA) when TLS is on."""
+        return (self.tls_cert, self.tls_key, self.tls_client_ca) if self.tls_cert and self.tls_key else None

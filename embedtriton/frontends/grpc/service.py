@@ -1,0 +1,375 @@
+"""The KServe-v2 service (``inference.GRPCInferenceService``) and ``grpc.health.v1.Health``
+for one server: the method table, server and model information, repository control, settings,
+shared-memory registration and health. Inference is in :mod:`.infer`.
+
+Messages are parsed and built with the protobuf modules generated in ``tritonclient[grpc]``
+and ``grpcio-health-checking``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+from ...core import CoreServer
+from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
+from ..shared_memory import SystemSharedMemory
+from .infer import STOPPING, Inference, InFlight, Stream
+from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of
+
+log = logging.getLogger("embedtriton")
+
+_KSERVE = "/inference.GRPCInferenceService/"
+_STREAM_INFER = _KSERVE + "ModelStreamInfer"
+_HEALTH = "/grpc.health.v1.Health/"
+_REFUSED = object()  # call.user of a unary call already answered with an error
+_REFUSED_WHILE_DRAINING = {
+    _KSERVE + name for name in ("RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister")
+}  # (inference requests are refused by Inference.decode, for unary calls and streams alike)
+
+
+class Service:
+    """KServe-v2 inference service plus ``grpc.health.v1`` for one server (a transport :class:`Handler`)."""
+
+    def __init__(self, server: CoreServer, shared_memory: bool = True) -> None:
+        self.server = server
+        self.shm = SystemSharedMemory()
+        self.inference = Inference(server, self.shm)
+        self.shared_memory = shared_memory
+        s = service_pb2
+        self._unary: dict[str, tuple[Any, Callable[[Any, Any], Any]]] = {
+            _KSERVE + "ServerLive": (s.ServerLiveRequest, self.server_live),
+            _KSERVE + "ServerReady": (s.ServerReadyRequest, self.server_ready),
+            _KSERVE + "ModelReady": (s.ModelReadyRequest, self.model_ready),
+            _KSERVE + "ServerMetadata": (s.ServerMetadataRequest, self.server_metadata),
+            _KSERVE + "ModelMetadata": (s.ModelMetadataRequest, self.model_metadata),
+            _KSERVE + "ModelConfig": (s.ModelConfigRequest, self.model_config),
+            _KSERVE + "ModelStatistics": (s.ModelStatisticsRequest, self.model_statistics),
+            _KSERVE + "RepositoryIndex": (s.RepositoryIndexRequest, self.repository_index),
+            _KSERVE + "RepositoryModelLoad": (s.RepositoryModelLoadRequest, self.model_load),
+            _KSERVE + "RepositoryModelUnload": (s.RepositoryModelUnloadRequest, self.model_unload),
+            _KSERVE + "SystemSharedMemoryStatus": (s.SystemSharedMemoryStatusRequest, self.shm_status),
+            _KSERVE + "SystemSharedMemoryRegister": (s.SystemSharedMemoryRegisterRequest, self.shm_register),
+            _KSERVE + "SystemSharedMemoryUnregister": (s.SystemSharedMemoryUnregisterRequest, self.shm_unregister),
+            _KSERVE + "CudaSharedMemoryStatus": (s.CudaSharedMemoryStatusRequest, self.cuda_shm),
+            _KSERVE + "CudaSharedMemoryRegister": (s.CudaSharedMemoryRegisterRequest, self.cuda_shm),
+            _KSERVE + "CudaSharedMemoryUnregister": (s.CudaSharedMemoryUnregisterRequest, self.cuda_shm),
+            _KSERVE + "TraceSetting": (s.TraceSettingRequest, self.trace_setting),
+            _KSERVE + "LogSettings": (s.LogSettingsRequest, self.log_settings),
+            _KSERVE + "ModelInfer": (s.ModelInferRequest, self.inference.model_infer),
+            _HEALTH + "Check": (health_pb2.HealthCheckRequest, self.health_check),
+            _HEALTH + "Watch": (health_pb2.HealthCheckRequest, self.health_watch),
+        }
+        self.draining = False  # stop() began: new requests are refused, those in flight finish
+        self._watch_lock = threading.Lock()
+        self._watchers: dict[Any, tuple[str, int]] = {}  # Watch calls -> (service, last status sent)
+        self._watch_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # -- transport interface ----------------------------------------------------
+
+    def on_message(self, call: Call, data: bytes) -> None:
+        """One request message of ``call``."""
+        if call.method == _STREAM_INFER:
+            self.inference.stream_message(call, data)
+            return
+        entry = self._unary_entry(call)
+        if entry is None or call.user is _REFUSED:
+            return
+        if call.user is not None:
+            call.finish(INVALID_ARGUMENT, f"{call.method} takes one request message")
+            call.user = _REFUSED
+            return
+        try:
+            call.user = entry[0].FromString(data)
+        except DecodeError:
+            call.finish(INVALID_ARGUMENT, f"malformed {entry[0].DESCRIPTOR.name} message")
+            call.user = _REFUSED
+
+    def on_half_close(self, call: Call) -> None:
+        """The client sent its last message: run a unary call; end a drained stream."""
+        if call.method == _STREAM_INFER:
+            stream = call.user
+            if stream is None:
+                call.finish(OK)
+            else:
+                stream.close()
+            return
+        if call.user is _REFUSED:  # already answered with an error: never run it
+            return
+        entry = self._unary_entry(call)
+        if entry is None:
+            return
+        if self.draining and call.method in _REFUSED_WHILE_DRAINING:
+            call.finish(UNAVAILABLE, STOPPING)
+            return
+        request = call.user
+        if request is None:
+            request = entry[0]()  # an empty message is valid protobuf
+        try:
+            response = entry[1](request, call)
+        except TritonError as exc:
+            call.finish(code_of(exc), str(exc))
+            return
+        except Exception as exc:  # a bug of ours: report it, keep serving
+            log.exception("gRPC %s failed", call.method)
+            call.finish(INTERNAL, f"{type(exc).__name__}: {exc}")
+            return
+        if response is not None:  # None: the call completes later (ModelInfer, Watch)
+            call.send(response.SerializeToString())
+            call.finish(OK)
+
+    def _unary_entry(self, call: Call) -> tuple[Any, Callable[[Any, Any], Any]] | None:
+        """(request class, handler) of a unary method; UNIMPLEMENTED for unknown ones."""
+        entry = self._unary.get(call.method)
+        if entry is None:
+            call.finish(UNIMPLEMENTED, f"method {call.method} is not implemented by this server")
+        return entry
+
+    def on_cancel(self, call: Call) -> None:
+        """The client went away (reset the call, closed the connection): stop its work."""
+        user = call.user
+        if type(user) is InFlight:  # a ModelInfer that Triton may not have run yet
+            user.cancel()
+            return
+        with self._watch_lock:
+            self._watchers.pop(call, None)
+        if isinstance(user, Stream):
+            user.cancel()
+
+    def drain(self) -> None:
+        """The server stops: refuse new requests (UNAVAILABLE; health says NOT_SERVING) while the
+        requests in flight finish; streams end once theirs have answered."""
+        self.draining = True
+        self.inference.drain()
+
+    def stop(self) -> None:
+        self.draining = True
+        self._stopping.set()
+        with self._watch_lock:
+            watchers, self._watchers = list(self._watchers), {}
+        for call in watchers:
+            call.send(
+                health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING).SerializeToString()
+            )
+            call.finish(UNAVAILABLE, "the server is stopping")
+        self.shm.unregister()
+
+    # -- server and model information ---------------------------------------------
+
+    def server_live(self, request: Any, call: Call) -> Any:
+        return service_pb2.ServerLiveResponse(live=self.server.live)
+
+    def server_ready(self, request: Any, call: Call) -> Any:
+        return service_pb2.ServerReadyResponse(ready=self.server.ready)
+
+    def _model(self, name: str) -> Any:
+        return self.server.model(name)  # NotFoundError for unknown names
+
+    def _known(self, name: str) -> bool:
+        try:
+            self.server.model(name)
+        except NotFoundError:
+            return False
+        return True
+
+    def model_ready(self, request: Any, call: Call) -> Any:
+        ready = self._known(request.name) and self.server.model(request.name).ready
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    def server_metadata(self, request: Any, call: Call) -> Any:
+        meta = self.server.metadata()
+        return service_pb2.ServerMetadataResponse(
+            name=meta.get("name", ""), version=meta.get("version", ""), extensions=meta.get("extensions", [])
+        )
+
+    def model_metadata(self, request: Any, call: Call) -> Any:
+        meta = self._model(request.name).metadata()
+        return json_format.ParseDict(meta, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True)
+
+    def model_config(self, request: Any, call: Call) -> Any:
+        config = self._model(request.name).config()
+        parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+        return service_pb2.ModelConfigResponse(config=parsed)
+
+    def model_statistics(self, request: Any, call: Call) -> Any:
+        names = [request.name] if request.name else [m.name for m in self.server.models()]
+        stats = [self._model(n).statistics() for n in names]
+        return json_format.ParseDict(
+            {"model_stats": stats}, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
+        )
+
+    def repository_index(self, request: Any, call: Call) -> Any:
+        entries = []
+        for model in self.server.models():
+            ready = model.ready
+            if request.ready and not ready:
+                continue
+            entries.append(
+                service_pb2.RepositoryIndexResponse.ModelIndex(
+                    name=model.name, version="1", state="READY" if ready else "UNAVAILABLE"
+                )
+            )
+        return service_pb2.RepositoryIndexResponse(models=entries)
+
+    def model_load(self, request: Any, call: Call) -> Any:
+        if request.parameters:
+            raise InvalidArgumentError(
+                "RepositoryModelLoad reloads a bound model as bound; config and file parameters are not supported"
+            )
+        self._run_blocking(call, lambda: self.server.load(request.model_name), service_pb2.RepositoryModelLoadResponse)
+
+    def model_unload(self, request: Any, call: Call) -> Any:
+        self._run_blocking(
+            call, lambda: self.server.unload(request.model_name), service_pb2.RepositoryModelUnloadResponse
+        )
+
+    @staticmethod
+    def _run_blocking(call: Call, work: Callable[[], Any], response: Any) -> None:
+        """Run slow work (model load/unload) off the transport's thread; answer when done."""
+
+        def run() -> None:
+            try:
+                work()
+            except TritonError as exc:
+                call.finish(code_of(exc), str(exc))
+                return
+            except Exception as exc:
+                log.exception("gRPC %s failed", call.method)
+                call.finish(INTERNAL, f"{type(exc).__name__}: {exc}")
+                return
+            call.send(response().SerializeToString())
+            call.finish(OK)
+
+        threading.Thread(target=run, name="embedtriton-grpc-admin", daemon=True).start()
+
+    # -- settings -----------------------------------------------------------------
+
+    def log_settings(self, request: Any, call: Call) -> Any:
+        changes = {}
+        for key, value in request.settings.items():
+            which = value.WhichOneof("parameter_choice")
+            if which is None:
+                continue
+            changes["log_verbose_level" if key == "log_verbose_level" else key] = getattr(value, which)
+        settings = self.server.log_settings(**changes)
+        response = service_pb2.LogSettingsResponse()
+        for key, value in settings.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = str(value)
+        return response
+
+    def trace_setting(self, request: Any, call: Call) -> Any:
+        tracer = self.server.tracer
+        if tracer is None:
+            raise UnavailableError("tracing is off: start the server with ServerConfig(tracing=Tracing(...))")
+        if request.model_name:
+            raise InvalidArgumentError("trace settings are server-wide here; leave model_name empty")
+        changes: dict[str, Any] = {}
+        for key, value in request.settings.items():
+            values = list(value.value)
+            if key == "trace_level":
+                changes["level"] = "OFF" if not values or "OFF" in values else "TIMESTAMPS"
+                if any(v not in ("OFF", "TIMESTAMPS") for v in values):
+                    raise InvalidArgumentError(f"trace_level {values}: only TIMESTAMPS and OFF are supported")
+            elif key in ("trace_rate", "trace_count"):
+                try:
+                    changes[key[6:]] = int(values[0]) if values else {"trace_rate": 1, "trace_count": -1}[key]
+                except ValueError:
+                    raise InvalidArgumentError(f"{key} must be an integer, not {values[0]!r}") from None
+            else:
+                raise InvalidArgumentError(
+                    f"trace setting '{key}' is not supported (spans go to the OpenTelemetry TracerProvider); "
+                    "supported: trace_level, trace_rate, trace_count"
+                )
+        settings = tracer.update(**changes) if changes else tracer.settings
+        response = service_pb2.TraceSettingResponse()
+        response.settings["trace_level"].value.append(settings.level)
+        response.settings["trace_rate"].value.append(str(settings.rate))
+        response.settings["trace_count"].value.append(str(settings.count))
+        return response
+
+    # -- shared memory --------------------------------------------------------------
+
+    def shm_register(self, request: Any, call: Call) -> Any:
+        if not self.shared_memory:
+            raise UnsupportedError(
+                "system shared memory is turned off on this endpoint (serve_grpc(shared_memory=False))"
+            )
+        self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    def shm_unregister(self, request: Any, call: Call) -> Any:
+        self.shm.unregister(request.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    def shm_status(self, request: Any, call: Call) -> Any:
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for r in self.shm.status(request.name):
+            response.regions[r.name].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                )
+            )
+        return response
+
+    def cuda_shm(self, request: Any, call: Call) -> Any:
+        raise UnsupportedError(
+            "CUDA shared memory is not supported by this endpoint; use system shared memory "
+            "(SystemSharedMemoryRegister) or send tensors in the request"
+        )
+
+    # -- health ---------------------------------------------------------------------
+
+    def _health(self, service: str) -> int | None:
+        H = health_pb2.HealthCheckResponse
+        if self.draining:
+            return H.NOT_SERVING if not service or self._known(service) else None
+        if not service:
+            return H.SERVING if self.server.ready else H.NOT_SERVING
+        if not self._known(service):
+            return None
+        return H.SERVING if self.server.model(service).ready else H.NOT_SERVING
+
+    def health_check(self, request: Any, call: Call) -> Any:
+        status = self._health(request.service)
+        if status is None:
+            raise NotFoundError(f"unknown service '{request.service}': use '' for the server or a model name")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    def health_watch(self, request: Any, call: Call) -> None:
+        status = self._health(request.service)
+        if status is None:
+            status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        call.send(health_pb2.HealthCheckResponse(status=status).SerializeToString())
+        with self._watch_lock:
+            self._watchers[call] = (request.service, status)
+            if self._watch_thread is None:
+                self._watch_thread = threading.Thread(target=self._watch, name="embedtriton-health", daemon=True)
+                self._watch_thread.start()
+
+    def _watch(self) -> None:
+        """Send each watcher its status when it changes (checked every 0.2 s)."""
+        while not self._stopping.wait(0.2):
+            with self._watch_lock:
+                watchers = list(self._watchers.items())
+            for call, (service, last) in watchers:
+                status = self._health(service)
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if status is None else status
+                if status != last:
+                    call.send(health_pb2.HealthCheckResponse(status=status).SerializeToString())
+                    with self._watch_lock:
+                        if call in self._watchers:
+                            self._watchers[call] = (service, status)

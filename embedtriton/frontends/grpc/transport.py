@@ -1,0 +1,163 @@
+"""The transport interface the gRPC service is written against, gRPC status codes, and the
+grpcio adapter (the native transport, ``embedtriton._h2``, implements the same interface in C).
+
+A transport calls a :class:`Handler` with ``on_message(call, bytes)``, ``on_half_close(call)``
+and ``on_cancel(call)``; a :class:`Call` has ``method``, ``metadata``, ``peer``, a free
+``user`` slot, ``send(bytes)`` and ``finish(code, message)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+import grpc
+
+from ...errors import (
+    AlreadyExistsError,
+    CancelledError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedError,
+)
+
+log = logging.getLogger("embedtriton")
+
+# gRPC status codes
+OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 5, 6
+RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
+
+_CODES = [
+    (InvalidArgumentError, INVALID_ARGUMENT),
+    (NotFoundError, NOT_FOUND),
+    (UnavailableError, UNAVAILABLE),
+    (UnsupportedError, UNIMPLEMENTED),
+    (AlreadyExistsError, ALREADY_EXISTS),
+    (CancelledError, CANCELLED),
+]
+
+
+def code_of(error: BaseException) -> int:
+    """The gRPC status code of an error."""
+    for cls, code in _CODES:
+        if isinstance(error, cls):
+            return code
+    return INTERNAL
+
+
+class Call(Protocol):
+    """One RPC as a transport presents it."""
+
+    method: str  # "/package.Service/Method"
+    metadata: list[tuple[str, str]]
+    peer: str
+    user: Any  # the handler's own state for this call
+
+    def send(self, data: bytes) -> None: ...
+    def finish(self, code: int, message: str = "") -> None: ...
+
+
+class Handler(Protocol):
+    """What a transport calls, on its own thread, for each call."""
+
+    def on_message(self, call: Call, data: bytes) -> None: ...
+    def on_half_close(self, call: Call) -> None: ...
+    def on_cancel(self, call: Call) -> None: ...
+
+
+class _GrpcioCall:
+    """The transport interface's call, over one grpcio asyncio RPC."""
+
+    __slots__ = ("method", "metadata", "peer", "user", "_loop", "_queue", "_finished")
+
+    def __init__(self, method: str, metadata: Any, peer: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.method = method
+        self.metadata = [(m.key, m.value) for m in metadata or ()]
+        self.peer = peer
+        self.user: Any = None
+        self._loop = loop
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._finished = False
+
+    def _put(self, item: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the endpoint stopped
+            pass
+
+    def send(self, data: bytes) -> None:
+        if not self._finished:
+            self._put(data)
+
+    def finish(self, code: int, message: str = "") -> None:
+        if not self._finished:
+            self._finished = True
+            self._put((code, message))
+
+
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class GrpcioHandler(grpc.GenericRpcHandler):
+    """Every method as a raw-bytes stream-stream handler (on the wire unary and streaming
+    calls look the same), fed to a :class:`Handler`."""
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+
+    def service(self, handler_call_details: Any) -> Any:
+        method = handler_call_details.method
+        svc = self._handler
+
+        async def behaviour(requests: Any, context: Any) -> Any:
+            call = _GrpcioCall(method, context.invocation_metadata(), context.peer(), asyncio.get_running_loop())
+
+            async def pump() -> None:
+                try:
+                    async for data in requests:
+                        svc.on_message(call, data)
+                    svc.on_half_close(call)
+                except Exception as exc:  # a bug of ours: fail this call, keep serving
+                    if not isinstance(exc, asyncio.CancelledError):
+                        log.exception("gRPC %s failed", method)
+                        call.finish(INTERNAL, f"{type(exc).__name__}: {exc}")
+
+            reader = asyncio.ensure_future(pump())
+            done = False
+            try:
+                while True:
+                    item = await call._queue.get()
+                    if isinstance(item, tuple):
+                        done = True
+                        code, message = item
+                        if code != OK:
+                            await context.abort(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+                        return
+                    yield item
+            finally:
+                if not done:
+                    call._finished = True
+                    svc.on_cancel(call)
+                reader.cancel()
+
+        return grpc.stream_stream_rpc_method_handler(behaviour)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read the TLS {what} '{path}': {exc.strerror}") from None
+
+
+def grpcio_credentials(tls: tuple[str, str, str | None]) -> Any:
+    """Server TLS credentials; with a client CA, clients must present a certificate it signed."""
+    cert, key, client_ca = tls
+    return grpc.ssl_server_credentials(
+        [(_read(key, "private key"), _read(cert, "certificate"))],
+        root_certificates=_read(client_ca, "client CA") if client_ca else None,
+        require_client_auth=bool(client_ca),
+    )

@@ -1,0 +1,1 @@
+"""HTTP frontends: Prometheus metrics (:mod:`.metrics`)."""

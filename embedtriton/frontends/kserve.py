@@ -1,0 +1,149 @@
+"""KServe-v2 semantics, once, for every network frontend: request parameters (priority,
+timeout, sequences), shared-memory references, tensor data checked against the bytes actually
+received, and outputs as wire bytes. Frontends parse their wire format (protobuf, JSON) and
+hand the values here; the result is the core's :class:`~embedtriton.core.InferRequest`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..config import MAX_DIMS
+from ..core import InferRequest, Model
+from ..core.request import SEQUENCE_END, SEQUENCE_START
+from ..errors import InvalidArgumentError
+from ..tensors import BY_NAME, decode_bytes, encode_bytes, triton_dtype
+from .shared_memory import Region, SystemSharedMemory
+
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"  # a stream's extra final response
+
+
+class Decoded:
+    """A network request, decoded: the request object for ``model``, plus the shared-memory
+    regions it reads or writes and the outputs it wants written into them."""
+
+    __slots__ = ("model", "request", "in_shm", "regions")
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.request = InferRequest({})
+        self.in_shm: set[str] = set()  # outputs written into shared memory
+        self.regions: list[Region] = []  # shared-memory regions it reads or writes
+
+    def check_regions(self) -> None:
+        """Raise when a region shrank under the request (its data is lost)."""
+        for region in self.regions:
+            region.check()
+
+
+def apply_parameters(decoded: Decoded, params: dict[str, Any], request_id: str) -> None:
+    """Set the request's options from its KServe parameters; the rest reach the model."""
+    request = decoded.request
+    params.pop(EMPTY_FINAL_RESPONSE, None)
+    request.request_id = request_id or None
+    request.priority = params.pop("priority", None)
+    request.timeout_us = params.pop("timeout", None)
+    sequence_id = params.pop("sequence_id", None)
+    start = bool(params.pop("sequence_start", False))
+    end = bool(params.pop("sequence_end", False))
+    if sequence_id not in (None, 0, ""):
+        request.sequence = (sequence_id, (SEQUENCE_START if start else 0) | (SEQUENCE_END if end else 0))
+    request.parameters = params or None
+
+
+def shm_reference(name: str, params: Mapping[str, Any]) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) when a tensor's parameters name a shared-memory region."""
+    if "shared_memory_region" not in params:
+        return None
+    region = params["shared_memory_region"]
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not isinstance(size, int) or not isinstance(offset, int):
+        raise InvalidArgumentError(
+            f"tensor '{name}': shared memory needs string shared_memory_region and integer "
+            "shared_memory_byte_size (and optional shared_memory_offset) parameters"
+        )
+    return region, offset, size
+
+
+def shm_view(decoded: Decoded, shm: SystemSharedMemory, ref: tuple[str, int, int], what: str) -> memoryview:
+    """The bytes a shared-memory reference names (checked against the region)."""
+    region_name, offset, size = ref
+    region = shm.get(region_name)
+    view = region.view(offset, size, what)
+    decoded.regions.append(region)
+    return view
+
+
+def requested_outputs(decoded: Decoded, shm: SystemSharedMemory, outputs: Sequence[tuple[str, Any]]) -> None:
+    """The outputs to return, ``[(name, parameters)]``: names, or names -> shared-memory buffers."""
+    if not outputs:
+        return
+    buffers: dict[str, Any] = {}
+    for name, params in outputs:
+        ref = shm_reference(name, params)
+        if ref is not None:
+            buffers[name] = shm_view(decoded, shm, ref, f"output '{name}'")
+            decoded.in_shm.add(name)
+        else:
+            buffers[name] = None
+    decoded.request.outputs = buffers if decoded.in_shm else tuple(buffers)
+
+
+def check_shape(name: str, shape: tuple[int, ...]) -> None:
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgumentError(f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
+    if any(d < 0 for d in shape):
+        raise InvalidArgumentError(f"input '{name}': shape {list(shape)} has a negative dimension")
+
+
+def array_from_bytes(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    """An input from its raw bytes (a view, no copy, for numeric types)."""
+    if datatype == "BYTES":
+        try:
+            return decode_bytes(data, shape)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"input '{name}': {exc}") from None
+    dtype = _numeric(name, datatype)
+    if len(data) != dtype.itemsize * math.prod(shape):
+        raise InvalidArgumentError(f"input '{name}': {len(data)} bytes do not fill shape {list(shape)} of {datatype}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def contents_field(name: str, datatype: str) -> str:
+    """The typed-contents field that carries ``datatype`` (KServe's InferTensorContents)."""
+    found = BY_NAME.get(datatype)
+    if found is None or found.contents is None:
+        raise InvalidArgumentError(f"input '{name}': datatype {datatype} has no typed contents")
+    return found.contents
+
+
+def array_from_values(name: str, datatype: str, shape: tuple[int, ...], values: Sequence[Any]) -> np.ndarray:
+    """An input from typed values (as many as were sent: bounded by the message)."""
+    if len(values) != math.prod(shape):
+        raise InvalidArgumentError(f"input '{name}': {len(values)} values do not fill shape {list(shape)}")
+    if datatype == "BYTES":
+        array = np.empty(len(values), dtype=object)
+        array[:] = list(values)
+    else:
+        array = np.array(values, dtype=_numeric(name, datatype))
+    return array.reshape(shape)
+
+
+def _numeric(name: str, datatype: str) -> np.dtype:
+    found = BY_NAME.get(datatype)
+    if found is None or found.numpy is None:
+        raise InvalidArgumentError(f"input '{name}': datatype {datatype} is not supported")
+    return found.numpy
+
+
+def output_datatype(array: np.ndarray) -> str:
+    return triton_dtype(array.dtype)
+
+
+def output_bytes(array: np.ndarray, datatype: str) -> bytes:
+    """An output's bytes on the wire (Triton's BYTES serialization for BYTES)."""
+    return encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()

@@ -1,0 +1,3 @@
+"""The only Python that touches Triton's C API: finding and loading the runtime
+(:mod:`.runtime`), its declarations (:mod:`.capi`), server options (:mod:`.options`), the
+control plane (:mod:`.control`) and the CUDA probe (:mod:`.devices`)."""
