@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..backend import library
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
@@ -16,7 +16,19 @@ from .streams import iterate, iterate_async
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .server import CoreServer
+    from ..backend.binding import Binding
+    from ..tracing import Tracer
+
+
+class ModelHost(Protocol):
+    """What a :class:`Model` reads of its server (``CoreServer``)."""
+
+    _handle: int | None
+    _bound: dict[str, Binding]
+    _stopping: bool
+    _tracer: Tracer | None
+
+    def _require_handle(self) -> int: ...
 
 
 class Model:
@@ -28,7 +40,7 @@ class Model:
     ``sequence_end`` marking the first and last request, and ``output_device``.
     """
 
-    def __init__(self, server: CoreServer, name: str, version: int = -1) -> None:
+    def __init__(self, server: ModelHost, name: str, version: int = -1) -> None:
         self._server = server
         self.name = name
         self.version = version

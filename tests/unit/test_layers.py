@@ -1,0 +1,125 @@
+"""The package's layers: imports point down only, no module imports itself back through others,
+and no module grows past its size budget. Read from the source with ``ast`` (every import,
+including those inside functions and under ``if TYPE_CHECKING:``: a circle of annotations is
+still a circle), so nothing is imported or run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "embedtriton"
+
+# Lower number = lower layer. A module may import its own layer or lower ones.
+LAYERS = {
+    "embedtriton._native": 0,
+    "embedtriton._h2": 0,
+    "embedtriton.errors": 0,
+    "embedtriton.tensors": 1,
+    "embedtriton.tracing": 1,
+    "embedtriton.config": 2,
+    "embedtriton.triton": 3,
+    "embedtriton.backend": 4,
+    "embedtriton.core": 5,
+    "embedtriton.frontends": 6,
+    "embedtriton.server": 7,
+    "embedtriton": 8,  # __init__: the public names
+    "embedtriton.__main__": 9,
+}
+MAX_LINES = 450
+
+
+def module_name(path: Path) -> str:
+    parts = ["embedtriton", *path.relative_to(PACKAGE).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer(name: str) -> int:
+    while name not in LAYERS:
+        name = name.rpartition(".")[0]
+    return LAYERS[name]
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that ``name`` imports (``from pkg import submodule`` counts as
+    importing the submodule)."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("embedtriton"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("embedtriton"):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in known else target)
+    found.discard(name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found) | {"embedtriton._native", "embedtriton._h2"}
+    return {name: imports(name, path, known) for name, path in found.items()}
+
+
+def test_the_graph_is_read():
+    edges = graph()
+    assert "embedtriton.core" in edges["embedtriton.server"]
+    assert "embedtriton.frontends.grpc.endpoint" in edges["embedtriton.server"]  # a lazy import, inside a function
+    assert "embedtriton.triton.capi" in edges["embedtriton.triton.control"]
+    assert "embedtriton._native" in edges["embedtriton.backend.library"]  # a lazy import, inside a function
+
+
+def test_imports_point_down():
+    upward = [
+        f"{name} (layer {layer(name)}) imports {target} (layer {layer(target)})"
+        for name, targets in graph().items()
+        for target in sorted(targets)
+        if layer(target) > layer(name)
+    ]
+    assert upward == []
+
+
+def test_no_import_cycles():
+    edges = graph()
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(edges.get(name, ())):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(path[path.index(target) :] + [name, target]) if target in path else target)
+            elif target not in state:
+                visit(target, [*path, name])
+        state[name] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [])
+    assert cycles == []
+
+
+def test_the_core_knows_no_frontend():
+    for name, targets in graph().items():
+        if layer(name) <= LAYERS["embedtriton.core"]:
+            assert not [t for t in targets if t.startswith("embedtriton.frontends")], name
+
+
+def test_modules_stay_small():
+    big = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert big == {}
