@@ -5,12 +5,31 @@ the Triton runtime bundled in the nvidia-pytriton wheel. That wheel pins numpy<2
 with numpy 2, so it is installed with --no-deps.
 """
 
+import glob
+import os
+import subprocess
+import sys
+
 import nox
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 TRITON_RUNTIME = "nvidia-pytriton==0.7.0"
+
+
+def oldest_python() -> str:
+    """The oldest supported Python (3.10): on PATH, or pyenv's copy even when pyenv's global
+    version hides it; else this interpreter, said out loud."""
+    home = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    for candidate in ["python3.10", *sorted(glob.glob(f"{home}/versions/3.10*/bin/python3.10")), "/usr/bin/python3.10"]:
+        try:
+            subprocess.run([candidate, "-c", ""], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return candidate
+    print(f"noxfile: no Python 3.10 found; the oldest-versions session runs on {sys.executable}", file=sys.stderr)
+    return sys.executable
 
 
 def install(session: nox.Session, *packages: str) -> None:
@@ -36,9 +55,9 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
 
-@nox.session(name="tests-oldest")
+@nox.session(name="tests-oldest", python=oldest_python())
 def tests_oldest(session: nox.Session) -> None:
-    """The test suite on the oldest supported releases (numpy 1.26, tritonclient 2.51, protobuf 4)."""
+    """The test suite on the oldest supported releases (Python 3.10, numpy 1.26, tritonclient 2.51, protobuf 4)."""
     install(
         session,
         *TEST_TOOLS,
