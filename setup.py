@@ -29,8 +29,8 @@ setup(
         ),
         Extension(
             "embedtriton._h2",
-            sources=["embedtriton/native/_h2.c"],
-            depends=[f"{INCLUDE}/nghttp2_api.h"],
+            sources=files(f"{NATIVE}/_h2/*.c"),
+            depends=files(f"{NATIVE}/_h2/*.h") + [f"{INCLUDE}/nghttp2_api.h"],
             include_dirs=[INCLUDE],
             extra_compile_args=CFLAGS,
             libraries=["dl", "pthread"],

@@ -1,7 +1,7 @@
 /* Our own declarations of the parts of the libnghttp2 C API (present since
- * nghttp2 1.43 and unchanged in later 1.x) and of OpenSSL 3 that _h2.c uses.
+ * nghttp2 1.43 and unchanged in later 1.x) and of OpenSSL 3 that _h2 uses.
  *
- * Neither library is linked at build time: _h2.c dlopen()s them and looks the
+ * Neither library is linked at build time: _h2 (libs.c) dlopen()s them and looks the
  * functions up with dlsym(), so the package builds on machines without their
  * development files. Only the struct members we touch are declared where the
  * library hands us a pointer (nghttp2_frame: every member of that union starts
