@@ -10,7 +10,13 @@ from setuptools import Extension, setup
 
 NATIVE = "embedtriton/native"
 INCLUDE = f"{NATIVE}/include"
-CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+# Hidden by default, and an explicit export list (exports.map, a linker version script): each
+# library exports only what Python and Triton look up in it, never its internal functions.
+CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-fvisibility=hidden"]
+
+
+def exports(module: str) -> list[str]:
+    return [f"-Wl,--version-script={NATIVE}/{module}/exports.map"]
 
 
 def files(pattern: str) -> list[str]:
@@ -22,17 +28,24 @@ setup(
         Extension(
             "embedtriton._native",
             sources=files(f"{NATIVE}/_native/*.c"),
-            depends=files(f"{NATIVE}/_native/*.h") + files(f"{INCLUDE}/*.h"),
+            depends=[
+                *files(f"{NATIVE}/_native/*.h"),
+                f"{INCLUDE}/triton_api.h",
+                f"{INCLUDE}/dlpack.h",
+                f"{NATIVE}/_native/exports.map",
+            ],
             include_dirs=[INCLUDE, numpy.get_include()],
             extra_compile_args=CFLAGS,
+            extra_link_args=exports("_native"),
             libraries=["dl", "pthread"],
         ),
         Extension(
             "embedtriton._h2",
             sources=files(f"{NATIVE}/_h2/*.c"),
-            depends=files(f"{NATIVE}/_h2/*.h") + [f"{INCLUDE}/nghttp2_api.h"],
+            depends=[*files(f"{NATIVE}/_h2/*.h"), f"{INCLUDE}/nghttp2_api.h", f"{NATIVE}/_h2/exports.map"],
             include_dirs=[INCLUDE],
             extra_compile_args=CFLAGS,
+            extra_link_args=exports("_h2"),
             libraries=["dl", "pthread"],
         ),
     ]

@@ -55,6 +55,7 @@
 
 #include "triton_api.h"
 
+/* The TRITONBACKEND_* entry points Triton looks up (listed in exports.map too). */
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DIMS 32
 #define CONTROL_PREFIX "_embedtriton_"
