@@ -8,8 +8,9 @@
 /* ------------------------------------------------------------------------ */
 /* Call type                                                                 */
 
-static PyObject *Call_send(CallObject *self, PyObject *arg) {
-  ServerObject *srv = self->srv;
+static PyObject* Call_send(CallObject* self, PyObject* arg)
+{
+  ServerObject* srv = self->srv;
   Py_buffer b;
   if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
   size_t len = (size_t)b.len;
@@ -17,7 +18,7 @@ static PyObject *Call_send(CallObject *self, PyObject *arg) {
     PyBuffer_Release(&b);
     char m[160];
     snprintf(m, sizeof m, "response message larger than max (%zu vs. %zu bytes)", len, srv->max_msg);
-    char *enc = percent_encode(m, strlen(m));
+    char* enc = percent_encode(m, strlen(m));
     int w = 0;
     pthread_mutex_lock(&srv->mu);
     if (self->st) finish_locked(srv, self->st, 8, enc, 0, &w);
@@ -26,7 +27,7 @@ static PyObject *Call_send(CallObject *self, PyObject *arg) {
     if (w) wake(srv);
     Py_RETURN_FALSE;
   }
-  OutBuf *ob = malloc(sizeof *ob + 5 + len);
+  OutBuf* ob = malloc(sizeof *ob + 5 + len);
   if (!ob) {
     PyBuffer_Release(&b);
     return PyErr_NoMemory();
@@ -43,9 +44,9 @@ static PyObject *Call_send(CallObject *self, PyObject *arg) {
   PyBuffer_Release(&b);
   int queued = 0, w = 0;
   pthread_mutex_lock(&srv->mu);
-  Stream *st = self->st;
+  Stream* st = self->st;
   if (st && st->conn && !st->finish_req) {
-    Conn *c = st->conn;
+    Conn* c = st->conn;
     /* Bounded buffering: a client that does not read (a zero flow-control window) must not make the server hold
      * all the application sends. A message always fits when nothing else is queued (on the stream, and on the
      * connection); beyond max_buffered_bytes per connection, or half of it per stream (so that one stalled stream
@@ -73,14 +74,15 @@ static PyObject *Call_send(CallObject *self, PyObject *arg) {
   return PyBool_FromLong(queued);
 }
 
-static PyObject *Call_finish(CallObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"code", "message", NULL};
+static PyObject* Call_finish(CallObject* self, PyObject* args, PyObject* kw)
+{
+  static char* kwlist[] = {"code", "message", NULL};
   int code;
-  const char *msg = "";
+  const char* msg = "";
   Py_ssize_t msglen = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "i|s#:finish", kwlist, &code, &msg, &msglen)) return NULL;
-  ServerObject *srv = self->srv;
-  char *enc = percent_encode(msg, (size_t)msglen);
+  ServerObject* srv = self->srv;
+  char* enc = percent_encode(msg, (size_t)msglen);
   if (!enc) return PyErr_NoMemory();
   int done = 0, w = 0;
   pthread_mutex_lock(&srv->mu);
@@ -91,14 +93,15 @@ static PyObject *Call_finish(CallObject *self, PyObject *args, PyObject *kw) {
   return PyBool_FromLong(done);
 }
 
-static PyObject *Call_get_metadata(CallObject *self, void *closure) {
+static PyObject* Call_get_metadata(CallObject* self, void* closure)
+{
   (void)closure;
   if (!self->metadata) {
-    PyObject *list = PyList_New((Py_ssize_t)self->nmeta);
+    PyObject* list = PyList_New((Py_ssize_t)self->nmeta);
     if (!list) return NULL;
     for (size_t i = 0; i < self->nmeta; i++) {
       const char *k = self->meta[2 * i], *v = self->meta[2 * i + 1];
-      PyObject *t = Py_BuildValue("(NN)", PyUnicode_DecodeLatin1(k, (Py_ssize_t)strlen(k), NULL),
+      PyObject* t = Py_BuildValue("(NN)", PyUnicode_DecodeLatin1(k, (Py_ssize_t)strlen(k), NULL),
                                   PyUnicode_DecodeLatin1(v, (Py_ssize_t)strlen(v), NULL));
       if (!t) {
         Py_DECREF(list);
@@ -111,34 +114,40 @@ static PyObject *Call_get_metadata(CallObject *self, void *closure) {
   return Py_NewRef(self->metadata);
 }
 
-static PyObject *Call_get_peer(CallObject *self, void *closure) {
+static PyObject* Call_get_peer(CallObject* self, void* closure)
+{
   (void)closure;
   return PyUnicode_FromString(self->peer);
 }
 
-static PyObject *Call_get_user(CallObject *self, void *closure) {
+static PyObject* Call_get_user(CallObject* self, void* closure)
+{
   (void)closure;
   return Py_NewRef(self->user);
 }
 
-static int Call_set_user(CallObject *self, PyObject *v, void *closure) {
+static int Call_set_user(CallObject* self, PyObject* v, void* closure)
+{
   (void)closure;
   Py_XSETREF(self->user, Py_NewRef(v ? v : Py_None));
   return 0;
 }
 
-static int Call_traverse(CallObject *self, visitproc visit, void *arg) {
+static int Call_traverse(CallObject* self, visitproc visit, void* arg)
+{
   Py_VISIT(self->user);
   Py_VISIT(self->srv);
   return 0;
 }
 
-static int Call_clear(CallObject *self) {
+static int Call_clear(CallObject* self)
+{
   Py_CLEAR(self->user);
   return 0;
 }
 
-static void Call_dealloc(CallObject *self) {
+static void Call_dealloc(CallObject* self)
+{
   PyObject_GC_UnTrack(self);
   /* self->st is NULL here: a live stream holds a reference to its call */
   Py_CLEAR(self->user);

@@ -16,7 +16,8 @@
 /* ------------------------------------------------------------------------ */
 /* connections                                                               */
 
-static void conn_want_out(Conn *c, int on) {
+static void conn_want_out(Conn* c, int on)
+{
   if (c->epollout == on) return;
   struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.ptr = c};
   epoll_ctl(c->srv->epfd, EPOLL_CTL_MOD, c->fd, &e);
@@ -24,7 +25,8 @@ static void conn_want_out(Conn *c, int on) {
 }
 
 /* > 0 bytes, 0 end of stream, -1 would block, -2 error */
-static ssize_t conn_recv(Conn *c, uint8_t *buf, size_t len) {
+static ssize_t conn_recv(Conn* c, uint8_t* buf, size_t len)
+{
   if (c->ssl) {
     int n = ossl.SSL_read(c->ssl, buf, (int)len);
     if (n > 0) return n;
@@ -41,7 +43,8 @@ static ssize_t conn_recv(Conn *c, uint8_t *buf, size_t len) {
   }
 }
 
-static ssize_t conn_send(Conn *c, const uint8_t *buf, size_t len) {
+static ssize_t conn_send(Conn* c, const uint8_t* buf, size_t len)
+{
   if (c->ssl) {
     int n = ossl.SSL_write(c->ssl, buf, len > INT32_MAX ? INT32_MAX : (int)len);
     if (n > 0) return n;
@@ -58,7 +61,8 @@ static ssize_t conn_send(Conn *c, const uint8_t *buf, size_t len) {
   }
 }
 
-static void tls_handshake(Conn *c) {
+static void tls_handshake(Conn* c)
+{
   ossl.ERR_clear_error();
   int r = ossl.SSL_do_handshake(c->ssl);
   if (r == 1) {
@@ -73,8 +77,9 @@ static void tls_handshake(Conn *c) {
   ossl.ERR_clear_error();
 }
 
-static void pending_set(Conn *c, int on) {
-  ServerObject *srv = c->srv;
+static void pending_set(Conn* c, int on)
+{
+  ServerObject* srv = c->srv;
   if (c->pending_in == on) return;
   c->pending_in = on;
   if (on) {
@@ -93,7 +98,8 @@ static void pending_set(Conn *c, int on) {
 /* Read what the connection has, up to READ_BUDGET. If the budget ran out, or OpenSSL holds decrypted bytes that
  * level-triggered epoll cannot report (SSL_pending), the connection goes on srv->pend and is read again next
  * iteration (which then does not wait in epoll_wait). */
-void conn_readable(Conn *c) {
+void conn_readable(Conn* c)
+{
   c->served = c->srv->iter;
   int more = 0;
   if (c->dead) goto out;
@@ -101,7 +107,7 @@ void conn_readable(Conn *c) {
     tls_handshake(c);
     if (c->handshaking || c->dead) goto out;
   }
-  uint8_t *buf = c->srv->rbuf;
+  uint8_t* buf = c->srv->rbuf;
   size_t got = 0;
   int calls = 0, drained = 0;
   while (got < READ_BUDGET && calls < READ_CALLS) {
@@ -131,7 +137,8 @@ out:
   pending_set(c, more);
 }
 
-static void conn_append(Conn *c, const uint8_t *p, size_t n) {
+static void conn_append(Conn* c, const uint8_t* p, size_t n)
+{
   if (c->outlen + n > c->outcap) {
     size_t cap = c->outcap ? c->outcap : 64 * 1024;
     while (cap < c->outlen + n) cap *= 2;
@@ -142,7 +149,8 @@ static void conn_append(Conn *c, const uint8_t *p, size_t n) {
   c->outlen += n;
 }
 
-void conn_flush(Conn *c) {
+void conn_flush(Conn* c)
+{
   if (c->dead || c->handshaking) return;
   for (;;) {
     while (c->outoff < c->outlen) {
@@ -159,7 +167,7 @@ void conn_flush(Conn *c) {
     }
     c->outoff = c->outlen = 0;
     while (c->outlen < FLUSH_AT) {
-      const uint8_t *p;
+      const uint8_t* p;
       ssize_t n = ng.session_mem_send(c->sess, &p);
       if (n < 0) {
         c->dead = 1;
@@ -178,14 +186,15 @@ void conn_flush(Conn *c) {
   conn_want_out(c, 0);
 }
 
-static void format_peer(const struct sockaddr_storage *sa, char *out) {
+static void format_peer(const struct sockaddr_storage* sa, char* out)
+{
   char host[INET6_ADDRSTRLEN] = "?";
   if (sa->ss_family == AF_INET) {
-    const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+    const struct sockaddr_in* s = (const struct sockaddr_in*)sa;
     inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
     snprintf(out, PEER_LEN, "ipv4:%s:%u", host, ntohs(s->sin_port));
   } else if (sa->ss_family == AF_INET6) {
-    const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+    const struct sockaddr_in6* s = (const struct sockaddr_in6*)sa;
     inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
     snprintf(out, PEER_LEN, "ipv6:[%s]:%u", host, ntohs(s->sin6_port));
   } else {
@@ -193,8 +202,9 @@ static void format_peer(const struct sockaddr_storage *sa, char *out) {
   }
 }
 
-static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *sa) {
-  Conn *c = calloc(1, sizeof *c);
+static void conn_new(ServerObject* srv, int fd, const struct sockaddr_storage* sa)
+{
+  Conn* c = calloc(1, sizeof *c);
   if (!c) {
     close(fd);
     return;
@@ -237,8 +247,9 @@ static void conn_new(ServerObject *srv, int fd, const struct sockaddr_storage *s
   STAT_ADD(srv->n_open, 1);
 }
 
-void conn_close(Conn *c) {
-  ServerObject *srv = c->srv;
+void conn_close(Conn* c)
+{
+  ServerObject* srv = c->srv;
   pending_set(c, 0);
   while (c->streams) stream_detach(c->streams);
   ng.session_del(c->sess);
@@ -254,20 +265,22 @@ void conn_close(Conn *c) {
   free(c);
 }
 
-#define ACCEPT_BATCH 64  /* connections accepted per loop iteration: a connect flood cannot hold the IO thread */
-#define ACCEPT_PAUSE 0.1 /* seconds without accepting after an error that retrying at once would only repeat */
+#define ACCEPT_BATCH 64   /* connections accepted per loop iteration: a connect flood cannot hold the IO thread */
+#define ACCEPT_PAUSE 0.1  /* seconds without accepting after an error that retrying at once would only repeat */
 #define GOAWAY_LINGER 1.0 /* seconds a connection closing on its idle timeout may take to flush its GOAWAY */
 
-static void listen_watch(ServerObject *srv, int on) {
+static void listen_watch(ServerObject* srv, int on)
+{
   struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.ptr = &srv->listen_fd};
   epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &e);
 }
 
-void accept_some(ServerObject *srv) {
+void accept_some(ServerObject* srv)
+{
   for (int i = 0; i < ACCEPT_BATCH; i++) {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;
-    int fd = accept4(srv->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(srv->listen_fd, (struct sockaddr*)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -307,14 +320,15 @@ void accept_some(ServerObject *srv) {
 /* Timers, checked every sweep_every seconds: the handshake timeout (TLS handshake and the client's connection
  * preface), the idle timeout (no open stream, and nothing received since the last one ended), and the end of an
  * accept pause. */
-void sweep(ServerObject *srv) {
+void sweep(ServerObject* srv)
+{
   double now = srv->now;
   srv->next_sweep = now + srv->sweep_every;
   if (srv->accept_at > 0 && now >= srv->accept_at && srv->listen_fd >= 0) {
     srv->accept_at = 0;
     listen_watch(srv, 1);
   }
-  for (Conn *c = srv->conns; c; c = c->next) {
+  for (Conn* c = srv->conns; c; c = c->next) {
     if (c->dead) continue;
     if (!c->preface_done) {
       if (now - c->accepted_at >= srv->handshake_timeout) {
@@ -326,8 +340,8 @@ void sweep(ServerObject *srv) {
     } else if (c->nstreams == 0 && now - c->last_active >= srv->idle_timeout && !srv->stopping) {
       /* GOAWAY with the last stream processed: nothing is in flight, and nghttp2 wants no more reads once it is
        * sent, so the connection closes as soon as it is flushed */
-      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess), NGHTTP2_NO_ERROR,
-                       NULL, 0);
+      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess), NGHTTP2_NO_ERROR, NULL,
+                       0);
       c->goaway_sent = 1;
       c->close_at = now + GOAWAY_LINGER;
       STAT_ADD(srv->n_idle_closed, 1);

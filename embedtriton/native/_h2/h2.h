@@ -63,9 +63,8 @@ typedef struct {
 } NgFuncs;
 extern NgFuncs ng;
 /* optional (see libs.c): NULL options when the library has neither limit */
-extern int (*ng_session_server_new2)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
-                                     const nghttp2_option *);
-extern nghttp2_option *ng_options;
+extern int (*ng_session_server_new2)(nghttp2_session**, const nghttp2_session_callbacks*, void*, const nghttp2_option*);
+extern nghttp2_option* ng_options;
 
 #define ET_DECL_SSL(ret, name, args) ret(*name) args;
 typedef struct {
@@ -73,15 +72,15 @@ typedef struct {
 } SslFuncs;
 extern SslFuncs ossl;
 
-int load_nghttp2(const char *libpath);
-int load_openssl(const char *libpath);
-PyObject *library_info(PyObject *mod, PyObject *args, PyObject *kw);
+int load_nghttp2(const char* libpath);
+int load_openssl(const char* libpath);
+PyObject* library_info(PyObject* mod, PyObject* args, PyObject* kw);
 
 /* ------------------------------------------------------------------------ */
 /* data structures                                                           */
 
 typedef struct OutBuf {
-  struct OutBuf *next;
+  struct OutBuf* next;
   size_t len, off;
   uint8_t data[];
 } OutBuf;
@@ -94,15 +93,15 @@ typedef struct Stream Stream;
 #define PEER_LEN 80
 
 struct Stream {
-  Conn *conn; /* NULL once nghttp2 closed the stream or the connection died (written under srv->mu) */
+  Conn* conn; /* NULL once nghttp2 closed the stream or the connection died (written under srv->mu) */
   int32_t id;
   Stream *cprev, *cnext; /* the connection's streams */
-  CallObject *call;      /* strong reference; created with the GIL at the first event */
+  CallObject* call;      /* strong reference; created with the GIL at the first event */
   char peer[PEER_LEN];
 
   /* request headers (IO thread) */
-  char *path;
-  char **meta; /* name, value, name, value, ... (NUL-terminated copies) */
+  char* path;
+  char** meta; /* name, value, name, value, ... (NUL-terminated copies) */
   size_t nmeta, capmeta;
   size_t hdr_bytes, hdr_count; /* the request's header list: RFC 7540 size (name + value + 32 each), fields */
   int is_post, ctype_ok, headers_done, rejected;
@@ -111,7 +110,7 @@ struct Stream {
   /* incoming message framing (IO thread) */
   uint8_t pfx[5];
   int pfx_have, in_msg, skipping, remote_closed;
-  uint8_t *msg;
+  uint8_t* msg;
   size_t msg_len, msg_have, msg_cap; /* declared, received, allocated (grows with what arrives) */
 
   /* outgoing (IO thread) */
@@ -122,7 +121,7 @@ struct Stream {
   /* shared with threads calling send/finish: guarded by srv->mu */
   OutBuf *pq_head, *pq_tail;
   int finish_req, finished_by_app, fin_code;
-  char *fin_msg; /* percent-encoded, written once when finish_req is set */
+  char* fin_msg; /* percent-encoded, written once when finish_req is set */
   size_t queued; /* bytes in pq and oq, not yet handed to nghttp2 */
   int overflow;  /* send() found the stream or its connection over its buffer limit */
   int dirty;
@@ -130,23 +129,23 @@ struct Stream {
 };
 
 struct Conn {
-  ServerObject *srv;
+  ServerObject* srv;
   int fd;
-  SSL *ssl;
+  SSL* ssl;
   int handshaking, dead, epollout;
   int preface_done; /* the client's SETTINGS (the end of its connection preface) arrived */
   int goaway_sent;  /* closing: an idle timeout sent GOAWAY */
   double accepted_at, close_at;
-  double last_active; /* when it last received bytes or its last stream ended (the idle timeout counts from it) */
+  double last_active;  /* when it last received bytes or its last stream ended (the idle timeout counts from it) */
   int pending_in;      /* read budget used up: on srv->pend, served again next iteration whatever epoll says */
   unsigned served;     /* the loop iteration that last read it */
   Conn *pprev, *pnext; /* srv->pend */
-  nghttp2_session *sess;
-  uint8_t *out;
+  nghttp2_session* sess;
+  uint8_t* out;
   size_t outlen, outoff, outcap;
-  size_t queued; /* the sum of its streams' queued (srv->mu) */
+  size_t queued;  /* the sum of its streams' queued (srv->mu) */
   size_t partial; /* bytes allocated for its streams' incomplete request messages (IO thread) */
-  Stream *streams;
+  Stream* streams;
   int nstreams;
   char peer[PEER_LEN];
   Conn *prev, *next;
@@ -155,8 +154,8 @@ struct Conn {
 enum { EV_MSG, EV_HALF_CLOSE, EV_CLOSE };
 typedef struct {
   int type;
-  Stream *st;
-  uint8_t *data;
+  Stream* st;
+  uint8_t* data;
   size_t len;
 } Event;
 
@@ -169,13 +168,13 @@ struct ServerObject {
   pthread_t thread;
   int started, joined, thread_ref;
   pthread_mutex_t join_mu;
-  PyThreadState *tstate; /* IO thread's */
-  nghttp2_session_callbacks *cbs;
-  SSL_CTX *ssl_ctx;
+  PyThreadState* tstate; /* IO thread's */
+  nghttp2_session_callbacks* cbs;
+  SSL_CTX* ssl_ctx;
 
   /* guarded by mu */
   pthread_mutex_t mu;
-  Stream *dirty_head;
+  Stream* dirty_head;
   int wake_pending, in_dispatch, stop_req;
   double grace;
 
@@ -185,21 +184,21 @@ struct ServerObject {
   double idle_timeout, handshake_timeout, sweep_every;
 
   /* IO thread only */
-  Conn *conns;
+  Conn* conns;
   int nconns;
-  Conn *pend; /* connections with input left over (conn_readable) */
+  Conn* pend; /* connections with input left over (conn_readable) */
   unsigned iter;
   int reserve_fd;   /* spent to accept-and-close a connection when descriptors run out */
   double accept_at; /* > 0: accepting is paused until then */
   double now, next_sweep;
-  Event *ev;
+  Event* ev;
   size_t nev, capev;
-  Stream **work;
+  Stream** work;
   size_t capwork;
   int stopping, hard;
   double deadline;
-  uint8_t *rbuf;
-  ServerObject *reg_next; /* registry of running servers (GIL) */
+  uint8_t* rbuf;
+  ServerObject* reg_next; /* registry of running servers (GIL) */
 
   /* counters written by the IO thread, read by stats() (relaxed atomics) */
   uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets;
@@ -211,10 +210,10 @@ struct ServerObject {
 
 struct CallObject {
   PyObject_HEAD
-  ServerObject *srv; /* strong */
-  Stream *st;        /* guarded by srv->mu; NULL once the stream is gone */
+  ServerObject* srv; /* strong */
+  Stream* st;        /* guarded by srv->mu; NULL once the stream is gone */
   PyObject *method, *user, *metadata;
-  char **meta;
+  char** meta;
   size_t nmeta;
   char peer[PEER_LEN];
 };
@@ -230,46 +229,51 @@ extern PyTypeObject ServerType, CallType;
 #define READ_CALLS 16
 #define FLUSH_AT (256 * 1024)
 
-static inline void *xrealloc(void *p, size_t n) {
-  void *q = realloc(p, n);
+static inline void* xrealloc(void* p, size_t n)
+{
+  void* q = realloc(p, n);
   if (!q) abort(); /* out of memory in the IO thread: nothing sensible left to do */
   return q;
 }
 
-static inline double now_s(void) {
+static inline double now_s(void)
+{
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-#define MAKE_NV(n, v, vl) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
+#define MAKE_NV(n, v, vl)                                                   \
+  {                                                                         \
+    (uint8_t*)(n), (uint8_t*)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE \
+  }
 
 /* ---- session.c: streams and the nghttp2 callbacks ------------------------ */
 
-char *percent_encode(const char *s, size_t n);
-void wake(ServerObject *srv);
-int mark_dirty_locked(ServerObject *srv, Stream *st);
-void unlink_dirty_locked(ServerObject *srv, Stream *st);
-int finish_locked(ServerObject *srv, Stream *st, int code, char *enc_msg, int by_app, int *need_wake);
-void free_outbufs(OutBuf *b);
-void free_meta(char **meta, size_t nmeta);
-void stream_free(Stream *st);
-void stream_detach(Stream *st);
-ssize_t data_read_cb(nghttp2_session *sess, int32_t id, uint8_t *buf, size_t length, uint32_t *flags,
-                     nghttp2_data_source *src, void *ud);
-nghttp2_session_callbacks *make_callbacks(void);
+char* percent_encode(const char* s, size_t n);
+void wake(ServerObject* srv);
+int mark_dirty_locked(ServerObject* srv, Stream* st);
+void unlink_dirty_locked(ServerObject* srv, Stream* st);
+int finish_locked(ServerObject* srv, Stream* st, int code, char* enc_msg, int by_app, int* need_wake);
+void free_outbufs(OutBuf* b);
+void free_meta(char** meta, size_t nmeta);
+void stream_free(Stream* st);
+void stream_detach(Stream* st);
+ssize_t data_read_cb(nghttp2_session* sess, int32_t id, uint8_t* buf, size_t length, uint32_t* flags,
+                     nghttp2_data_source* src, void* ud);
+nghttp2_session_callbacks* make_callbacks(void);
 
 /* ---- conn.c: connections ------------------------------------------------- */
 
-void conn_readable(Conn *c);
-void conn_flush(Conn *c);
-void conn_close(Conn *c);
-void accept_some(ServerObject *srv);
-void sweep(ServerObject *srv);
+void conn_readable(Conn* c);
+void conn_flush(Conn* c);
+void conn_close(Conn* c);
+void accept_some(ServerObject* srv);
+void sweep(ServerObject* srv);
 
 /* ---- loop.c, server.c: the IO thread and the registry -------------------- */
 
-void *io_main(void *arg);
-PyObject *stop_all_servers(PyObject *mod, PyObject *unused);
+void* io_main(void* arg);
+PyObject* stop_all_servers(PyObject* mod, PyObject* unused);
 
 #endif

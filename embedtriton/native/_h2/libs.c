@@ -16,13 +16,12 @@ NgFuncs ng;
 static int ng_loaded;
 /* optional: the rapid-reset (CVE-2023-44487) limit and the CONTINUATION-flood (CVE-2024-30255) limit, in nghttp2
  * >= 1.57 / 1.61 and in distribution backports (Debian 12's 1.52.0, the Triton wheel's 1.43.0) */
-static int (*ng_option_new)(nghttp2_option **);
-static void (*ng_option_del)(nghttp2_option *);
-static void (*ng_option_set_stream_reset_rate_limit)(nghttp2_option *, uint64_t burst, uint64_t rate);
-static void (*ng_option_set_max_continuations)(nghttp2_option *, size_t);
-int (*ng_session_server_new2)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
-                                     const nghttp2_option *);
-nghttp2_option *ng_options;
+static int (*ng_option_new)(nghttp2_option**);
+static void (*ng_option_del)(nghttp2_option*);
+static void (*ng_option_set_stream_reset_rate_limit)(nghttp2_option*, uint64_t burst, uint64_t rate);
+static void (*ng_option_set_max_continuations)(nghttp2_option*, size_t);
+int (*ng_session_server_new2)(nghttp2_session**, const nghttp2_session_callbacks*, void*, const nghttp2_option*);
+nghttp2_option* ng_options;
 
 /* What library() reports about the libnghttp2 in use. */
 static struct {
@@ -52,8 +51,9 @@ static struct {
  * library's default is. */
 #define MAX_CONTINUATIONS 8
 
-static int load_symbols(void *h, const char *prefix, const char *const *names, void **slots, size_t n, char *err,
-                        size_t errlen) {
+static int load_symbols(void* h, const char* prefix, const char* const* names, void** slots, size_t n, char* err,
+                        size_t errlen)
+{
   for (size_t i = 0; i < n; i++) {
     char full[128];
     snprintf(full, sizeof full, "%s%s", prefix, names[i]);
@@ -67,18 +67,19 @@ static int load_symbols(void *h, const char *prefix, const char *const *names, v
 }
 
 #define ET_NAME(ret, name, args) #name,
-static const char *const ng_names[] = {ET_NGHTTP2_FUNCS(ET_NAME)};
-static const char *const ssl_names[] = {ET_SSL_FUNCS(ET_NAME)};
+static const char* const ng_names[] = {ET_NGHTTP2_FUNCS(ET_NAME)};
+static const char* const ssl_names[] = {ET_SSL_FUNCS(ET_NAME)};
 
 /* One libnghttp2 that could be used: its handle, what it offers, and where it was found. */
 typedef struct {
-  void *h;
+  void* h;
   NgFuncs f;
   int version_num, reset_rate_limit, max_continuations;
   char version[32], path[4096];
 } NgCandidate;
 
-static int ng_probe(const char *name, NgCandidate *c, char *err, size_t errlen) {
+static int ng_probe(const char* name, NgCandidate* c, char* err, size_t errlen)
+{
   memset(c, 0, sizeof *c);
   c->h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (!c->h) {
@@ -86,14 +87,14 @@ static int ng_probe(const char *name, NgCandidate *c, char *err, size_t errlen) 
     return -1;
   }
   char why[256];
-  if (load_symbols(c->h, "nghttp2_", ng_names, (void **)&c->f, sizeof ng_names / sizeof *ng_names, why,
-                   sizeof why) < 0) {
+  if (load_symbols(c->h, "nghttp2_", ng_names, (void**)&c->f, sizeof ng_names / sizeof *ng_names, why, sizeof why) <
+      0) {
     snprintf(err, errlen, "%s is too old or not nghttp2: %s", name, why);
     dlclose(c->h);
     c->h = NULL;
     return -1;
   }
-  nghttp2_info *info = c->f.version(0);
+  nghttp2_info* info = c->f.version(0);
   c->version_num = info ? info->version_num : 0;
   snprintf(c->version, sizeof c->version, "%s", info && info->version_str ? info->version_str : "?");
   int opts = dlsym(c->h, "nghttp2_option_new") && dlsym(c->h, "nghttp2_option_del") &&
@@ -102,30 +103,31 @@ static int ng_probe(const char *name, NgCandidate *c, char *err, size_t errlen) 
   c->max_continuations = opts && dlsym(c->h, "nghttp2_option_set_max_continuations");
   Dl_info dl;
   char real[4096];
-  if (dladdr((void *)c->f.version, &dl) && dl.dli_fname && realpath(dl.dli_fname, real))
+  if (dladdr((void*)c->f.version, &dl) && dl.dli_fname && realpath(dl.dli_fname, real))
     snprintf(c->path, sizeof c->path, "%s", real);
-  else
-    snprintf(c->path, sizeof c->path, "%s", name);
+  else snprintf(c->path, sizeof c->path, "%s", name);
   return 0;
 }
 
 /* Which of two usable libraries to keep: the one with more of the two security options, then the newer. */
-static int ng_better(const NgCandidate *a, const NgCandidate *b) {
+static int ng_better(const NgCandidate* a, const NgCandidate* b)
+{
   int sa = a->reset_rate_limit + a->max_continuations, sb = b->reset_rate_limit + b->max_continuations;
   if (sa != sb) return sa > sb;
   return a->version_num > b->version_num;
 }
 
-static void ng_use(NgCandidate *c) {
+static void ng_use(NgCandidate* c)
+{
   ng = c->f;
-  ng_option_new = (int (*)(nghttp2_option **))dlsym(c->h, "nghttp2_option_new");
-  ng_option_del = (void (*)(nghttp2_option *))dlsym(c->h, "nghttp2_option_del");
-  ng_session_server_new2 = (int (*)(nghttp2_session **, const nghttp2_session_callbacks *, void *,
-                                    const nghttp2_option *))dlsym(c->h, "nghttp2_session_server_new2");
+  ng_option_new = (int (*)(nghttp2_option**))dlsym(c->h, "nghttp2_option_new");
+  ng_option_del = (void (*)(nghttp2_option*))dlsym(c->h, "nghttp2_option_del");
+  ng_session_server_new2 = (int (*)(nghttp2_session**, const nghttp2_session_callbacks*, void*,
+                                    const nghttp2_option*))dlsym(c->h, "nghttp2_session_server_new2");
   ng_option_set_stream_reset_rate_limit =
-      (void (*)(nghttp2_option *, uint64_t, uint64_t))dlsym(c->h, "nghttp2_option_set_stream_reset_rate_limit");
+      (void (*)(nghttp2_option*, uint64_t, uint64_t))dlsym(c->h, "nghttp2_option_set_stream_reset_rate_limit");
   ng_option_set_max_continuations =
-      (void (*)(nghttp2_option *, size_t))dlsym(c->h, "nghttp2_option_set_max_continuations");
+      (void (*)(nghttp2_option*, size_t))dlsym(c->h, "nghttp2_option_set_max_continuations");
   if ((c->reset_rate_limit || c->max_continuations) && ng_option_new(&ng_options) == 0) {
     if (c->reset_rate_limit) ng_option_set_stream_reset_rate_limit(ng_options, RESET_BURST, RESET_RATE);
     if (c->max_continuations) ng_option_set_max_continuations(ng_options, MAX_CONTINUATIONS);
@@ -142,11 +144,12 @@ static void ng_use(NgCandidate *c) {
 
 /* EMBEDTRITON_NGHTTP2=/path/libnghttp2.so forces that library. Otherwise both the system's libnghttp2.so.14 and the
  * caller's libpath (the copy bundled with the Triton wheel) are tried, and the better one (ng_better) is kept. */
-int load_nghttp2(const char *libpath) {
+int load_nghttp2(const char* libpath)
+{
   if (ng_loaded) return 0;
   char err[1024] = "", err2[1024] = "";
   NgCandidate a, b;
-  const char *forced = getenv("EMBEDTRITON_NGHTTP2");
+  const char* forced = getenv("EMBEDTRITON_NGHTTP2");
   if (forced && forced[0]) {
     if (ng_probe(forced, &a, err, sizeof err) < 0) {
       PyErr_Format(PyExc_ImportError, "EMBEDTRITON_NGHTTP2=%s is unusable: %s", forced, err);
@@ -174,9 +177,10 @@ int load_nghttp2(const char *libpath) {
 SslFuncs ossl;
 static int ossl_loaded;
 
-int load_openssl(const char *libpath) {
+int load_openssl(const char* libpath)
+{
   if (ossl_loaded) return 0;
-  void *h = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+  void* h = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
   char err[512] = "";
   if (!h) snprintf(err, sizeof err, "%s", dlerror());
   if (!h && libpath) { /* the nvidia-pytriton wheel bundles libssl-<hash>.so.3 beside libnghttp2 */
@@ -193,7 +197,7 @@ int load_openssl(const char *libpath) {
     PyErr_Format(PyExc_ImportError, "TLS needs OpenSSL 3: dlopen(libssl.so.3) failed (%s)", err);
     return -1;
   }
-  if (load_symbols(h, "", ssl_names, (void **)&ossl, sizeof ssl_names / sizeof *ssl_names, err, sizeof err) < 0) {
+  if (load_symbols(h, "", ssl_names, (void**)&ossl, sizeof ssl_names / sizeof *ssl_names, err, sizeof err) < 0) {
     PyErr_Format(PyExc_ImportError, "libssl.so.3 is unusable: %s", err);
     dlclose(h);
     return -1;
@@ -202,10 +206,11 @@ int load_openssl(const char *libpath) {
   return 0;
 }
 
-PyObject *library_info(PyObject *mod, PyObject *args, PyObject *kw) {
+PyObject* library_info(PyObject* mod, PyObject* args, PyObject* kw)
+{
   (void)mod;
-  static char *kwlist[] = {"libpath", NULL};
-  const char *libpath = NULL;
+  static char* kwlist[] = {"libpath", NULL};
+  const char* libpath = NULL;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|z:library", kwlist, &libpath)) return NULL;
   if (load_nghttp2(libpath) < 0) return NULL;
   return Py_BuildValue("{s:s,s:s,s:O,s:O}", "path", ng_info.path, "version", ng_info.version, "reset_rate_limit",

@@ -10,8 +10,9 @@
 /* ------------------------------------------------------------------------ */
 /* dispatch to Python (IO thread, takes the GIL once per batch)              */
 
-static CallObject *make_call(ServerObject *srv, Stream *st) {
-  CallObject *call = PyObject_GC_New(CallObject, &CallType);
+static CallObject* make_call(ServerObject* srv, Stream* st)
+{
+  CallObject* call = PyObject_GC_New(CallObject, &CallType);
   if (!call) return NULL;
   Py_INCREF(srv);
   call->srv = srv;
@@ -24,7 +25,7 @@ static CallObject *make_call(ServerObject *srv, Stream *st) {
   st->meta = NULL;
   st->nmeta = 0;
   memcpy(call->peer, st->peer, PEER_LEN);
-  PyObject_GC_Track((PyObject *)call);
+  PyObject_GC_Track((PyObject*)call);
   if (!call->method) {
     Py_DECREF(call);
     return NULL;
@@ -36,28 +37,30 @@ static CallObject *make_call(ServerObject *srv, Stream *st) {
   return call;
 }
 
-static void handler_failed(ServerObject *srv, PyObject *method, Stream *st) {
+static void handler_failed(ServerObject* srv, PyObject* method, Stream* st)
+{
   PyErr_WriteUnraisable(method);
   if (st->closed) return;
-  const char *m = "the server's handler raised an exception";
-  char *enc = percent_encode(m, strlen(m));
+  const char* m = "the server's handler raised an exception";
+  char* enc = percent_encode(m, strlen(m));
   int w = 0;
   pthread_mutex_lock(&srv->mu);
   finish_locked(srv, st, 13, enc, 0, &w);
   pthread_mutex_unlock(&srv->mu);
 }
 
-static void dispatch(ServerObject *srv) {
+static void dispatch(ServerObject* srv)
+{
   if (!srv->nev) return;
   pthread_mutex_lock(&srv->mu);
   srv->in_dispatch = 1;
   pthread_mutex_unlock(&srv->mu);
   PyEval_RestoreThread(srv->tstate);
   for (size_t i = 0; i < srv->nev; i++) {
-    Event *e = &srv->ev[i];
-    Stream *st = e->st;
+    Event* e = &srv->ev[i];
+    Stream* st = e->st;
     if (e->type == EV_CLOSE) {
-      CallObject *call = st->call;
+      CallObject* call = st->call;
       int cancel;
       pthread_mutex_lock(&srv->mu);
       if (call) call->st = NULL;
@@ -65,8 +68,8 @@ static void dispatch(ServerObject *srv) {
       cancel = call && !st->finished_by_app;
       pthread_mutex_unlock(&srv->mu);
       if (cancel) {
-        PyObject *args[1] = {(PyObject *)call};
-        PyObject *r = PyObject_Vectorcall(srv->on_cancel, args, 1, NULL);
+        PyObject* args[1] = {(PyObject*)call};
+        PyObject* r = PyObject_Vectorcall(srv->on_cancel, args, 1, NULL);
         if (r) Py_DECREF(r);
         else PyErr_WriteUnraisable(srv->on_cancel);
       }
@@ -86,22 +89,22 @@ static void dispatch(ServerObject *srv) {
       free(e->data);
       continue;
     }
-    PyObject *r;
-    PyObject *method;
+    PyObject* r;
+    PyObject* method;
     if (e->type == EV_MSG) {
-      PyObject *data = PyBytes_FromStringAndSize((const char *)e->data, (Py_ssize_t)e->len);
+      PyObject* data = PyBytes_FromStringAndSize((const char*)e->data, (Py_ssize_t)e->len);
       free(e->data);
       method = srv->on_message;
       if (!data) {
         handler_failed(srv, method, st);
         continue;
       }
-      PyObject *args[2] = {(PyObject *)st->call, data};
+      PyObject* args[2] = {(PyObject*)st->call, data};
       r = PyObject_Vectorcall(method, args, 2, NULL);
       Py_DECREF(data);
     } else {
       method = srv->on_half_close;
-      PyObject *args[1] = {(PyObject *)st->call};
+      PyObject* args[1] = {(PyObject*)st->call};
       r = PyObject_Vectorcall(method, args, 1, NULL);
     }
     if (r) Py_DECREF(r);
@@ -112,12 +115,13 @@ static void dispatch(ServerObject *srv) {
 }
 
 /* Apply what send()/finish() queued. */
-static void apply_dirty(ServerObject *srv) {
+static void apply_dirty(ServerObject* srv)
+{
   size_t n = 0;
   pthread_mutex_lock(&srv->mu);
   srv->in_dispatch = 0;
   srv->wake_pending = 0;
-  for (Stream *st = srv->dirty_head; st; st = st->dnext) {
+  for (Stream* st = srv->dirty_head; st; st = st->dnext) {
     if (n == srv->capwork) {
       srv->capwork = srv->capwork ? srv->capwork * 2 : 64;
       srv->work = xrealloc(srv->work, srv->capwork * sizeof *srv->work);
@@ -125,7 +129,7 @@ static void apply_dirty(ServerObject *srv) {
     srv->work[n++] = st;
   }
   for (size_t i = 0; i < n; i++) {
-    Stream *st = srv->work[i];
+    Stream* st = srv->work[i];
     st->dirty = 0;
     st->dprev = st->dnext = NULL;
     if (st->pq_head) {
@@ -141,7 +145,7 @@ static void apply_dirty(ServerObject *srv) {
   pthread_mutex_unlock(&srv->mu);
 
   for (size_t i = 0; i < n; i++) {
-    Stream *st = srv->work[i];
+    Stream* st = srv->work[i];
     if (st->do_reset && !st->reset_sent) {
       /* Reset the stream (ENHANCE_YOUR_CALM: grpc clients report RESOURCE_EXHAUSTED) and drop what it queued; the
        * application gets on_cancel when the stream closes, its send() and finish() already return False. */
@@ -159,7 +163,7 @@ static void apply_dirty(ServerObject *srv) {
       continue;
     }
     if (st->closed || !st->conn || st->trailers_sent || st->reset_sent) continue;
-    nghttp2_session *sess = st->conn->sess;
+    nghttp2_session* sess = st->conn->sess;
     if (st->headers_sent) {
       ng.session_resume_data(sess, st->id);
     } else if (st->oq_head) {
@@ -169,7 +173,7 @@ static void apply_dirty(ServerObject *srv) {
     } else if (st->fin_ready) { /* Trailers-Only */
       char code[16];
       int cl = snprintf(code, sizeof code, "%d", st->fin_code);
-      const char *m = st->fin_msg ? st->fin_msg : "";
+      const char* m = st->fin_msg ? st->fin_msg : "";
       nghttp2_nv h[4] = {MAKE_NV(":status", "200", 3), MAKE_NV("content-type", "application/grpc", 16),
                          MAKE_NV("grpc-status", code, (size_t)cl), MAKE_NV("grpc-message", m, strlen(m))};
       ng.submit_response(sess, st->id, h, m[0] ? 4 : 3, NULL);
@@ -178,7 +182,8 @@ static void apply_dirty(ServerObject *srv) {
   }
 }
 
-static void begin_stop(ServerObject *srv, double grace) {
+static void begin_stop(ServerObject* srv, double grace)
+{
   srv->stopping = 1;
   srv->deadline = now_s() + (grace > 0 ? grace : 0);
   if (srv->listen_fd >= 0) {
@@ -190,12 +195,13 @@ static void begin_stop(ServerObject *srv, double grace) {
    * already on the wire is refused. Refusing some (a GOAWAY with the last processed id) makes grpc clients retry
    * them transparently, and grpcio 1.85 can then leave a streaming call hanging past its deadline. Calls still
    * open at the deadline are reset and the connection closed. */
-  for (Conn *c = srv->conns; c; c = c->next)
+  for (Conn* c = srv->conns; c; c = c->next)
     if (!c->handshaking) ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, 0x7fffffff, NGHTTP2_NO_ERROR, NULL, 0);
 }
 
-void *io_main(void *arg) {
-  ServerObject *srv = arg;
+void* io_main(void* arg)
+{
+  ServerObject* srv = arg;
   PyGILState_STATE gs = PyGILState_Ensure();
   srv->tstate = PyEval_SaveThread();
   struct epoll_event evs[128];
@@ -221,15 +227,15 @@ void *io_main(void *arg) {
     srv->now = now_s();
     srv->iter++;
     for (int i = 0; i < n; i++) {
-      void *p = evs[i].data.ptr;
-      if (p == (void *)&srv->listen_fd) {
+      void* p = evs[i].data.ptr;
+      if (p == (void*)&srv->listen_fd) {
         if (srv->listen_fd >= 0) accept_some(srv);
-      } else if (p == (void *)&srv->evfd) {
+      } else if (p == (void*)&srv->evfd) {
         uint64_t v;
         ssize_t r = read(srv->evfd, &v, sizeof v);
         (void)r;
       } else {
-        Conn *c = p;
+        Conn* c = p;
         /* The client shut its side or the connection failed: whatever it still has queued is not read, as no
          * answer could reach it (a request followed by a close must not start work). */
         if (evs[i].events & (EPOLLRDHUP | EPOLLERR | EPOLLHUP)) c->dead = 1;
@@ -237,8 +243,8 @@ void *io_main(void *arg) {
         else if (c->handshaking && (evs[i].events & EPOLLOUT)) conn_readable(c);
       }
     }
-    Conn *pnext;
-    for (Conn *c = srv->pend; c; c = pnext) { /* left over from the last iteration and not read in this one */
+    Conn* pnext;
+    for (Conn* c = srv->pend; c; c = pnext) { /* left over from the last iteration and not read in this one */
       pnext = c->pnext;
       if (c->served != srv->iter) conn_readable(c);
     }
@@ -253,14 +259,14 @@ void *io_main(void *arg) {
     if (srv->now >= srv->next_sweep) sweep(srv);
     if (srv->stopping && !srv->hard && now_s() >= srv->deadline) {
       srv->hard = 1;
-      for (Conn *c = srv->conns; c; c = c->next)
+      for (Conn* c = srv->conns; c; c = c->next)
         if (!c->handshaking)
-          for (Stream *st = c->streams; st; st = st->cnext)
+          for (Stream* st = c->streams; st; st = st->cnext)
             ng.submit_rst_stream(c->sess, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
     }
 
-    Conn *next;
-    for (Conn *c = srv->conns; c; c = next) {
+    Conn* next;
+    for (Conn* c = srv->conns; c; c = next) {
       next = c->next;
       conn_flush(c);
       int idle = c->outoff == c->outlen;

@@ -17,10 +17,11 @@
 /* ------------------------------------------------------------------------ */
 /* Server type                                                               */
 
-static ServerObject *registry; /* servers whose IO thread is running */
+static ServerObject* registry; /* servers whose IO thread is running */
 
-static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen, const unsigned char *in,
-                       unsigned int inlen, void *arg) {
+static int alpn_select(SSL* ssl, const unsigned char** out, unsigned char* outlen, const unsigned char* in,
+                       unsigned int inlen, void* arg)
+{
   (void)ssl, (void)arg;
   for (unsigned int i = 0; i < inlen;) {
     unsigned int l = in[i];
@@ -35,7 +36,8 @@ static int alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outle
   return ET_SSL_TLSEXT_ERR_ALERT_FATAL;
 }
 
-static int ssl_fail(SSL_CTX *ctx, const char *what, const char *path) {
+static int ssl_fail(SSL_CTX* ctx, const char* what, const char* path)
+{
   char buf[256] = "";
   unsigned long e = ossl.ERR_get_error();
   if (e) ossl.ERR_error_string_n(e, buf, sizeof buf);
@@ -45,15 +47,16 @@ static int ssl_fail(SSL_CTX *ctx, const char *what, const char *path) {
   return -1;
 }
 
-static int setup_tls(ServerObject *self, PyObject *tls, const char *libpath) {
+static int setup_tls(ServerObject* self, PyObject* tls, const char* libpath)
+{
   PyObject *cert_o, *key_o, *ca_o = Py_None;
   if (!PyArg_ParseTuple(tls, "O&O&|O:tls", PyUnicode_FSConverter, &cert_o, PyUnicode_FSConverter, &key_o, &ca_o))
     return -1;
   int rc = -1;
-  PyObject *ca_b = NULL;
+  PyObject* ca_b = NULL;
   if (ca_o != Py_None && !PyUnicode_FSConverter(ca_o, &ca_b)) goto out;
   if (load_openssl(libpath) < 0) goto out;
-  SSL_CTX *ctx = ossl.SSL_CTX_new(ossl.TLS_server_method());
+  SSL_CTX* ctx = ossl.SSL_CTX_new(ossl.TLS_server_method());
   if (!ctx) {
     PyErr_SetString(PyExc_RuntimeError, "TLS: SSL_CTX_new failed");
     goto out;
@@ -72,7 +75,7 @@ static int setup_tls(ServerObject *self, PyObject *tls, const char *libpath) {
     goto out;
   }
   if (ca_b) {
-    const char *ca = PyBytes_AS_STRING(ca_b);
+    const char* ca = PyBytes_AS_STRING(ca_b);
     if (ossl.SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1) {
       ssl_fail(ctx, "loading client CA", ca);
       goto out;
@@ -89,7 +92,8 @@ out:
   return rc;
 }
 
-static int bind_listener(ServerObject *self, const char *host, int port) {
+static int bind_listener(ServerObject* self, const char* host, int port)
+{
   char hostbuf[256];
   size_t hl = strlen(host);
   if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']' && hl < sizeof hostbuf) {
@@ -127,34 +131,45 @@ static int bind_listener(ServerObject *self, const char *host, int port) {
   }
   struct sockaddr_storage sa;
   socklen_t sl = sizeof sa;
-  getsockname(fd, (struct sockaddr *)&sa, &sl);
-  self->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
-                                              : ((struct sockaddr_in *)&sa)->sin_port);
+  getsockname(fd, (struct sockaddr*)&sa, &sl);
+  self->port =
+      ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6*)&sa)->sin6_port : ((struct sockaddr_in*)&sa)->sin_port);
   self->listen_fd = fd;
   return 0;
 }
 
-static PyObject *Server_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  ServerObject *self = (ServerObject *)type->tp_alloc(type, 0);
+static PyObject* Server_new(PyTypeObject* type, PyObject* args, PyObject* kw)
+{
+  ServerObject* self = (ServerObject*)type->tp_alloc(type, 0);
   if (!self) return NULL;
   self->listen_fd = self->epfd = self->evfd = self->reserve_fd = -1;
   pthread_mutex_init(&self->mu, NULL);
   pthread_mutex_init(&self->join_mu, NULL);
   (void)args, (void)kw;
-  return (PyObject *)self;
+  return (PyObject*)self;
 }
 
-static int positive(double v, const char *name) {
+static int positive(double v, const char* name)
+{
   if (v > 0) return 0; /* NaN fails this too */
   PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds", name);
   return -1;
 }
 
-static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {
-      "host", "port", "handler", "max_message_bytes", "tls", "libpath",                                 /* positional */
-      "max_connections", "idle_timeout", "handshake_timeout", "max_header_list_bytes", "max_buffered_bytes", /* kw */
-      NULL};
+static int Server_init(ServerObject* self, PyObject* args, PyObject* kw)
+{
+  static char* kwlist[] = {"host",
+                           "port",
+                           "handler",
+                           "max_message_bytes",
+                           "tls",
+                           "libpath", /* positional */
+                           "max_connections",
+                           "idle_timeout",
+                           "handshake_timeout",
+                           "max_header_list_bytes",
+                           "max_buffered_bytes", /* kw */
+                           NULL};
   const char *host, *libpath = NULL;
   int port;
   PyObject *handler, *tls = Py_None;
@@ -229,15 +244,17 @@ static int Server_init(ServerObject *self, PyObject *args, PyObject *kw) {
   return 0;
 }
 
-static void registry_remove(ServerObject *s) {
-  for (ServerObject **p = &registry; *p; p = &(*p)->reg_next)
+static void registry_remove(ServerObject* s)
+{
+  for (ServerObject** p = &registry; *p; p = &(*p)->reg_next)
     if (*p == s) {
       *p = s->reg_next;
       return;
     }
 }
 
-static int do_stop(ServerObject *self, double grace) {
+static int do_stop(ServerObject* self, double grace)
+{
   if (!self->started) return 0;
   pthread_mutex_lock(&self->mu);
   if (!self->stop_req) {
@@ -267,28 +284,32 @@ static int do_stop(ServerObject *self, double grace) {
   return 0;
 }
 
-static PyObject *Server_stop(ServerObject *self, PyObject *args) {
+static PyObject* Server_stop(ServerObject* self, PyObject* args)
+{
   double grace = 0;
   if (!PyArg_ParseTuple(args, "|d:stop", &grace)) return NULL;
   do_stop(self, grace);
   Py_RETURN_NONE;
 }
 
-static int Server_traverse(ServerObject *self, visitproc visit, void *arg) {
+static int Server_traverse(ServerObject* self, visitproc visit, void* arg)
+{
   Py_VISIT(self->on_message);
   Py_VISIT(self->on_half_close);
   Py_VISIT(self->on_cancel);
   return 0;
 }
 
-static int Server_clear(ServerObject *self) {
+static int Server_clear(ServerObject* self)
+{
   Py_CLEAR(self->on_message);
   Py_CLEAR(self->on_half_close);
   Py_CLEAR(self->on_cancel);
   return 0;
 }
 
-static void Server_dealloc(ServerObject *self) {
+static void Server_dealloc(ServerObject* self)
+{
   PyObject_GC_UnTrack(self);
   /* a running IO thread holds a reference, so the thread is not running here */
   Server_clear(self);
@@ -303,18 +324,18 @@ static void Server_dealloc(ServerObject *self) {
   free(self->rbuf);
   pthread_mutex_destroy(&self->mu);
   pthread_mutex_destroy(&self->join_mu);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-static PyObject *Server_stats(ServerObject *self, PyObject *unused) {
+static PyObject* Server_stats(ServerObject* self, PyObject* unused)
+{
   (void)unused;
-  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open),
-                       "buffer_resets", (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted",
-                       (unsigned long long)STAT_GET(self->n_accepted), "refused",
-                       (unsigned long long)STAT_GET(self->n_refused), "emfile",
-                       (unsigned long long)STAT_GET(self->n_emfile), "idle_closed",
-                       (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
-                       (unsigned long long)STAT_GET(self->n_handshake_timeouts));
+  return Py_BuildValue(
+      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open), "buffer_resets",
+      (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted", (unsigned long long)STAT_GET(self->n_accepted),
+      "refused", (unsigned long long)STAT_GET(self->n_refused), "emfile", (unsigned long long)STAT_GET(self->n_emfile),
+      "idle_closed", (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
+      (unsigned long long)STAT_GET(self->n_handshake_timeouts));
 }
 
 static PyMethodDef Server_methods[] = {
@@ -326,16 +347,17 @@ static PyMethodDef Server_methods[] = {
      "buffer_resets (calls reset for queueing more than max_buffered_bytes allows)"},
     {NULL, NULL, 0, NULL}};
 
-static PyMemberDef Server_members[] = {
-    {"port", T_INT, offsetof(ServerObject, port), READONLY, "the bound port"}, {NULL, 0, 0, 0, NULL}};
+static PyMemberDef Server_members[] = {{"port", T_INT, offsetof(ServerObject, port), READONLY, "the bound port"},
+                                       {NULL, 0, 0, 0, NULL}};
 
 PyTypeObject ServerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton._h2.Server",
     .tp_basicsize = sizeof(ServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Server(host, port, handler, max_message_bytes, tls=None, libpath=None, *, max_connections=1024, "
-              "idle_timeout=300.0, handshake_timeout=10.0, max_header_list_bytes=16384, "
-              "max_buffered_bytes=67108864): gRPC over HTTP/2 on one IO thread.",
+    .tp_doc =
+        "Server(host, port, handler, max_message_bytes, tls=None, libpath=None, *, max_connections=1024, "
+        "idle_timeout=300.0, handshake_timeout=10.0, max_header_list_bytes=16384, "
+        "max_buffered_bytes=67108864): gRPC over HTTP/2 on one IO thread.",
     .tp_new = Server_new,
     .tp_init = (initproc)Server_init,
     .tp_dealloc = (destructor)Server_dealloc,
@@ -346,10 +368,11 @@ PyTypeObject ServerType = {
 };
 
 /* atexit: stop servers nobody stopped, so no IO thread touches a finalizing interpreter */
-PyObject *stop_all_servers(PyObject *mod, PyObject *unused) {
+PyObject* stop_all_servers(PyObject* mod, PyObject* unused)
+{
   (void)mod, (void)unused;
   while (registry) {
-    ServerObject *s = registry;
+    ServerObject* s = registry;
     Py_INCREF(s);
     do_stop(s, 0);
     registry_remove(s); /* in case do_stop could not join */

@@ -34,14 +34,14 @@ static int read_output_specs(ModelState* ms)
     PyObject* name;
     PyObject* dims;
     int dtype;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UiO", &name, &dtype, &dims))
-      goto fail;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UiO", &name, &dtype, &dims)) goto fail;
     o->name = strdup(PyUnicode_AsUTF8(name));
     o->name_obj = Py_NewRef(name);
     o->dtype = (TRITONSERVER_DataType)dtype;
     o->ndims = (int)PyTuple_Size(dims);
     if (o->ndims < 0 || o->ndims + (ms->max_batch_size > 0) > MAX_DIMS) {
-      PyErr_Format(PyExc_ValueError, "output '%U' has too many dimensions (at most %d)", name, MAX_DIMS);
+      PyErr_Format(PyExc_ValueError, "output '%U' has too many dimensions (at most %d)", name,
+                   MAX_DIMS);
       goto fail;
     }
     for (int d = 0; d < o->ndims; d++) o->dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(dims, d));
@@ -122,9 +122,9 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
                                          TRITONBACKEND_Request** requests, const uint32_t count,
                                          uint64_t exec_start);
 
-EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
-    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests,
-    const uint32_t count)
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
+                                                              TRITONBACKEND_Request** requests,
+                                                              const uint32_t count)
 {
   TRITONBACKEND_Model* model;
   void* state = NULL;
@@ -150,18 +150,20 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(
   uint32_t n_live = 0;
   for (uint32_t i = 0; i < count; i++) {
     bool cancelled = false;
-    TRITONSERVER_Error* e = ms->sequence ? NULL : api.TRITONBACKEND_RequestIsCancelled(requests[i], &cancelled);
+    TRITONSERVER_Error* e =
+        ms->sequence ? NULL : api.TRITONBACKEND_RequestIsCancelled(requests[i], &cancelled);
     if (e != NULL) api.TRITONSERVER_ErrorDelete(e), cancelled = false;
     if (!cancelled) {
       live[n_live++] = requests[i];
       continue;
     }
     TRITONBACKEND_Response* response = NULL;
-    TRITONSERVER_Error* why = new_error(TRITONSERVER_ERROR_CANCELLED,
-                                        "the request was cancelled before model '%s' ran it", ms->name);
+    TRITONSERVER_Error* why =
+        new_error(TRITONSERVER_ERROR_CANCELLED,
+                  "the request was cancelled before model '%s' ran it", ms->name);
     if (api.TRITONBACKEND_ResponseNew(&response, requests[i]) == NULL) send_final(response, why);
-    api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], false, exec_start, exec_start,
-                                                    exec_start, now_ns());
+    api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], false, exec_start,
+                                                    exec_start, exec_start, now_ns());
     api.TRITONSERVER_ErrorDelete(why);
     api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
   }
@@ -219,8 +221,7 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
     compute_start = now_ns();
     result = PyObject_CallOneArg(ms->execute, list);
     compute_end = now_ns();
-    if (result == NULL)
-      batch_err = error_from_python("model binding failed");
+    if (result == NULL) batch_err = error_from_python("model binding failed");
     else if (PyUnicode_Check(result)) /* the callable raised: its message */
       batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
     else if (ms->decoupled) {
@@ -270,9 +271,8 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
 
   uint64_t exec_end = now_ns();
   for (uint32_t i = 0; i < count; i++) {
-    api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], errors[i] == NULL,
-                                                    exec_start, compute_start, compute_end,
-                                                    exec_end);
+    api.TRITONBACKEND_ModelInstanceReportStatistics(
+        instance, requests[i], errors[i] == NULL, exec_start, compute_start, compute_end, exec_end);
     if (errors[i] != NULL) api.TRITONSERVER_ErrorDelete(errors[i]);
     api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
   }

@@ -40,9 +40,8 @@ fail:
 
 /* With the GIL: the inputs of one request as a Request (a dict subclass).
  * Views of Triton's buffers are appended to views[] (new references). */
-PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
-                               PyObject** views, Py_ssize_t* n_views,
-                               uint64_t* batch_size, TRITONSERVER_Error** err)
+PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject** views,
+                        Py_ssize_t* n_views, uint64_t* batch_size, TRITONSERVER_Error** err)
 {
   PyObject* req = PyObject_CallNoArgs(g_request_type);
   PyObject* params = NULL;
@@ -58,8 +57,8 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
     uint32_t ndim, n_buffers;
     uint64_t byte_size;
     if ((*err = api.TRITONBACKEND_RequestInputByIndex(request, i, &input)) ||
-        (*err = api.TRITONBACKEND_InputProperties(input, &name, &dtype, &shape, &ndim,
-                                                  &byte_size, &n_buffers)))
+        (*err = api.TRITONBACKEND_InputProperties(input, &name, &dtype, &shape, &ndim, &byte_size,
+                                                  &n_buffers)))
       goto fail;
     if (ndim > MAX_DIMS) {
       *err = new_error(TRITONSERVER_ERROR_INVALID_ARG, "input '%s' has too many dimensions", name);
@@ -71,7 +70,8 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
       uint64_t size = 0;
       TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
       int64_t mtype_id = 0;
-      if ((*err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id))) goto fail;
+      if ((*err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id)))
+        goto fail;
       int32_t flag = size >= 4 ? *(const int32_t*)data : 0;
       const char* attr = name + sizeof CONTROL_PREFIX - 1; /* start, end, ready */
       char full[32];
@@ -95,10 +95,8 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms,
         typenum >= 0) {
       /* one host buffer: a read-only view, no copy */
       int flags = NPY_ARRAY_C_CONTIGUOUS;
-      if (((uintptr_t)data % dtype_size(dtype)) == 0)
-        flags |= NPY_ARRAY_ALIGNED;
-      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, (void*)data, 0, flags,
-                        NULL);
+      if (((uintptr_t)data % dtype_size(dtype)) == 0) flags |= NPY_ARRAY_ALIGNED;
+      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, (void*)data, 0, flags, NULL);
       if (arr == NULL) goto py_fail;
       views[(*n_views)++] = Py_NewRef(arr);
     } else {
@@ -236,11 +234,12 @@ static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* valu
  * in. Returns the response to send (NULL if none could be made) and sets
  * *error when the request failed. */
 TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request,
-                                         TRITONBACKEND_Response* response, PyObject* out,
-                                         uint64_t batch_size, size_t index)
+                                  TRITONBACKEND_Response* response, PyObject* out,
+                                  uint64_t batch_size, size_t index)
 {
   TRITONSERVER_Error* err = NULL;
-  if (ms->sequence && out == Py_None) return NULL; /* a padding request: Triton drops its response */
+  /* a padding request: Triton drops its response */
+  if (ms->sequence && out == Py_None) return NULL;
   if (!PyDict_Check(out)) {
     err = new_error(TRITONSERVER_ERROR_INTERNAL,
                     "model '%s' must return one dict of outputs per request; "
@@ -290,8 +289,8 @@ TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request
     void* buffer;
     TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
     int64_t mtype_id = 0;
-    err = api.TRITONBACKEND_ResponseOutput(response, &output, name, o->dtype, shape,
-                                           (uint32_t)ndim);
+    err =
+        api.TRITONBACKEND_ResponseOutput(response, &output, name, o->dtype, shape, (uint32_t)ndim);
     if (err == NULL)
       err = api.TRITONBACKEND_OutputBuffer(output, &buffer, nbytes, &mtype, &mtype_id);
     if (err == NULL && mtype == TRITONSERVER_MEMORY_GPU)
@@ -306,9 +305,8 @@ send:
   return err;
 }
 
-TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request,
-                                       PyObject* out, uint64_t batch_size, size_t index,
-                                       TRITONSERVER_Error** error)
+TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request, PyObject* out,
+                                uint64_t batch_size, size_t index, TRITONSERVER_Error** error)
 {
   TRITONBACKEND_Response* response = NULL;
   *error = api.TRITONBACKEND_ResponseNew(&response, request);

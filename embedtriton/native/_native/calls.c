@@ -67,6 +67,7 @@ void call_free(Call* c)
   Py_CLEAR(c->future);
   call_unref(c);
 }
+
 /* Claim the call's completion (once: Triton's final response, stop() or the
  * caller giving up race for it). Returns whether this caller won. */
 int call_claim(Call* c)
@@ -81,18 +82,16 @@ static void call_complete(Call* c)
 {
   if (!call_claim(c)) return; /* stop() or the caller got there first */
   if (!c->is_async) {
-    if (t_in_execute && t_wake_cap > t_wake_len)
-      t_wake[t_wake_len++] = &c->done;
-    else
-      wait_signal(&c->done);
+    if (t_in_execute && t_wake_cap > t_wake_len) t_wake[t_wake_len++] = &c->done;
+    else wait_signal(&c->done);
     return;
   }
   int entered = gil_enter();
   schedule_async(c);
   gil_leave(entered);
 }
-void response_cb(TRITONSERVER_InferenceResponse* response,
-                        const uint32_t flags, void* userp)
+
+void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp)
 {
   Call* c = (Call*)userp;
   if (c->is_stream) {
@@ -100,9 +99,9 @@ void response_cb(TRITONSERVER_InferenceResponse* response,
     return;
   }
   if (response != NULL) {
-    TRITONSERVER_InferenceResponse* old =
-        atomic_load(&c->completed) ? response /* its caller was let go */
-                                   : atomic_exchange(&c->response, response);
+    TRITONSERVER_InferenceResponse* old = atomic_load(&c->completed)
+                                              ? response /* its caller was let go */
+                                              : atomic_exchange(&c->response, response);
     if (old != NULL) bury(NULL, old); /* (a non-decoupled request gets one response) */
   }
   if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) {
@@ -111,13 +110,14 @@ void response_cb(TRITONSERVER_InferenceResponse* response,
     call_unref(c); /* Triton's final response */
   }
 }
-void release_cb(TRITONSERVER_InferenceRequest* request,
-                       const uint32_t flags, void* userp)
+
+void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp)
 {
   if (flags & RELEASE_RESCHEDULE) return; /* Triton keeps it for another iteration */
   Call* c = (Call*)userp;
   held_release(c);
-  if (c->is_stream) take_stream_closed(request); /* forget it (closed, or cancelled by stop): the pointer may be reused */
+  /* forget it (closed, or cancelled by stop): the pointer may be reused */
+  if (c->is_stream) take_stream_closed(request);
   bury(request, NULL);
   int entered = gil_enter();
   if (c->is_stream && g_request_done != NULL) {
@@ -169,9 +169,8 @@ PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
     TRITONSERVER_MemoryType mtype;
     int64_t mtype_id;
     void* userp;
-    if ((err = api.TRITONSERVER_InferenceResponseOutput(
-             resp, i, &name, &dtype, &shape, &ndim, &base, &size, &mtype,
-             &mtype_id, &userp))) {
+    if ((err = api.TRITONSERVER_InferenceResponseOutput(resp, i, &name, &dtype, &shape, &ndim,
+                                                        &base, &size, &mtype, &mtype_id, &userp))) {
       Py_DECREF(result);
       return raise_from(err, 1);
     }
@@ -188,8 +187,8 @@ PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
         arr = dtype == TRITONSERVER_TYPE_BYTES || typenum < 0 || ndim > MAX_DIMS
                   ? raise_triton(TRITONSERVER_ERROR_UNSUPPORTED,
                                  "only numeric outputs can be written into a buffer")
-                  : PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL,
-                                preset->view.buf, 0, NPY_ARRAY_CARRAY, NULL);
+                  : PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, preset->view.buf, 0,
+                                NPY_ARRAY_CARRAY, NULL);
         if (arr && PyArray_SetBaseObject((PyArrayObject*)arr, Py_NewRef(preset->target)) < 0)
           Py_CLEAR(arr);
       }
@@ -198,16 +197,16 @@ PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
       for (uint64_t d = 0; shape_t && d < ndim; d++)
         PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
       PyObject* mv = PyMemoryView_FromMemory((char*)base, (Py_ssize_t)size, PyBUF_READ);
-      arr = (shape_t && mv) ? PyObject_CallFunctionObjArgs(g_decode_bytes, mv, shape_t, NULL)
-                            : NULL;
+      arr =
+          (shape_t && mv) ? PyObject_CallFunctionObjArgs(g_decode_bytes, mv, shape_t, NULL) : NULL;
       Py_XDECREF(mv);
       Py_XDECREF(shape_t);
     } else if (typenum < 0 || ndim > MAX_DIMS) {
       arr = raise_triton(TRITONSERVER_ERROR_UNSUPPORTED, "output datatype has no numpy equivalent");
     } else if (userp != NULL && mtype != TRITONSERVER_MEMORY_GPU) {
       /* our allocator's block: the array takes it over */
-      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL,
-                        (void*)base, 0, NPY_ARRAY_CARRAY, NULL);
+      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, (void*)base, 0,
+                        NPY_ARRAY_CARRAY, NULL);
       Ticket* ticket = (Ticket*)userp;
       PyObject* owner =
           arr ? PyCapsule_New(ticket->block, "embedtriton.block", free_block_capsule) : NULL;
@@ -249,8 +248,7 @@ static int complete_one(Call* c)
   if (done == Py_False)
     r = PyObject_CallMethodOneArg(fut, result ? s_set_result : s_set_exception,
                                   result ? result : value);
-  else if (done != NULL)
-    r = Py_NewRef(Py_None);
+  else if (done != NULL) r = Py_NewRef(Py_None);
   Py_XDECREF(done);
   Py_XDECREF(result);
   Py_XDECREF(type);

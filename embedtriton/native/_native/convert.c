@@ -5,14 +5,15 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-static const char* const dtype_names[] = {
-    "INVALID", "BOOL",  "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
-    "INT32",   "INT64", "FP16",  "FP32",   "FP64",   "BYTES",  "BF16"};
+static const char* const dtype_names[] = {"INVALID", "BOOL", "UINT8", "UINT16", "UINT32",
+                                          "UINT64",  "INT8", "INT16", "INT32",  "INT64",
+                                          "FP16",    "FP32", "FP64",  "BYTES",  "BF16"};
 
 const char* dtype_name(int t)
 {
   return (t >= 0 && t <= TRITONSERVER_TYPE_BF16) ? dtype_names[t] : "INVALID";
 }
+
 /* ---- dtype mapping ----------------------------------------------------- */
 
 /* Triton datatype of a numpy array; BYTES for object/bytes/str arrays. */
@@ -21,8 +22,7 @@ TRITONSERVER_DataType triton_dtype_of(PyArrayObject* a)
   PyArray_Descr* d = PyArray_DESCR(a);
   npy_intp size = PyArray_ITEMSIZE(a);
   switch (d->kind) {
-    case 'b':
-      return TRITONSERVER_TYPE_BOOL;
+    case 'b': return TRITONSERVER_TYPE_BOOL;
     case 'i':
       return size == 1   ? TRITONSERVER_TYPE_INT8
              : size == 2 ? TRITONSERVER_TYPE_INT16
@@ -42,10 +42,8 @@ TRITONSERVER_DataType triton_dtype_of(PyArrayObject* a)
                          : TRITONSERVER_TYPE_INVALID;
     case 'O':
     case 'S':
-    case 'U':
-      return TRITONSERVER_TYPE_BYTES;
-    default:
-      return TRITONSERVER_TYPE_INVALID;
+    case 'U': return TRITONSERVER_TYPE_BYTES;
+    default: return TRITONSERVER_TYPE_INVALID;
   }
 }
 
@@ -71,14 +69,16 @@ int numpy_typenum_of(TRITONSERVER_DataType t)
 uintptr_t dtype_size(TRITONSERVER_DataType t)
 {
   switch (t) {
-    case TRITONSERVER_TYPE_UINT16: case TRITONSERVER_TYPE_INT16: case TRITONSERVER_TYPE_FP16:
-      return 2;
-    case TRITONSERVER_TYPE_UINT32: case TRITONSERVER_TYPE_INT32: case TRITONSERVER_TYPE_FP32:
-      return 4;
-    case TRITONSERVER_TYPE_UINT64: case TRITONSERVER_TYPE_INT64: case TRITONSERVER_TYPE_FP64:
-      return 8;
-    default:
-      return 1;
+    case TRITONSERVER_TYPE_UINT16:
+    case TRITONSERVER_TYPE_INT16:
+    case TRITONSERVER_TYPE_FP16: return 2;
+    case TRITONSERVER_TYPE_UINT32:
+    case TRITONSERVER_TYPE_INT32:
+    case TRITONSERVER_TYPE_FP32: return 4;
+    case TRITONSERVER_TYPE_UINT64:
+    case TRITONSERVER_TYPE_INT64:
+    case TRITONSERVER_TYPE_FP64: return 8;
+    default: return 1;
   }
 }
 

@@ -17,7 +17,7 @@ typedef struct Grave {
 } Grave;
 #define GRAVE_AGE_NS 20000000ull
 static _Atomic(Grave*) graveyard = NULL; /* buried since the last rotation */
-static Grave* graveyard_old = NULL;       /* buried in the rotation before */
+static Grave* graveyard_old = NULL;      /* buried in the rotation before */
 static uint64_t graveyard_rotated = 0;
 static pthread_mutex_t graveyard_lock = PTHREAD_MUTEX_INITIALIZER;
 

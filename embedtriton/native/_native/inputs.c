@@ -15,16 +15,22 @@ static TRITONSERVER_DataType dl_dtype(DLDataType t)
   switch (t.code) {
     case DL_BOOL: return t.bits == 8 ? TRITONSERVER_TYPE_BOOL : TRITONSERVER_TYPE_INVALID;
     case DL_INT:
-      return t.bits == 8 ? TRITONSERVER_TYPE_INT8 : t.bits == 16 ? TRITONSERVER_TYPE_INT16
-           : t.bits == 32 ? TRITONSERVER_TYPE_INT32 : t.bits == 64 ? TRITONSERVER_TYPE_INT64
-           : TRITONSERVER_TYPE_INVALID;
+      return t.bits == 8    ? TRITONSERVER_TYPE_INT8
+             : t.bits == 16 ? TRITONSERVER_TYPE_INT16
+             : t.bits == 32 ? TRITONSERVER_TYPE_INT32
+             : t.bits == 64 ? TRITONSERVER_TYPE_INT64
+                            : TRITONSERVER_TYPE_INVALID;
     case DL_UINT:
-      return t.bits == 8 ? TRITONSERVER_TYPE_UINT8 : t.bits == 16 ? TRITONSERVER_TYPE_UINT16
-           : t.bits == 32 ? TRITONSERVER_TYPE_UINT32 : t.bits == 64 ? TRITONSERVER_TYPE_UINT64
-           : TRITONSERVER_TYPE_INVALID;
+      return t.bits == 8    ? TRITONSERVER_TYPE_UINT8
+             : t.bits == 16 ? TRITONSERVER_TYPE_UINT16
+             : t.bits == 32 ? TRITONSERVER_TYPE_UINT32
+             : t.bits == 64 ? TRITONSERVER_TYPE_UINT64
+                            : TRITONSERVER_TYPE_INVALID;
     case DL_FLOAT:
-      return t.bits == 16 ? TRITONSERVER_TYPE_FP16 : t.bits == 32 ? TRITONSERVER_TYPE_FP32
-           : t.bits == 64 ? TRITONSERVER_TYPE_FP64 : TRITONSERVER_TYPE_INVALID;
+      return t.bits == 16   ? TRITONSERVER_TYPE_FP16
+             : t.bits == 32 ? TRITONSERVER_TYPE_FP32
+             : t.bits == 64 ? TRITONSERVER_TYPE_FP64
+                            : TRITONSERVER_TYPE_INVALID;
     case DL_BFLOAT: return t.bits == 16 ? TRITONSERVER_TYPE_BF16 : TRITONSERVER_TYPE_INVALID;
     default: return TRITONSERVER_TYPE_INVALID;
   }
@@ -83,15 +89,18 @@ static PyObject* add_dlpack_input(TRITONSERVER_InferenceRequest* req, const char
     mtype = TRITONSERVER_MEMORY_GPU;
     mtype_id = t->device.device_id;
   } else {
-    snprintf(msg, sizeof msg, "input '%s': DLPack device type %d is not supported (CPU, CUDA "
-             "and CUDA host memory are)", name, t->device.device_type);
+    snprintf(msg, sizeof msg,
+             "input '%s': DLPack device type %d is not supported (CPU, CUDA "
+             "and CUDA host memory are)",
+             name, t->device.device_type);
     Py_DECREF(holder);
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
   }
   if (dtype == TRITONSERVER_TYPE_INVALID || t->ndim > MAX_DIMS || t->ndim < 0) {
-    snprintf(msg, sizeof msg, "input '%s': DLPack dtype (code %u, %u bits, %u lanes) or %d "
-             "dimensions cannot be carried", name, t->dtype.code, t->dtype.bits,
-             t->dtype.lanes, t->ndim);
+    snprintf(msg, sizeof msg,
+             "input '%s': DLPack dtype (code %u, %u bits, %u lanes) or %d "
+             "dimensions cannot be carried",
+             name, t->dtype.code, t->dtype.bits, t->dtype.lanes, t->ndim);
     Py_DECREF(holder);
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
   }
@@ -99,8 +108,10 @@ static PyObject* add_dlpack_input(TRITONSERVER_InferenceRequest* req, const char
   int64_t expected = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
     if (t->strides != NULL && t->shape[d] > 1 && t->strides[d] != expected) {
-      snprintf(msg, sizeof msg, "input '%s' is not C-contiguous; make it contiguous first "
-               "(e.g. .contiguous() / ascontiguousarray)", name);
+      snprintf(msg, sizeof msg,
+               "input '%s' is not C-contiguous; make it contiguous first "
+               "(e.g. .contiguous() / ascontiguousarray)",
+               name);
       Py_DECREF(holder);
       return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
     }
@@ -112,8 +123,8 @@ static PyObject* add_dlpack_input(TRITONSERVER_InferenceRequest* req, const char
   TRITONSERVER_Error* err =
       api.TRITONSERVER_InferenceRequestAddInput(req, name, dtype, t->shape, (uint64_t)t->ndim);
   if (err == NULL)
-    err = api.TRITONSERVER_InferenceRequestAppendInputData(req, name, data, nbytes, mtype,
-                                                           mtype_id);
+    err =
+        api.TRITONSERVER_InferenceRequestAppendInputData(req, name, data, nbytes, mtype, mtype_id);
   if (err != NULL) {
     Py_DECREF(holder);
     return raise_from(err, 1);
@@ -123,14 +134,12 @@ static PyObject* add_dlpack_input(TRITONSERVER_InferenceRequest* req, const char
 
 /* Add one input to a request. Returns the object Triton reads from (new
  * reference), or NULL with an exception. */
-PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key,
-                           PyObject* value)
+PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject* value)
 {
   const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
   if (name == NULL) {
     PyErr_Clear();
-    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
-                        "input names must be strings");
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "input names must be strings");
   }
   PyArrayObject* arr;
   if (PyArray_Check(value) && PyArray_ISCARRAY_RO((PyArrayObject*)value) &&
@@ -139,8 +148,8 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key,
   } else if (!PyArray_Check(value) && PyObject_HasAttrString(value, "__dlpack__")) {
     return add_dlpack_input(req, name, value);
   } else {
-    arr = (PyArrayObject*)PyArray_FromAny(
-        value, NULL, 0, 0, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_NOTSWAPPED, NULL);
+    arr = (PyArrayObject*)PyArray_FromAny(value, NULL, 0, 0,
+                                          NPY_ARRAY_CARRAY_RO | NPY_ARRAY_NOTSWAPPED, NULL);
     if (arr == NULL) { /* e.g. a ragged list */
       PyObject *t, *v, *tb;
       PyErr_Fetch(&t, &v, &tb);
@@ -157,8 +166,8 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key,
   if (dtype == TRITONSERVER_TYPE_INVALID) {
     PyObject* d = PyObject_Str((PyObject*)PyArray_DESCR(arr));
     char msg[512];
-    snprintf(msg, sizeof msg, "input '%s' has dtype %s, which Triton cannot carry",
-             name, d ? PyUnicode_AsUTF8(d) : "?");
+    snprintf(msg, sizeof msg, "input '%s' has dtype %s, which Triton cannot carry", name,
+             d ? PyUnicode_AsUTF8(d) : "?");
     Py_XDECREF(d);
     Py_DECREF(arr);
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
@@ -186,8 +195,8 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key,
   TRITONSERVER_Error* err =
       api.TRITONSERVER_InferenceRequestAddInput(req, name, dtype, shape, (uint64_t)ndim);
   if (err == NULL)
-    err = api.TRITONSERVER_InferenceRequestAppendInputData(
-        req, name, data, (size_t)nbytes, TRITONSERVER_MEMORY_CPU, 0);
+    err = api.TRITONSERVER_InferenceRequestAppendInputData(req, name, data, (size_t)nbytes,
+                                                           TRITONSERVER_MEMORY_CPU, 0);
   if (err != NULL) {
     Py_DECREF(holder);
     return raise_from(err, 1);
@@ -195,8 +204,8 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key,
   return holder;
 }
 
-TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req,
-                                         PyObject* key, PyObject* value)
+TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req, PyObject* key,
+                                  PyObject* value)
 {
   const char* k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
   if (k == NULL) {
@@ -225,6 +234,6 @@ TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req,
     return api.TRITONSERVER_InferenceRequestSetStringParameter(req, k, s);
   }
   return new_error(TRITONSERVER_ERROR_INVALID_ARG,
-                   "parameter '%s' is a %s; parameters must be str, int, float or bool",
-                   k, Py_TYPE(value)->tp_name);
+                   "parameter '%s' is a %s; parameters must be str, int, float or bool", k,
+                   Py_TYPE(value)->tp_name);
 }

@@ -13,19 +13,20 @@
  * (ticket->taken) and frees it when the array dies: no copy out. The ticket
  * itself always belongs to Triton's release of the buffer, which may come
  * after the array is gone (responses are deleted late, see bury()). */
-TRITONSERVER_Error* response_alloc_fn(
-    TRITONSERVER_ResponseAllocator* a, const char* tensor_name,
-    size_t byte_size, TRITONSERVER_MemoryType memory_type,
-    int64_t memory_type_id, void* userp, void** buffer, void** buffer_userp,
-    TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id)
+TRITONSERVER_Error* response_alloc_fn(TRITONSERVER_ResponseAllocator* a, const char* tensor_name,
+                                      size_t byte_size, TRITONSERVER_MemoryType memory_type,
+                                      int64_t memory_type_id, void* userp, void** buffer,
+                                      void** buffer_userp,
+                                      TRITONSERVER_MemoryType* actual_memory_type,
+                                      int64_t* actual_memory_type_id)
 {
   (void)a, (void)memory_type, (void)memory_type_id;
   const Preset* preset = userp ? call_preset((struct Call*)userp, tensor_name) : NULL;
   if (preset != NULL) { /* no ticket: the memory is the caller's */
     if ((size_t)preset->view.len < byte_size)
       return new_error(TRITONSERVER_ERROR_INVALID_ARG,
-                       "output '%s' needs %zu bytes but its buffer holds %zd",
-                       tensor_name, byte_size, preset->view.len);
+                       "output '%s' needs %zu bytes but its buffer holds %zd", tensor_name,
+                       byte_size, preset->view.len);
     *buffer = preset->view.buf;
     *buffer_userp = NULL;
     *actual_memory_type = TRITONSERVER_MEMORY_CPU;
@@ -37,8 +38,7 @@ TRITONSERVER_Error* response_alloc_fn(
   if (ticket == NULL || posix_memalign(&block, 64, byte_size ? byte_size : 1) != 0) {
     free(ticket);
     return new_error(TRITONSERVER_ERROR_UNAVAILABLE,
-                     "out of memory allocating %zu bytes for output '%s'",
-                     byte_size, tensor_name);
+                     "out of memory allocating %zu bytes for output '%s'", byte_size, tensor_name);
   }
   ticket->block = block;
   ticket->taken = 0;
@@ -49,10 +49,9 @@ TRITONSERVER_Error* response_alloc_fn(
   return NULL;
 }
 
-TRITONSERVER_Error* response_release_fn(
-    TRITONSERVER_ResponseAllocator* a, void* buffer, void* buffer_userp,
-    size_t byte_size, TRITONSERVER_MemoryType memory_type,
-    int64_t memory_type_id)
+TRITONSERVER_Error* response_release_fn(TRITONSERVER_ResponseAllocator* a, void* buffer,
+                                        void* buffer_userp, size_t byte_size,
+                                        TRITONSERVER_MemoryType memory_type, int64_t memory_type_id)
 {
   (void)a, (void)buffer, (void)byte_size, (void)memory_type, (void)memory_type_id;
   Ticket* ticket = (Ticket*)buffer_userp;
@@ -67,6 +66,7 @@ void free_block_capsule(PyObject* capsule)
 {
   free(PyCapsule_GetPointer(capsule, "embedtriton.block"));
 }
+
 /* ---- shared-memory mappings, guarded against SIGBUS ----------------------
  * A client's shared-memory region is mapped here and handed to Triton and the
  * model as it is (no copy). The client owns the file and may shrink it: a
@@ -153,7 +153,8 @@ static int mapping_getbuffer(MappingObject* m, Py_buffer* view, int flags)
     PyErr_SetString(PyExc_BufferError, "the shared-memory mapping is closed");
     return -1;
   }
-  if (PyBuffer_FillInfo(view, (PyObject*)m, m->base, (Py_ssize_t)m->length, 0, flags) < 0) return -1;
+  if (PyBuffer_FillInfo(view, (PyObject*)m, m->base, (Py_ssize_t)m->length, 0, flags) < 0)
+    return -1;
   m->exports++;
   return 0;
 }
@@ -192,10 +193,9 @@ static void mapping_dealloc(MappingObject* m)
 
 static PyBufferProcs mapping_as_buffer = {(getbufferproc)mapping_getbuffer,
                                           (releasebufferproc)mapping_releasebuffer};
-static PyMethodDef mapping_methods[] = {
-    {"close", (PyCFunction)mapping_close, METH_NOARGS,
-     "Unmap (now, or when the last view of it is released)."},
-    {NULL, NULL, 0, NULL}};
+static PyMethodDef mapping_methods[] = {{"close", (PyCFunction)mapping_close, METH_NOARGS,
+                                         "Unmap (now, or when the last view of it is released)."},
+                                        {NULL, NULL, 0, NULL}};
 static PyGetSetDef mapping_getset[] = {
     {"truncated", (getter)mapping_truncated, NULL,
      "whether an access found the file shrunk under the mapping (its data is lost)", NULL},
@@ -219,7 +219,8 @@ PyObject* py_map_shared(PyObject* self, PyObject* args)
   int fd;
   Py_ssize_t length;
   if (!PyArg_ParseTuple(args, "in:map_shared", &fd, &length)) return NULL;
-  if (length <= 0) return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "a mapping needs a positive size");
+  if (length <= 0)
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "a mapping needs a positive size");
   if (install_sigbus() != 0) return PyErr_SetFromErrno(PyExc_OSError);
   void* base = mmap(NULL, (size_t)length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
@@ -237,8 +238,8 @@ PyObject* py_map_shared(PyObject* self, PyObject* args)
   if (slot < 0) {
     munmap(base, (size_t)length);
     char msg[160];
-    snprintf(msg, sizeof msg, "too many shared-memory regions are mapped (%d); unregister some first",
-             MAX_MAPPINGS);
+    snprintf(msg, sizeof msg,
+             "too many shared-memory regions are mapped (%d); unregister some first", MAX_MAPPINGS);
     return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, msg);
   }
   MappingObject* m = PyObject_New(MappingObject, &MappingType);

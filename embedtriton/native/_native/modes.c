@@ -14,7 +14,7 @@ typedef struct {
 } BatchRecord;
 
 EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatcherInitialize(TRITONBACKEND_Batcher** batcher,
-                                                               TRITONBACKEND_Model* model)
+                                                                TRITONBACKEND_Model* model)
 {
   void* state = NULL;
   TRITONSERVER_Error* err = api.TRITONBACKEND_ModelState(model, &state);
@@ -29,7 +29,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatcherFinalize(TRITONBACKEND_Batc
 }
 
 EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchInitialize(const TRITONBACKEND_Batcher* batcher,
-                                                             void** userp)
+                                                              void** userp)
 {
   BatchRecord* record = calloc(1, sizeof(BatchRecord));
   record->ms = (ModelState*)batcher;
@@ -51,7 +51,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchFinalize(void* userp)
 }
 
 EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelBatchIncludeRequest(TRITONBACKEND_Request* request,
-                                                                 void* userp, bool* should_include)
+                                                                  void* userp, bool* should_include)
 {
   BatchRecord* record = (BatchRecord*)userp;
   *should_include = true;
@@ -88,10 +88,10 @@ static void factory_finish(TRITONBACKEND_ResponseFactory** f, TRITONSERVER_Error
   if (*f == NULL) return;
   if (err != NULL) {
     TRITONBACKEND_Response* response = NULL;
-    if (api.TRITONBACKEND_ResponseNewFromFactory(&response, *f) == NULL)
-      send_final(response, err);
+    if (api.TRITONBACKEND_ResponseNewFromFactory(&response, *f) == NULL) send_final(response, err);
   } else {
-    TRITONSERVER_Error* e = api.TRITONBACKEND_ResponseFactorySendFlags(*f, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
+    TRITONSERVER_Error* e =
+        api.TRITONBACKEND_ResponseFactorySendFlags(*f, TRITONSERVER_RESPONSE_COMPLETE_FINAL);
     if (e) api.TRITONSERVER_ErrorDelete(e);
   }
   api.TRITONBACKEND_ResponseFactoryDelete(*f);
@@ -100,11 +100,12 @@ static void factory_finish(TRITONBACKEND_ResponseFactory** f, TRITONSERVER_Error
 
 static TRITONSERVER_Error* copy_error(TRITONSERVER_Error* err)
 {
-  return api.TRITONSERVER_ErrorNew(api.TRITONSERVER_ErrorCode(err), api.TRITONSERVER_ErrorMessage(err));
+  return api.TRITONSERVER_ErrorNew(api.TRITONSERVER_ErrorCode(err),
+                                   api.TRITONSERVER_ErrorMessage(err));
 }
 
 void run_decoupled(ModelState* ms, TRITONBACKEND_Request** requests, uint32_t count,
-                          PyObject* steps, uint64_t* sizes, TRITONSERVER_Error** errors)
+                   PyObject* steps, uint64_t* sizes, TRITONSERVER_Error** errors)
 {
   TRITONBACKEND_ResponseFactory** factories = calloc(count, sizeof(TRITONBACKEND_ResponseFactory*));
   uint32_t open = 0;
@@ -115,14 +116,16 @@ void run_decoupled(ModelState* ms, TRITONBACKEND_Request** requests, uint32_t co
     } else { /* answer it the plain way */
       TRITONBACKEND_Response* response = NULL;
       factories[i] = NULL;
-      if (api.TRITONBACKEND_ResponseNew(&response, requests[i]) == NULL) send_final(response, errors[i]);
+      if (api.TRITONBACKEND_ResponseNew(&response, requests[i]) == NULL)
+        send_final(response, errors[i]);
     }
   }
   TRITONSERVER_Error* fail = NULL;
   while (open > 0 && fail == NULL) {
     for (uint32_t i = 0; i < count; i++) {
       bool cancelled = false;
-      if (factories[i] && api.TRITONBACKEND_ResponseFactoryIsCancelled(factories[i], &cancelled) == NULL &&
+      if (factories[i] &&
+          api.TRITONBACKEND_ResponseFactoryIsCancelled(factories[i], &cancelled) == NULL &&
           cancelled) {
         factory_finish(&factories[i], NULL);
         errors[i] = new_error(TRITONSERVER_ERROR_CANCELLED, "the caller cancelled the request");
@@ -201,7 +204,7 @@ static int request_ready(TRITONBACKEND_Request* request)
 }
 
 void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
-                          TRITONBACKEND_Request** requests, uint32_t count, uint64_t exec_start)
+                   TRITONBACKEND_Request** requests, uint32_t count, uint64_t exec_start)
 {
   int entered = gil_enter();
   t_deferred = PyDict_New();
@@ -256,14 +259,17 @@ void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
       PyObject* item = PyList_GET_ITEM(result, i);
       out = PyTuple_GET_ITEM(item, 0);
       done = PyObject_IsTrue(PyTuple_GET_ITEM(item, 1)) == 1;
-      if (PyUnicode_Check(out)) err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(out));
+      if (PyUnicode_Check(out))
+        err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(out));
     }
     TRITONBACKEND_ResponseFactory* factory = NULL;
     if (api.TRITONBACKEND_ResponseFactoryNew(&factory, requests[i]) == NULL) {
       bool cancelled = false;
-      if (!done && (take_stream_closed(requests[i]) ||
-                    (api.TRITONBACKEND_RequestIsCancelled(requests[i], &cancelled) == NULL && cancelled))) {
-        PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(requests[i]));
+      if (!done &&
+          (take_stream_closed(requests[i]) ||
+           (api.TRITONBACKEND_RequestIsCancelled(requests[i], &cancelled) == NULL && cancelled))) {
+        PyObject* r =
+            PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(requests[i]));
         Py_XDECREF(r);
         PyErr_Clear();
         done = 1;
@@ -273,17 +279,20 @@ void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
       } else if (out != Py_None) {
         TRITONBACKEND_Response* response = NULL;
         err = api.TRITONBACKEND_ResponseNewFromFactory(&response, factory);
-        if (err == NULL) err = fill_response(ms, requests[i], response, out, sizes[i] ? sizes[i] : 1, i);
+        if (err == NULL)
+          err = fill_response(ms, requests[i], response, out, sizes[i] ? sizes[i] : 1, i);
         if (err != NULL) {
           if (response) send_final(response, err);
-          PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(requests[i]));
+          PyObject* r =
+              PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(requests[i]));
           Py_XDECREF(r);
           PyErr_Clear();
           done = 1;
         } else {
           TRITONSERVER_Error* send_err = api.TRITONBACKEND_ResponseSend(
               response, done ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0, NULL);
-          if (send_err) api.TRITONSERVER_ErrorDelete(send_err), api.TRITONBACKEND_ResponseDelete(response);
+          if (send_err)
+            api.TRITONSERVER_ErrorDelete(send_err), api.TRITONBACKEND_ResponseDelete(response);
         }
         api.TRITONBACKEND_ResponseFactoryDelete(factory);
         factory = NULL;
@@ -293,8 +302,8 @@ void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
       if (factory != NULL) api.TRITONBACKEND_ResponseFactoryDelete(factory);
     }
     if (done) {
-      api.TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[i], err == NULL, exec_start,
-                                                      compute_start, compute_end, now_ns());
+      api.TRITONBACKEND_ModelInstanceReportStatistics(
+          instance, requests[i], err == NULL, exec_start, compute_start, compute_end, now_ns());
       api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
     } else {
       api.TRITONBACKEND_RequestRelease(requests[i], RELEASE_RESCHEDULE);

@@ -13,16 +13,15 @@ int api_loaded = 0;
 TRITONSERVER_ResponseAllocator* allocator = NULL;
 
 /* Hooks installed from Python by set_hooks(). */
-PyObject* g_bindings = NULL;      /* dict: model directory -> Binding */
-PyObject* g_request_type = NULL;  /* embedtriton.binding.Request */
-PyObject* g_make_error = NULL;    /* (code, message) -> TritonError */
-PyObject* g_decode_bytes = NULL;  /* (bytes, shape) -> object array */
-PyObject* g_encode_bytes = NULL;  /* array -> bytes (Triton BYTES) */
-PyObject* g_complete = NULL;      /* our own _complete, for asyncio */
-PyObject* g_request_done = NULL;  /* (request key) -> None: close its generator */
-PyObject* s_call_soon_threadsafe, *s_parameters, *s_execute,
-    *s_max_batch_size, *s_output_specs, *s_name, *s_done, *s_set_result,
-    *s_set_exception;
+PyObject* g_bindings = NULL;     /* dict: model directory -> Binding */
+PyObject* g_request_type = NULL; /* embedtriton.binding.Request */
+PyObject* g_make_error = NULL;   /* (code, message) -> TritonError */
+PyObject* g_decode_bytes = NULL; /* (bytes, shape) -> object array */
+PyObject* g_encode_bytes = NULL; /* array -> bytes (Triton BYTES) */
+PyObject* g_complete = NULL;     /* our own _complete, for asyncio */
+PyObject* g_request_done = NULL; /* (request key) -> None: close its generator */
+PyObject *s_call_soon_threadsafe, *s_parameters, *s_execute, *s_max_batch_size, *s_output_specs,
+    *s_name, *s_done, *s_set_result, *s_set_exception;
 
 /* ---- module ------------------------------------------------------------ */
 
@@ -34,16 +33,16 @@ static PyObject* py_load(PyObject* self, PyObject* arg)
   if (PyErr_Occurred()) return NULL;
   if (api_loaded) Py_RETURN_NONE;
   et_api_t loaded;
-#define ET_RESOLVE(ret, name, params)                                         \
-  *(void**)&loaded.name = dlsym(handle, #name);                               \
-  if (loaded.name == NULL)                                                     \
-    return PyErr_Format(PyExc_RuntimeError,                                    \
-                        "the Triton runtime lacks %s: it is older than 2.51", #name);
+#define ET_RESOLVE(ret, name, params)                                                             \
+  *(void**)&loaded.name = dlsym(handle, #name);                                                   \
+  if (loaded.name == NULL)                                                                        \
+    return PyErr_Format(PyExc_RuntimeError, "the Triton runtime lacks %s: it is older than 2.51", \
+                        #name);
   ET_TRITON_FUNCTIONS(ET_RESOLVE)
 #undef ET_RESOLVE
   api = loaded;
-  TRITONSERVER_Error* err =
-      api.TRITONSERVER_ResponseAllocatorNew(&allocator, response_alloc_fn, response_release_fn, NULL);
+  TRITONSERVER_Error* err = api.TRITONSERVER_ResponseAllocatorNew(&allocator, response_alloc_fn,
+                                                                  response_release_fn, NULL);
   if (err != NULL) return raise_from(err, 1);
   api_loaded = 1;
   Py_RETURN_NONE;
@@ -73,7 +72,8 @@ static PyMethodDef methods[] = {
     {"stream_next", (PyCFunction)(void (*)(void))py_stream_next, METH_FASTCALL,
      "Next response of a stream."},
     {"stream_close", py_stream_close, METH_O, "Close a stream (cancels it if unfinished)."},
-    {"cancel", py_cancel, METH_O, "Cancel a request by the handle submit() gave (cancellable=True)."},
+    {"cancel", py_cancel, METH_O,
+     "Cancel a request by the handle submit() gave (cancellable=True)."},
     {"_complete", py_complete, METH_O, "Finish an asyncio call (event loop side)."},
     {"pending", py_pending, METH_O, "(calls not completed, requests Triton holds) of a server."},
     {"cancel_all", py_cancel_all, METH_O, "Cancel every request Triton holds for a server."},

@@ -123,8 +123,7 @@ int numpy_typenum_of(TRITONSERVER_DataType t);
 uintptr_t dtype_size(TRITONSERVER_DataType t);
 PyObject* raise_triton(int code, const char* message);
 PyObject* raise_from(TRITONSERVER_Error* err, int owned);
-TRITONSERVER_Error* new_error(int code, const char* fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+TRITONSERVER_Error* new_error(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 TRITONSERVER_Error* error_from_python(const char* context);
 
 /* ---- memory.c: output buffers, shared-memory mappings ------------------- */
@@ -183,12 +182,12 @@ typedef struct Call {
   pthread_cond_t cv;
   struct Queued* head;
   struct Queued* tail;
-  int finished;  /* the final flag arrived */
-  int closed;    /* the consumer let go */
+  int finished;                           /* the final flag arrived */
+  int closed;                             /* the consumer let go */
   TRITONSERVER_InferenceRequest* request; /* for cancellation, while not released */
-  int aborted;  /* completed by stop(), not by Triton */
-  int released; /* Triton released the request (under held_lock) */
-  atomic_int done; /* sync calls: WAIT_* */
+  int aborted;                            /* completed by stop(), not by Triton */
+  int released;                           /* Triton released the request (under held_lock) */
+  atomic_int done;                        /* sync calls: WAIT_* */
   _Atomic(TRITONSERVER_InferenceResponse*) response;
   PyObject* loop;
   PyObject* future;
@@ -196,7 +195,7 @@ typedef struct Call {
   PyObject** keep; /* input arrays (and BYTES buffers) Triton reads from */
   PyObject* keep_inline[8];
   Py_ssize_t n_presets;
-  struct Preset* presets; /* outputs to write into the caller's buffers */
+  struct Preset* presets;    /* outputs to write into the caller's buffers */
   struct TraceRecord* trace; /* when traced: Triton's timestamps for this request */
 } Call;
 
@@ -271,7 +270,7 @@ typedef struct {
   char* name;
   int64_t max_batch_size;
   int decoupled;
-  int sequence; /* sequence batcher: control inputs become Request attributes */
+  int sequence;      /* sequence batcher: control inputs become Request attributes */
   PyObject* include; /* custom batching: binding._include(batch, candidate), or NULL */
   PyObject* iterate; /* iterative sequences: binding._iterate(step), or NULL */
   Py_ssize_t n_outputs;

@@ -62,6 +62,7 @@ void call_cancel(Call* c)
   cancel_held_locked(c);
   pthread_mutex_unlock(&held_lock);
 }
+
 /* With the GIL: complete a call that Triton did not complete (claimed by the
  * caller of this): its caller gets an UnavailableError. */
 static void call_abort(Call* c)
@@ -185,6 +186,7 @@ PyObject* py_abort_pending(PyObject* self, PyObject* arg)
   }
   return PyLong_FromLong(n);
 }
+
 /* open_server(handle) / close_server(handle): whether submit() accepts
  * requests for it. close_server waits for submissions under way. */
 PyObject* py_open_server(PyObject* self, PyObject* arg)
@@ -197,7 +199,8 @@ PyObject* py_open_server(PyObject* self, PyObject* arg)
   for (int i = 0; i < MAX_SERVERS && !placed; i++)
     if (servers[i] == NULL) servers[i] = server, placed = 1;
   pthread_rwlock_unlock(&servers_lock);
-  if (!placed) return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, "too many servers running at once");
+  if (!placed)
+    return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, "too many servers running at once");
   Py_RETURN_NONE;
 }
 

@@ -24,7 +24,8 @@ void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t
   pthread_mutex_lock(&c->mu);
   int notify = !c->closed && !c->aborted && c->loop != NULL;
   if (q && !c->closed && !c->aborted) {
-    if (c->tail) c->tail->next = q; else c->head = q;
+    if (c->tail) c->tail->next = q;
+    else c->head = q;
     c->tail = q;
     q = NULL;
   }

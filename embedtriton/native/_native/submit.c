@@ -37,9 +37,9 @@ PyObject* py_cancel(PyObject* self, PyObject* capsule)
 static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
-                               PyObject* parameters, PyObject* loop, PyObject* future,
-                               int stream, PyObject* sequence, int release_gil,
-                               PyObject* trace_sink, int cancellable);
+                               PyObject* parameters, PyObject* loop, PyObject* future, int stream,
+                               PyObject* sequence, int release_gil, PyObject* trace_sink,
+                               int cancellable);
 
 /* submit(server, model, version, inputs, outputs, request_id, priority,
  *        timeout_us, parameters, loop, future[, stream, sequence, release_gil,
@@ -79,7 +79,8 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   /* The common case costs nothing; other mappings and sequences are converted. */
   PyObject* inputs = Py_NewRef(args[3]);
   PyObject* outputs = args[4] == Py_None || PyTuple_Check(args[4]) || PyDict_Check(args[4])
-                          ? Py_NewRef(args[4]) : NULL;
+                          ? Py_NewRef(args[4])
+                          : NULL;
   PyObject* parameters = args[8] == Py_None ? Py_NewRef(Py_None) : NULL;
   int ok = 1;
   if (!PyDict_Check(inputs)) {
@@ -95,8 +96,9 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
     ok = outputs != NULL;
   }
   if (ok && parameters == NULL) {
-    parameters = PyDict_Check(args[8]) ? Py_NewRef(args[8])
-                                       : as_dict(args[8], "parameters must be a mapping of name -> value");
+    parameters = PyDict_Check(args[8])
+                     ? Py_NewRef(args[8])
+                     : as_dict(args[8], "parameters must be a mapping of name -> value");
     ok = parameters != NULL;
   }
   PyObject* result = NULL;
@@ -109,8 +111,8 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
                    "the server is not running; call start() or use 'with server:'");
     } else {
       result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
-                             timeout_us, parameters, loop, args[10], stream, sequence,
-                             release_gil, trace_sink, cancellable);
+                             timeout_us, parameters, loop, args[10], stream, sequence, release_gil,
+                             trace_sink, cancellable);
     }
   }
   Py_XDECREF(inputs);
@@ -122,9 +124,9 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
                                PyObject* inputs, PyObject* outputs, PyObject* request_id,
                                unsigned long long priority, unsigned long long timeout_us,
-                               PyObject* parameters, PyObject* loop, PyObject* future,
-                               int stream, PyObject* sequence, int release_gil,
-                               PyObject* trace_sink, int cancellable)
+                               PyObject* parameters, PyObject* loop, PyObject* future, int stream,
+                               PyObject* sequence, int release_gil, PyObject* trace_sink,
+                               int cancellable)
 {
   TRITONSERVER_InferenceRequest* req = NULL;
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
@@ -196,7 +198,8 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
       PyObject* item = PyTuple_GET_ITEM(outputs, i);
       const char* name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
       if (name == NULL) {
-        raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "outputs must be a sequence of output names (str)");
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                     "outputs must be a sequence of output names (str)");
         goto fail;
       }
       if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
@@ -209,7 +212,8 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   }
   if (sequence != Py_None) {
     PyObject* id = PyTuple_Check(sequence) && PyTuple_GET_SIZE(sequence) == 2
-                       ? PyTuple_GET_ITEM(sequence, 0) : NULL;
+                       ? PyTuple_GET_ITEM(sequence, 0)
+                       : NULL;
     unsigned long flags = id ? PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sequence, 1)) : 0;
     if (id == NULL || PyErr_Occurred()) {
       PyErr_Clear();
@@ -276,7 +280,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
   }
   pthread_rwlock_unlock(&servers_lock);
-  if (err != NULL) { /* Triton did not take the request: no callbacks */
+  if (err != NULL) {        /* Triton did not take the request: no callbacks */
     if (c->trace != NULL) { /* the sink sees no times; Triton drops its side with the request */
       trace_deliver(c->trace);
       c->trace = NULL;

@@ -66,7 +66,8 @@ int wait_for(atomic_int* state, int spin, uint64_t timeout_ns)
   }
   if (spin) atomic_fetch_sub(&spinners, 1);
   int expected = WAIT_PENDING;
-  if (atomic_compare_exchange_strong(state, &expected, WAIT_SLEEPING) || expected == WAIT_SLEEPING) {
+  if (atomic_compare_exchange_strong(state, &expected, WAIT_SLEEPING) ||
+      expected == WAIT_SLEEPING) {
     struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
     while (atomic_load(state) != WAIT_DONE) {
       long r = syscall(SYS_futex, state, FUTEX_WAIT_PRIVATE, WAIT_SLEEPING, timeout_ns ? &ts : NULL,
@@ -102,6 +103,7 @@ int wait_interruptible(atomic_int* state)
   PyEval_RestoreThread(ts);
   return 0;
 }
+
 /* Async completions met inside one execute are handed to each event loop in
  * one call_soon_threadsafe (one wake-up of the loop per batch, not per
  * request): t_deferred maps loop -> list of calls while execute runs. */

@@ -11,8 +11,8 @@ typedef struct TraceRecord {
   uint64_t ts[TRITONSERVER_TRACE_ACTIVITIES];
 } TraceRecord;
 
-static void trace_activity(TRITONSERVER_InferenceTrace* trace, int activity,
-                           uint64_t timestamp_ns, void* userp)
+static void trace_activity(TRITONSERVER_InferenceTrace* trace, int activity, uint64_t timestamp_ns,
+                           void* userp)
 {
   (void)trace;
   TraceRecord* r = (TraceRecord*)userp;
@@ -26,8 +26,8 @@ void trace_deliver(TraceRecord* r)
     PyObject* stamps = PyTuple_New(TRITONSERVER_TRACE_ACTIVITIES);
     for (int i = 0; stamps && i < TRITONSERVER_TRACE_ACTIVITIES; i++)
       PyTuple_SET_ITEM(stamps, i, PyLong_FromUnsignedLongLong(r->ts[i]));
-    PyObject* res = stamps ? PyObject_CallFunction(r->sink, "KN", (unsigned long long)r->id, stamps)
-                           : NULL;
+    PyObject* res =
+        stamps ? PyObject_CallFunction(r->sink, "KN", (unsigned long long)r->id, stamps) : NULL;
     if (res == NULL) PyErr_WriteUnraisable(r->sink);
     Py_XDECREF(res);
     Py_CLEAR(r->sink);
