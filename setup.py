@@ -1,23 +1,51 @@
-"""Builds the native modules: _native (also the Triton backend library) and _h2 (the gRPC transport)."""
+"""Builds the native modules: _native (also the Triton backend library) and _h2 (the gRPC transport).
+
+Each module's C files live in a folder of their own (embedtriton/native/_native/, .../_h2/) with
+one private header; the declarations of the dlopened C APIs are in embedtriton/native/include/."""
+
+from glob import glob
 
 import numpy
 from setuptools import Extension, setup
+
+NATIVE = "embedtriton/native"
+INCLUDE = f"{NATIVE}/include"
+# Hidden by default, and an explicit export list (exports.map, a linker version script): each
+# library exports only what Python and Triton look up in it, never its internal functions.
+CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-fvisibility=hidden"]
+
+
+def exports(module: str) -> list[str]:
+    return [f"-Wl,--version-script={NATIVE}/{module}/exports.map"]
+
+
+def files(pattern: str) -> list[str]:
+    return sorted(glob(pattern))
+
 
 setup(
     ext_modules=[
         Extension(
             "embedtriton._native",
-            sources=["embedtriton/native/_native.c"],
-            depends=["embedtriton/native/triton_api.h"],
-            include_dirs=[numpy.get_include()],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+            sources=files(f"{NATIVE}/_native/*.c"),
+            depends=[
+                *files(f"{NATIVE}/_native/*.h"),
+                f"{INCLUDE}/triton_api.h",
+                f"{INCLUDE}/dlpack.h",
+                f"{NATIVE}/_native/exports.map",
+            ],
+            include_dirs=[INCLUDE, numpy.get_include()],
+            extra_compile_args=CFLAGS,
+            extra_link_args=exports("_native"),
             libraries=["dl", "pthread"],
         ),
         Extension(
             "embedtriton._h2",
-            sources=["embedtriton/native/_h2.c"],
-            depends=["embedtriton/native/nghttp2_api.h"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+            sources=files(f"{NATIVE}/_h2/*.c"),
+            depends=[*files(f"{NATIVE}/_h2/*.h"), f"{INCLUDE}/nghttp2_api.h", f"{NATIVE}/_h2/exports.map"],
+            include_dirs=[INCLUDE],
+            extra_compile_args=CFLAGS,
+            extra_link_args=exports("_h2"),
             libraries=["dl", "pthread"],
         ),
     ]

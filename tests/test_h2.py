@@ -437,7 +437,7 @@ def test_tls_bad_files(certs, tmp_path):
 
 @pytest.mark.parametrize("grace", [0.0, 0.2])
 def test_stop_under_streaming_load_ends_every_call(grace):
-    """Stopping while bidi calls are in flight ends each of them; none may hang (see the GOAWAY note in _h2.c)."""
+    """Stopping while bidi calls are in flight ends each of them; none may hang (see the GOAWAY note in native/_h2/loop.c)."""
     srv = _h2.Server("127.0.0.1", 0, Handler(), MAX, None, None)
     stop = threading.Event()
     longest = []

@@ -1,0 +1,122 @@
+"""Types of embedtriton._native, the per-request data path (C: embedtriton/native/_native/).
+
+Opaque values: a server handle is the int address of a TRITONSERVER_Server (from
+embedtriton._capi); stream and request handles are capsules that only this module reads.
+"""
+
+import asyncio
+from collections import abc
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeAlias, final
+
+from numpy.typing import NDArray
+from typing_extensions import Buffer, CapsuleType
+
+from .binding import Binding, Request
+from .errors import TritonError
+
+_ServerHandle: TypeAlias = int  # a TRITONSERVER_Server*
+_Stream: TypeAlias = CapsuleType  # "embedtriton.stream" (submit(..., stream=True))
+_RequestHandle: TypeAlias = CapsuleType  # "embedtriton.request" (submit(..., cancellable=True))
+_Outputs: TypeAlias = dict[str, NDArray[Any]]  # output name -> array (BYTES: an object array of bytes)
+# A mapping of input name -> numpy array, anything numpy turns into one, or an object with __dlpack__.
+_Inputs: TypeAlias = abc.Mapping[str, Any]
+# None: every output; names; or name -> a writable C-contiguous buffer to write it into (or None).
+_OutputsRequested: TypeAlias = Sequence[str] | abc.Mapping[str, Buffer | None] | None
+_TraceSink: TypeAlias = Callable[[int, tuple[int, ...]], object]  # (trace id, Triton's timestamps)
+
+def load(handle: int, /) -> None:
+    """Resolve the Triton C API from a dlopen handle of libtritonserver (once)."""
+
+def set_hooks(
+    bindings: dict[str, Binding],
+    request_type: type[Request],
+    make_error: Callable[[int, str], TritonError],
+    decode_bytes: Callable[[Any, tuple[int, ...]], NDArray[Any]],
+    encode_bytes: Callable[[NDArray[Any]], bytes],
+    request_done: Callable[[int], object],
+    /,
+) -> None:
+    """Install the Python hooks: bindings by model directory, the Request class, the error
+    factory, the BYTES codec and the callback that ends an iterative request's generator."""
+
+def submit(
+    server: _ServerHandle | None,
+    model: str,
+    version: int,
+    inputs: _Inputs,
+    outputs: _OutputsRequested,
+    request_id: str | None,
+    priority: int | None,
+    timeout_us: int | None,
+    parameters: abc.Mapping[str, str | int | float | bool] | None,
+    loop: asyncio.AbstractEventLoop | None,
+    future: asyncio.Future[_Outputs] | Callable[[], object] | None,
+    stream: bool = False,
+    sequence: tuple[int | str, int] | None = None,
+    release_gil: bool = False,
+    trace_sink: _TraceSink | None = None,
+    cancellable: bool = False,
+    /,
+) -> _Outputs | _Stream | _RequestHandle | None:
+    """Submit one inference request.
+
+    Without a loop: blocks (GIL released) and returns the outputs. With a loop: returns None,
+    or a handle for cancel() when cancellable; the future is resolved on the loop. With
+    stream: returns a stream for stream_next() (with a loop, ``future`` is the callable that
+    wakes the consumer). ``sequence`` is (correlation id, Triton sequence flags).
+    """
+
+def stream_next(stream: _Stream, block: bool, /) -> tuple[Literal[0], _Outputs] | tuple[Literal[1, 2], None]:
+    """The next response of a stream: (0, outputs), (1, None) when none is there yet
+    (block=False) or (2, None) at the end. An error response raises."""
+
+def stream_close(stream: _Stream, /) -> None:
+    """Close a stream (cancels its request if unfinished)."""
+
+def cancel(handle: _RequestHandle, /) -> None:
+    """Cancel a request by the handle submit() gave (cancellable=True)."""
+
+def _complete(calls: list[CapsuleType], /) -> None:
+    """Finish asyncio calls (runs on their event loop)."""
+
+def pending(server: _ServerHandle, /) -> tuple[int, int]:
+    """(calls not completed, requests Triton still holds) of a server."""
+
+def cancel_all(server: _ServerHandle, /) -> int:
+    """Cancel every request Triton holds for a server; returns the count."""
+
+def fail_pending(server: _ServerHandle, /) -> int:
+    """Fail every call of a server that Triton has not completed (stop's deadline); returns the count."""
+
+def abort_pending(server: _ServerHandle, /) -> int:
+    """Fail every call of a deleted server that Triton never completed; returns the count."""
+
+def open_server(server: _ServerHandle, /) -> None:
+    """Accept requests for a server."""
+
+def close_server(server: _ServerHandle, /) -> None:
+    """Stop accepting requests for a server (waits for submissions under way)."""
+
+def drain() -> int:
+    """Delete the requests and responses Triton released long enough ago; returns how many wait."""
+
+def map_shared(fd: int, length: int, /) -> _Mapping:
+    """Map the first length bytes of a shared-memory file read-write, guarded against SIGBUS."""
+
+# The type's name at runtime is embedtriton._native.Mapping, but the module does not export it:
+# map_shared() is the only way to get one.
+@final
+class _Mapping:
+    """A shared-memory file mapped read-write, guarded against SIGBUS (see map_shared)."""
+
+    @property
+    def truncated(self) -> bool:
+        """Whether an access found the file shrunk under the mapping (its data is lost)."""
+    @property
+    def size(self) -> int:
+        """Mapped bytes."""
+    def close(self) -> None:
+        """Unmap (now, or when the last view of it is released)."""
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...

@@ -1,0 +1,188 @@
+/* The Python type embedtriton._h2.Call: one gRPC call (an HTTP/2 stream), with
+ * send() and finish() callable from any thread. */
+#include "h2.h"
+
+#include <stdio.h>
+#include <structmember.h>
+
+/* ------------------------------------------------------------------------ */
+/* Call type                                                                 */
+
+static PyObject* Call_send(CallObject* self, PyObject* arg)
+{
+  ServerObject* srv = self->srv;
+  Py_buffer b;
+  if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+  size_t len = (size_t)b.len;
+  if (len > srv->max_msg || len > UINT32_MAX) {
+    PyBuffer_Release(&b);
+    char m[160];
+    snprintf(m, sizeof m, "response message larger than max (%zu vs. %zu bytes)", len, srv->max_msg);
+    char* enc = percent_encode(m, strlen(m));
+    int w = 0;
+    pthread_mutex_lock(&srv->mu);
+    if (self->st) finish_locked(srv, self->st, 8, enc, 0, &w);
+    else free(enc);
+    pthread_mutex_unlock(&srv->mu);
+    if (w) wake(srv);
+    Py_RETURN_FALSE;
+  }
+  OutBuf* ob = malloc(sizeof *ob + 5 + len);
+  if (!ob) {
+    PyBuffer_Release(&b);
+    return PyErr_NoMemory();
+  }
+  ob->next = NULL;
+  ob->len = 5 + len;
+  ob->off = 0;
+  ob->data[0] = 0;
+  ob->data[1] = (uint8_t)(len >> 24);
+  ob->data[2] = (uint8_t)(len >> 16);
+  ob->data[3] = (uint8_t)(len >> 8);
+  ob->data[4] = (uint8_t)len;
+  memcpy(ob->data + 5, b.buf, len);
+  PyBuffer_Release(&b);
+  int queued = 0, w = 0;
+  pthread_mutex_lock(&srv->mu);
+  Stream* st = self->st;
+  if (st && st->conn && !st->finish_req) {
+    Conn* c = st->conn;
+    /* Bounded buffering: a client that does not read (a zero flow-control window) must not make the server hold
+     * all the application sends. A message always fits when nothing else is queued (on the stream, and on the
+     * connection); beyond max_buffered_bytes per connection, or half of it per stream (so that one stalled stream
+     * leaves room for the others), the call fails: the IO thread resets the stream and drops what it queued.
+     * Not counted: what nghttp2 and the connection's write buffer hold, which does not grow with what the
+     * application sends (at most one DATA frame of 1 MiB, and FLUSH_AT plus a frame). */
+    if ((st->queued && st->queued + ob->len > srv->max_buf_stream) ||
+        (c->queued && c->queued + ob->len > srv->max_buf)) {
+      st->overflow = 1;
+      st->finish_req = 1; /* finish() and later send()s return False; on_cancel follows the reset */
+      w = mark_dirty_locked(srv, st);
+    } else {
+      if (st->pq_tail) st->pq_tail->next = ob;
+      else st->pq_head = ob;
+      st->pq_tail = ob;
+      st->queued += ob->len;
+      c->queued += ob->len;
+      w = mark_dirty_locked(srv, st);
+      queued = 1;
+    }
+  }
+  pthread_mutex_unlock(&srv->mu);
+  if (!queued) free(ob);
+  if (w) wake(srv);
+  return PyBool_FromLong(queued);
+}
+
+static PyObject* Call_finish(CallObject* self, PyObject* args, PyObject* kw)
+{
+  static char* kwlist[] = {"code", "message", NULL};
+  int code;
+  const char* msg = "";
+  Py_ssize_t msglen = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "i|s#:finish", kwlist, &code, &msg, &msglen)) return NULL;
+  ServerObject* srv = self->srv;
+  char* enc = percent_encode(msg, (size_t)msglen);
+  if (!enc) return PyErr_NoMemory();
+  int done = 0, w = 0;
+  pthread_mutex_lock(&srv->mu);
+  if (self->st) done = finish_locked(srv, self->st, code, enc, 1, &w);
+  else free(enc);
+  pthread_mutex_unlock(&srv->mu);
+  if (w) wake(srv);
+  return PyBool_FromLong(done);
+}
+
+static PyObject* Call_get_metadata(CallObject* self, void* closure)
+{
+  (void)closure;
+  if (!self->metadata) {
+    PyObject* list = PyList_New((Py_ssize_t)self->nmeta);
+    if (!list) return NULL;
+    for (size_t i = 0; i < self->nmeta; i++) {
+      const char *k = self->meta[2 * i], *v = self->meta[2 * i + 1];
+      PyObject* t = Py_BuildValue("(NN)", PyUnicode_DecodeLatin1(k, (Py_ssize_t)strlen(k), NULL),
+                                  PyUnicode_DecodeLatin1(v, (Py_ssize_t)strlen(v), NULL));
+      if (!t) {
+        Py_DECREF(list);
+        return NULL;
+      }
+      PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+    }
+    self->metadata = list;
+  }
+  return Py_NewRef(self->metadata);
+}
+
+static PyObject* Call_get_peer(CallObject* self, void* closure)
+{
+  (void)closure;
+  return PyUnicode_FromString(self->peer);
+}
+
+static PyObject* Call_get_user(CallObject* self, void* closure)
+{
+  (void)closure;
+  return Py_NewRef(self->user);
+}
+
+static int Call_set_user(CallObject* self, PyObject* v, void* closure)
+{
+  (void)closure;
+  Py_XSETREF(self->user, Py_NewRef(v ? v : Py_None));
+  return 0;
+}
+
+static int Call_traverse(CallObject* self, visitproc visit, void* arg)
+{
+  Py_VISIT(self->user);
+  Py_VISIT(self->srv);
+  return 0;
+}
+
+static int Call_clear(CallObject* self)
+{
+  Py_CLEAR(self->user);
+  return 0;
+}
+
+static void Call_dealloc(CallObject* self)
+{
+  PyObject_GC_UnTrack(self);
+  /* self->st is NULL here: a live stream holds a reference to its call */
+  Py_CLEAR(self->user);
+  Py_CLEAR(self->method);
+  Py_CLEAR(self->metadata);
+  free_meta(self->meta, self->nmeta);
+  Py_CLEAR(self->srv);
+  PyObject_GC_Del(self);
+}
+
+static PyMethodDef Call_methods[] = {
+    {"send", (PyCFunction)Call_send, METH_O,
+     "send(data) -> bool: queue one response message (thread-safe); False if the call is over"},
+    {"finish", (PyCFunction)(void (*)(void))Call_finish, METH_VARARGS | METH_KEYWORDS,
+     "finish(code, message='') -> bool: end the call with a gRPC status (thread-safe); False if already over"},
+    {NULL, NULL, 0, NULL}};
+
+static PyMemberDef Call_members[] = {{"method", T_OBJECT_EX, offsetof(CallObject, method), READONLY, "the :path"},
+                                     {NULL, 0, 0, 0, NULL}};
+
+static PyGetSetDef Call_getset[] = {
+    {"metadata", (getter)Call_get_metadata, NULL, "request headers other than pseudo-headers", NULL},
+    {"peer", (getter)Call_get_peer, NULL, "the client's address", NULL},
+    {"user", (getter)Call_get_user, (setter)Call_set_user, "free slot for the handler's per-call state", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+PyTypeObject CallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton._h2.Call",
+    .tp_basicsize = sizeof(CallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One gRPC call (an HTTP/2 stream).",
+    .tp_dealloc = (destructor)Call_dealloc,
+    .tp_traverse = (traverseproc)Call_traverse,
+    .tp_clear = (inquiry)Call_clear,
+    .tp_methods = Call_methods,
+    .tp_members = Call_members,
+    .tp_getset = Call_getset,
+};

@@ -1,0 +1,349 @@
+/* A batch's data on the model side: each request's inputs (views of Triton's
+ * buffers, no copy), parameters and sequence controls handed to Python, and the
+ * outputs Python returns checked against the model's config and copied into
+ * Triton's responses. */
+#include "native.h"
+
+#include <stdio.h>
+
+/* With the GIL: a request's parameters as a dict (NULL with *err or an exception). */
+PyObject* read_parameters(TRITONBACKEND_Request* request, TRITONSERVER_Error** err)
+{
+  PyObject* params = PyDict_New();
+  if (params == NULL) return NULL;
+  uint32_t n_params = 0;
+  if ((*err = api.TRITONBACKEND_RequestParameterCount(request, &n_params))) goto fail;
+  for (uint32_t i = 0; i < n_params; i++) {
+    const char* key;
+    TRITONSERVER_ParameterType type;
+    const void* v;
+    if ((*err = api.TRITONBACKEND_RequestParameter(request, i, &key, &type, &v))) goto fail;
+    PyObject* value = NULL;
+    switch (type) {
+      case TRITONSERVER_PARAMETER_STRING: value = PyUnicode_FromString((const char*)v); break;
+      case TRITONSERVER_PARAMETER_INT: value = PyLong_FromLongLong(*(const int64_t*)v); break;
+      case TRITONSERVER_PARAMETER_BOOL: value = PyBool_FromLong(*(const bool*)v); break;
+      case TRITONSERVER_PARAMETER_DOUBLE: value = PyFloat_FromDouble(*(const double*)v); break;
+      default: continue;
+    }
+    if (value == NULL || PyDict_SetItemString(params, key, value) < 0) {
+      Py_XDECREF(value);
+      goto fail;
+    }
+    Py_DECREF(value);
+  }
+  return params;
+fail:
+  Py_DECREF(params);
+  return NULL;
+}
+
+/* With the GIL: the inputs of one request as a Request (a dict subclass).
+ * Views of Triton's buffers are appended to views[] (new references). */
+PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject** views,
+                        Py_ssize_t* n_views, uint64_t* batch_size, TRITONSERVER_Error** err)
+{
+  PyObject* req = PyObject_CallNoArgs(g_request_type);
+  PyObject* params = NULL;
+  if (req == NULL) goto py_fail;
+  uint32_t n_inputs = 0;
+  if ((*err = api.TRITONBACKEND_RequestInputCount(request, &n_inputs))) goto fail;
+  *batch_size = 1;
+  for (uint32_t i = 0; i < n_inputs; i++) {
+    TRITONBACKEND_Input* input;
+    const char* name;
+    TRITONSERVER_DataType dtype;
+    const int64_t* shape;
+    uint32_t ndim, n_buffers;
+    uint64_t byte_size;
+    if ((*err = api.TRITONBACKEND_RequestInputByIndex(request, i, &input)) ||
+        (*err = api.TRITONBACKEND_InputProperties(input, &name, &dtype, &shape, &ndim, &byte_size,
+                                                  &n_buffers)))
+      goto fail;
+    if (ndim > MAX_DIMS) {
+      *err = new_error(TRITONSERVER_ERROR_INVALID_ARG, "input '%s' has too many dimensions", name);
+      goto fail;
+    }
+    if (ms->sequence && strncmp(name, CONTROL_PREFIX, sizeof CONTROL_PREFIX - 1) == 0) {
+      /* a sequence-batcher control input (int32 0/1): a Request attribute */
+      const void* data = NULL;
+      uint64_t size = 0;
+      TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+      int64_t mtype_id = 0;
+      if ((*err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id)))
+        goto fail;
+      int32_t flag = size >= 4 ? *(const int32_t*)data : 0;
+      const char* attr = name + sizeof CONTROL_PREFIX - 1; /* start, end, ready */
+      char full[32];
+      snprintf(full, sizeof full, "sequence_%s", attr);
+      if (PyObject_SetAttrString(req, full, flag ? Py_True : Py_False) < 0) goto py_fail;
+      continue;
+    }
+    if (ms->max_batch_size > 0 && ndim > 0) *batch_size = (uint64_t)shape[0];
+    npy_intp dims[MAX_DIMS];
+    for (uint32_t d = 0; d < ndim; d++) dims[d] = (npy_intp)shape[d];
+    const void* data = NULL;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+    int64_t mtype_id = 0;
+    if (n_buffers == 1 &&
+        (*err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id)))
+      goto fail;
+    PyObject* arr;
+    int typenum = numpy_typenum_of(dtype);
+    if (n_buffers == 1 && mtype != TRITONSERVER_MEMORY_GPU && dtype != TRITONSERVER_TYPE_BYTES &&
+        typenum >= 0) {
+      /* one host buffer: a read-only view, no copy */
+      int flags = NPY_ARRAY_C_CONTIGUOUS;
+      if (((uintptr_t)data % dtype_size(dtype)) == 0) flags |= NPY_ARRAY_ALIGNED;
+      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, (void*)data, 0, flags, NULL);
+      if (arr == NULL) goto py_fail;
+      views[(*n_views)++] = Py_NewRef(arr);
+    } else {
+      /* several buffers (or BYTES): gather into one contiguous copy */
+      char* gathered = malloc(byte_size ? byte_size : 1);
+      uint64_t offset = 0;
+      for (uint32_t b = 0; b < n_buffers; b++) {
+        mtype = TRITONSERVER_MEMORY_CPU;
+        if ((*err = api.TRITONBACKEND_InputBuffer(input, b, &data, &size, &mtype, &mtype_id))) {
+          free(gathered);
+          goto fail;
+        }
+        if (mtype == TRITONSERVER_MEMORY_GPU || offset + size > byte_size) {
+          free(gathered);
+          *err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
+                           "input '%s' arrived in GPU memory or with inconsistent sizes", name);
+          goto fail;
+        }
+        memcpy(gathered + offset, data, size);
+        offset += size;
+      }
+      if (dtype == TRITONSERVER_TYPE_BYTES) {
+        PyObject* shape_t = PyTuple_New(ndim);
+        for (uint32_t d = 0; shape_t && d < ndim; d++)
+          PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
+        PyObject* raw = PyBytes_FromStringAndSize(gathered, (Py_ssize_t)offset);
+        arr = (shape_t && raw) ? PyObject_CallFunctionObjArgs(g_decode_bytes, raw, shape_t, NULL)
+                               : NULL;
+        Py_XDECREF(raw);
+        Py_XDECREF(shape_t);
+        free(gathered);
+      } else if (typenum < 0) {
+        free(gathered);
+        *err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
+                         "input '%s' has datatype %s, which numpy cannot hold", name,
+                         dtype_name(dtype));
+        goto fail;
+      } else {
+        arr = PyArray_SimpleNew((int)ndim, dims, typenum);
+        if (arr) memcpy(PyArray_DATA((PyArrayObject*)arr), gathered, offset);
+        free(gathered);
+      }
+      if (arr == NULL) goto py_fail;
+    }
+    int rc = PyDict_SetItemString(req, name, arr);
+    Py_DECREF(arr);
+    if (rc < 0) goto py_fail;
+  }
+  params = read_parameters(request, err);
+  if (params == NULL) {
+    if (*err != NULL) goto fail;
+    goto py_fail;
+  }
+  if (PyObject_SetAttr(req, s_parameters, params) < 0) goto py_fail;
+  if (ms->sequence) {
+    uint64_t number = 0;
+    const char* text = NULL;
+    PyObject* id = NULL;
+    TRITONSERVER_Error* e = api.TRITONBACKEND_RequestCorrelationId(request, &number);
+    if (e == NULL) {
+      id = PyLong_FromUnsignedLongLong(number);
+    } else {
+      api.TRITONSERVER_ErrorDelete(e);
+      e = api.TRITONBACKEND_RequestCorrelationIdString(request, &text);
+      if (e == NULL) id = PyUnicode_FromString(text ? text : "");
+      else api.TRITONSERVER_ErrorDelete(e), id = Py_NewRef(Py_None);
+    }
+    int rc = id ? PyObject_SetAttrString(req, "correlation_id", id) : -1;
+    Py_XDECREF(id);
+    if (rc < 0) goto py_fail;
+  }
+  Py_DECREF(params);
+  return req;
+py_fail:
+  *err = error_from_python("cannot hand the request to Python");
+fail:
+  Py_XDECREF(req);
+  Py_XDECREF(params);
+  return NULL;
+}
+
+/* With the GIL: check one returned output against its spec. Returns a
+ * C-contiguous array (new reference) or NULL with *err set. */
+static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* value,
+                                   uint64_t batch_size, size_t index, TRITONSERVER_Error** err)
+{
+  /* NOTSWAPPED: a non-native byte order (x.astype(">i8")) is converted, never reinterpreted */
+  PyArrayObject* arr =
+      (PyArrayObject*)PyArray_FROM_OF(value, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_NOTSWAPPED);
+  if (arr == NULL) {
+    *err = error_from_python("output is not an array");
+    return NULL;
+  }
+  TRITONSERVER_DataType got = triton_dtype_of(arr);
+  if (got != o->dtype) {
+    PyObject* d = PyObject_Str((PyObject*)PyArray_DESCR(arr));
+    *err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                     "model '%s' returned output '%s' with dtype %s for request %zu; "
+                     "its config says %s",
+                     ms->name, o->name, d ? PyUnicode_AsUTF8(d) : "?", index, dtype_name(o->dtype));
+    Py_XDECREF(d);
+    Py_DECREF(arr);
+    return NULL;
+  }
+  int batched = ms->max_batch_size > 0;
+  int ndim = PyArray_NDIM(arr);
+  int ok = ndim == o->ndims + batched && ndim <= MAX_DIMS;
+  if (ok && batched) ok = (uint64_t)PyArray_DIM(arr, 0) == batch_size;
+  for (int d = 0; ok && d < o->ndims; d++)
+    ok = o->dims[d] < 0 || o->dims[d] == PyArray_DIM(arr, d + batched);
+  if (!ok) {
+    char want[256], have[256];
+    int w = snprintf(want, sizeof want, "(%s", batched ? "batch" : "");
+    for (int d = 0; d < o->ndims && w < 200; d++)
+      w += snprintf(want + w, sizeof want - w, "%s%lld", (d || batched) ? ", " : "",
+                    (long long)o->dims[d]);
+    snprintf(want + w, sizeof want - w, ")");
+    int h = snprintf(have, sizeof have, "(");
+    for (int d = 0; d < ndim && h < 200; d++)
+      h += snprintf(have + h, sizeof have - h, "%s%lld", d ? ", " : "",
+                    (long long)PyArray_DIM(arr, d));
+    snprintf(have + h, sizeof have - h, ")");
+    *err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                     "model '%s' returned output '%s' with shape %s for request %zu; "
+                     "expected %s%s with batch = %llu",
+                     ms->name, o->name, have, index, want, batched ? "" : " (no batch axis)",
+                     (unsigned long long)batch_size);
+    Py_DECREF(arr);
+    return NULL;
+  }
+  return arr;
+}
+
+/* With the GIL: build request i's response from out (a dict), outputs copied
+ * in. Returns the response to send (NULL if none could be made) and sets
+ * *error when the request failed. */
+TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request,
+                                  TRITONBACKEND_Response* response, PyObject* out,
+                                  uint64_t batch_size, size_t index)
+{
+  TRITONSERVER_Error* err = NULL;
+  /* a padding request: Triton drops its response */
+  if (ms->sequence && out == Py_None) return NULL;
+  if (!PyDict_Check(out)) {
+    err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                    "model '%s' must return one dict of outputs per request; "
+                    "got %s for request %zu",
+                    ms->name, Py_TYPE(out)->tp_name, index);
+    goto send;
+  }
+  uint32_t n_requested = 0;
+  if ((err = api.TRITONBACKEND_RequestOutputCount(request, &n_requested))) goto send;
+  for (uint32_t r = 0; r < n_requested; r++) {
+    const char* name;
+    if ((err = api.TRITONBACKEND_RequestOutputName(request, r, &name))) goto send;
+    OutputSpec* o = NULL;
+    for (Py_ssize_t k = 0; k < ms->n_outputs; k++)
+      if (strcmp(ms->outputs[k].name, name) == 0) o = &ms->outputs[k];
+    PyObject* value = o ? PyDict_GetItemWithError(out, o->name_obj) : NULL;
+    if (value == NULL) {
+      PyErr_Clear();
+      PyObject* keys = PyDict_Keys(out);
+      PyObject* text = keys ? PyObject_Repr(keys) : NULL;
+      err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                      "model '%s' returned no output '%s' for request %zu (it returned %s)",
+                      ms->name, name, index, text ? PyUnicode_AsUTF8(text) : "?");
+      Py_XDECREF(text);
+      Py_XDECREF(keys);
+      goto send;
+    }
+    PyArrayObject* arr = check_output(ms, o, value, batch_size, index, &err);
+    if (arr == NULL) goto send;
+    PyObject* bytes = NULL;
+    const void* data = PyArray_DATA(arr);
+    size_t nbytes = (size_t)PyArray_NBYTES(arr);
+    if (o->dtype == TRITONSERVER_TYPE_BYTES) {
+      bytes = PyObject_CallOneArg(g_encode_bytes, (PyObject*)arr);
+      if (bytes == NULL) {
+        Py_DECREF(arr);
+        err = error_from_python("cannot serialize a BYTES output");
+        goto send;
+      }
+      data = PyBytes_AS_STRING(bytes);
+      nbytes = (size_t)PyBytes_GET_SIZE(bytes);
+    }
+    int64_t shape[MAX_DIMS];
+    int ndim = PyArray_NDIM(arr);
+    for (int d = 0; d < ndim; d++) shape[d] = PyArray_DIM(arr, d);
+    TRITONBACKEND_Output* output;
+    void* buffer;
+    TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+    int64_t mtype_id = 0;
+    err =
+        api.TRITONBACKEND_ResponseOutput(response, &output, name, o->dtype, shape, (uint32_t)ndim);
+    if (err == NULL)
+      err = api.TRITONBACKEND_OutputBuffer(output, &buffer, nbytes, &mtype, &mtype_id);
+    if (err == NULL && mtype == TRITONSERVER_MEMORY_GPU)
+      err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
+                      "output '%s' was given GPU memory; host outputs only here", name);
+    if (err == NULL && nbytes) memcpy(buffer, data, nbytes);
+    Py_XDECREF(bytes);
+    Py_DECREF(arr);
+    if (err != NULL) goto send;
+  }
+send:
+  return err;
+}
+
+TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request, PyObject* out,
+                                uint64_t batch_size, size_t index, TRITONSERVER_Error** error)
+{
+  TRITONBACKEND_Response* response = NULL;
+  *error = api.TRITONBACKEND_ResponseNew(&response, request);
+  if (*error != NULL) return NULL;
+  /* the caller sends the error, reports it in the statistics and deletes it */
+  *error = fill_response(ms, request, response, out, batch_size, index);
+  return response;
+}
+
+void send_final(TRITONBACKEND_Response* response, TRITONSERVER_Error* err)
+{
+  TRITONSERVER_Error* send_err =
+      api.TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);
+  if (send_err != NULL) {
+    api.TRITONSERVER_ErrorDelete(send_err);
+    api.TRITONBACKEND_ResponseDelete(response);
+  }
+}
+
+/* An input view that the callable kept a reference to must outlive Triton's
+ * buffer: give it its own copy of the data before the request is released. */
+void detach_view(PyArrayObject* arr)
+{
+  if (Py_REFCNT(arr) <= 1) return;
+  size_t n = (size_t)PyArray_NBYTES(arr);
+  void* copy = malloc(n ? n : 1);
+  PyObject* owner = copy ? PyCapsule_New(copy, "embedtriton.block", NULL) : NULL;
+  if (owner == NULL) {
+    free(copy);
+    PyErr_Clear();
+    return;
+  }
+  memcpy(copy, PyArray_DATA(arr), n);
+  PyCapsule_SetPointer(owner, copy);
+  PyCapsule_SetDestructor(owner, (PyCapsule_Destructor)NULL);
+  /* free through the capsule destructor: */
+  PyCapsule_SetDestructor(owner, free_block_capsule);
+  ((PyArrayObject_fields*)arr)->data = copy;
+  if (PyArray_SetBaseObject(arr, owner) < 0) PyErr_Clear();
+}

@@ -1,0 +1,135 @@
+/* Conversions: Triton datatypes to and from numpy's, and errors between Triton
+ * (TRITONSERVER_Error) and Python (the TritonError subclasses). */
+#include "native.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static const char* const dtype_names[] = {"INVALID", "BOOL", "UINT8", "UINT16", "UINT32",
+                                          "UINT64",  "INT8", "INT16", "INT32",  "INT64",
+                                          "FP16",    "FP32", "FP64",  "BYTES",  "BF16"};
+
+const char* dtype_name(int t)
+{
+  return (t >= 0 && t <= TRITONSERVER_TYPE_BF16) ? dtype_names[t] : "INVALID";
+}
+
+/* ---- dtype mapping ----------------------------------------------------- */
+
+/* Triton datatype of a numpy array; BYTES for object/bytes/str arrays. */
+TRITONSERVER_DataType triton_dtype_of(PyArrayObject* a)
+{
+  PyArray_Descr* d = PyArray_DESCR(a);
+  npy_intp size = PyArray_ITEMSIZE(a);
+  switch (d->kind) {
+    case 'b': return TRITONSERVER_TYPE_BOOL;
+    case 'i':
+      return size == 1   ? TRITONSERVER_TYPE_INT8
+             : size == 2 ? TRITONSERVER_TYPE_INT16
+             : size == 4 ? TRITONSERVER_TYPE_INT32
+             : size == 8 ? TRITONSERVER_TYPE_INT64
+                         : TRITONSERVER_TYPE_INVALID;
+    case 'u':
+      return size == 1   ? TRITONSERVER_TYPE_UINT8
+             : size == 2 ? TRITONSERVER_TYPE_UINT16
+             : size == 4 ? TRITONSERVER_TYPE_UINT32
+             : size == 8 ? TRITONSERVER_TYPE_UINT64
+                         : TRITONSERVER_TYPE_INVALID;
+    case 'f':
+      return size == 2   ? TRITONSERVER_TYPE_FP16
+             : size == 4 ? TRITONSERVER_TYPE_FP32
+             : size == 8 ? TRITONSERVER_TYPE_FP64
+                         : TRITONSERVER_TYPE_INVALID;
+    case 'O':
+    case 'S':
+    case 'U': return TRITONSERVER_TYPE_BYTES;
+    default: return TRITONSERVER_TYPE_INVALID;
+  }
+}
+
+int numpy_typenum_of(TRITONSERVER_DataType t)
+{
+  switch (t) {
+    case TRITONSERVER_TYPE_BOOL: return NPY_BOOL;
+    case TRITONSERVER_TYPE_UINT8: return NPY_UINT8;
+    case TRITONSERVER_TYPE_UINT16: return NPY_UINT16;
+    case TRITONSERVER_TYPE_UINT32: return NPY_UINT32;
+    case TRITONSERVER_TYPE_UINT64: return NPY_UINT64;
+    case TRITONSERVER_TYPE_INT8: return NPY_INT8;
+    case TRITONSERVER_TYPE_INT16: return NPY_INT16;
+    case TRITONSERVER_TYPE_INT32: return NPY_INT32;
+    case TRITONSERVER_TYPE_INT64: return NPY_INT64;
+    case TRITONSERVER_TYPE_FP16: return NPY_FLOAT16;
+    case TRITONSERVER_TYPE_FP32: return NPY_FLOAT32;
+    case TRITONSERVER_TYPE_FP64: return NPY_FLOAT64;
+    default: return -1;
+  }
+}
+
+uintptr_t dtype_size(TRITONSERVER_DataType t)
+{
+  switch (t) {
+    case TRITONSERVER_TYPE_UINT16:
+    case TRITONSERVER_TYPE_INT16:
+    case TRITONSERVER_TYPE_FP16: return 2;
+    case TRITONSERVER_TYPE_UINT32:
+    case TRITONSERVER_TYPE_INT32:
+    case TRITONSERVER_TYPE_FP32: return 4;
+    case TRITONSERVER_TYPE_UINT64:
+    case TRITONSERVER_TYPE_INT64:
+    case TRITONSERVER_TYPE_FP64: return 8;
+    default: return 1;
+  }
+}
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Raise the TritonError subclass for code with message; returns NULL. Replaces
+ * any exception already set (calling into Python with one set is an error). */
+PyObject* raise_triton(int code, const char* message)
+{
+  PyErr_Clear();
+  PyObject* exc = PyObject_CallFunction(g_make_error, "is", code, message);
+  if (exc != NULL) {
+    PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+  }
+  return NULL;
+}
+
+/* Raise from a Triton error; deletes it when owned. */
+PyObject* raise_from(TRITONSERVER_Error* err, int owned)
+{
+  raise_triton(api.TRITONSERVER_ErrorCode(err), api.TRITONSERVER_ErrorMessage(err));
+  if (owned) api.TRITONSERVER_ErrorDelete(err);
+  return NULL;
+}
+
+TRITONSERVER_Error* new_error(int code, const char* fmt, ...)
+{
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return api.TRITONSERVER_ErrorNew((TRITONSERVER_Error_Code)code, msg);
+}
+
+/* The pending Python exception as an INTERNAL Triton error (clears it). */
+TRITONSERVER_Error* error_from_python(const char* context)
+{
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyObject* text = value ? PyObject_Str(value) : NULL;
+  const char* msg = text ? PyUnicode_AsUTF8(text) : NULL;
+  TRITONSERVER_Error* err =
+      new_error(TRITONSERVER_ERROR_INTERNAL, "%s: %s: %s", context,
+                type ? ((PyTypeObject*)type)->tp_name : "error", msg ? msg : "");
+  PyErr_Clear();
+  Py_XDECREF(text);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  return err;
+}

@@ -1,0 +1,124 @@
+/* The Python module embedtriton._native: the Triton API resolved from the
+ * runtime Python loaded, the hooks Python installs, and the module's function
+ * table (the functions themselves live in the other files, see native.h). */
+#define NATIVE_IMPORTS_ARRAY /* this file's import_array() fills the numpy API table */
+#include "native.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+et_api_t api;
+int api_loaded = 0;
+TRITONSERVER_ResponseAllocator* allocator = NULL;
+
+/* Hooks installed from Python by set_hooks(). */
+PyObject* g_bindings = NULL;     /* dict: model directory -> Binding */
+PyObject* g_request_type = NULL; /* embedtriton.binding.Request */
+PyObject* g_make_error = NULL;   /* (code, message) -> TritonError */
+PyObject* g_decode_bytes = NULL; /* (bytes, shape) -> object array */
+PyObject* g_encode_bytes = NULL; /* array -> bytes (Triton BYTES) */
+PyObject* g_complete = NULL;     /* our own _complete, for asyncio */
+PyObject* g_request_done = NULL; /* (request key) -> None: close its generator */
+PyObject *s_call_soon_threadsafe, *s_parameters, *s_execute, *s_max_batch_size, *s_output_specs,
+    *s_name, *s_done, *s_set_result, *s_set_exception;
+
+/* ---- module ------------------------------------------------------------ */
+
+/* load(handle): resolve the Triton functions from the runtime Python loaded. */
+static PyObject* py_load(PyObject* self, PyObject* arg)
+{
+  (void)self;
+  void* handle = PyLong_AsVoidPtr(arg);
+  if (PyErr_Occurred()) return NULL;
+  if (api_loaded) Py_RETURN_NONE;
+  et_api_t loaded;
+#define ET_RESOLVE(ret, name, params)                                                             \
+  *(void**)&loaded.name = dlsym(handle, #name);                                                   \
+  if (loaded.name == NULL)                                                                        \
+    return PyErr_Format(PyExc_RuntimeError, "the Triton runtime lacks %s: it is older than 2.51", \
+                        #name);
+  ET_TRITON_FUNCTIONS(ET_RESOLVE)
+#undef ET_RESOLVE
+  api = loaded;
+  TRITONSERVER_Error* err = api.TRITONSERVER_ResponseAllocatorNew(&allocator, response_alloc_fn,
+                                                                  response_release_fn, NULL);
+  if (err != NULL) return raise_from(err, 1);
+  api_loaded = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject* py_set_hooks(PyObject* self, PyObject* args)
+{
+  (void)self;
+  PyObject *bindings, *request_type, *make_error, *decode, *encode, *request_done;
+  if (!PyArg_ParseTuple(args, "O!OOOOO", &PyDict_Type, &bindings, &request_type, &make_error,
+                        &decode, &encode, &request_done))
+    return NULL;
+  Py_XSETREF(g_request_done, Py_NewRef(request_done));
+  Py_XSETREF(g_bindings, Py_NewRef(bindings));
+  Py_XSETREF(g_request_type, Py_NewRef(request_type));
+  Py_XSETREF(g_make_error, Py_NewRef(make_error));
+  Py_XSETREF(g_decode_bytes, Py_NewRef(decode));
+  Py_XSETREF(g_encode_bytes, Py_NewRef(encode));
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"load", py_load, METH_O, "Resolve the Triton C API from a dlopen handle."},
+    {"set_hooks", py_set_hooks, METH_VARARGS, "Install the Python hooks."},
+    {"submit", (PyCFunction)(void (*)(void))py_submit, METH_FASTCALL,
+     "Submit one inference request."},
+    {"stream_next", (PyCFunction)(void (*)(void))py_stream_next, METH_FASTCALL,
+     "Next response of a stream."},
+    {"stream_close", py_stream_close, METH_O, "Close a stream (cancels it if unfinished)."},
+    {"cancel", py_cancel, METH_O,
+     "Cancel a request by the handle submit() gave (cancellable=True)."},
+    {"_complete", py_complete, METH_O, "Finish an asyncio call (event loop side)."},
+    {"pending", py_pending, METH_O, "(calls not completed, requests Triton holds) of a server."},
+    {"cancel_all", py_cancel_all, METH_O, "Cancel every request Triton holds for a server."},
+    {"fail_pending", py_fail_pending, METH_O,
+     "Fail every call of a server that Triton has not completed (stop's deadline)."},
+    {"abort_pending", py_abort_pending, METH_O,
+     "Fail every call of a deleted server that Triton never completed."},
+    {"open_server", py_open_server, METH_O, "Accept requests for a server."},
+    {"close_server", py_close_server, METH_O, "Stop accepting requests for a server."},
+    {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
+    {"map_shared", py_map_shared, METH_VARARGS,
+     "map_shared(fd, length) -> Mapping: map a shared-memory file, guarded against SIGBUS."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
+
+#define INTERN(var, text) \
+  if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+  import_array();
+  const char* spin = getenv("EMBEDTRITON_SPIN_US");
+  if (spin != NULL) spin_ns = strtoull(spin, NULL, 10) * 1000;
+  long page = sysconf(_SC_PAGESIZE);
+  if (page > 0) page_size = (uintptr_t)page;
+  if (PyType_Ready(&MappingType) < 0) return NULL;
+  PyObject* m = PyModule_Create(&module);
+  if (m == NULL) return NULL;
+  INTERN(s_call_soon_threadsafe, "call_soon_threadsafe");
+  INTERN(s_parameters, "parameters");
+  INTERN(s_execute, "execute");
+  INTERN(s_max_batch_size, "max_batch_size");
+  INTERN(s_output_specs, "output_specs");
+  INTERN(s_name, "name");
+  INTERN(s_done, "done");
+  INTERN(s_set_result, "set_result");
+  INTERN(s_set_exception, "set_exception");
+  g_complete = PyObject_GetAttrString(m, "_complete");
+  if (g_complete == NULL) return NULL;
+  PyObject* threading = PyImport_ImportModule("threading");
+  PyObject* main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+  PyObject* ident = main ? PyObject_GetAttrString(main, "ident") : NULL;
+  main_thread_ident = ident ? PyLong_AsUnsignedLong(ident) : 0;
+  Py_XDECREF(ident), Py_XDECREF(main), Py_XDECREF(threading);
+  if (PyErr_Occurred()) return NULL;
+  return m;
+}

@@ -1,0 +1,295 @@
+/* embedtriton's native module: the per-request data path.
+ *
+ * One shared library with two faces:
+ *  - a CPython extension (embedtriton._native) that builds inference requests
+ *    from numpy arrays, hands them to TRITONSERVER_ServerInferAsync and turns
+ *    responses into numpy arrays (caller side);
+ *  - the Triton backend "embedtriton" (TRITONBACKEND_* entry points): Triton
+ *    dlopens this same file and calls TRITONBACKEND_ModelInstanceExecute with a
+ *    batch of requests, which we hand to the bound Python callable once per
+ *    batch (model side).
+ *
+ * The control plane (server options, loading, metadata) stays in Python
+ * (embedtriton/_capi.py). Triton functions are resolved with dlsym() from the
+ * runtime that Python loaded (et_load), so nothing links against Triton.
+ *
+ * This header is private to the files beside it: the types they share, their
+ * shared globals (each defined in the file named in its section) and the
+ * functions one file calls in another. Everything else in them is static.
+ * Each file includes it first: Python.h must come before the system headers.
+ *
+ *   module.c     the module: load(), set_hooks(), the function table
+ *   threads.c    the GIL on Triton's threads, waiting, batched wake-ups
+ *   convert.c    dtype mapping, errors
+ *   memory.c     response allocator, shared-memory mappings (SIGBUS guard)
+ *   calls.c      calls in flight: references, callbacks, results
+ *   servers.c    open servers, the calls Triton holds, stop()'s helpers
+ *   streams.c    several responses per call
+ *   graveyard.c  deleting requests and responses late
+ *   trace.c      Triton's timestamps for one request
+ *   inputs.c     inputs (numpy, DLPack) and parameters of a request
+ *   submit.c     submit(), cancel()
+ *   backend.c    the backend: models, execute
+ *   batch_io.c   a batch's inputs to Python, its outputs to Triton
+ *   modes.c      batch rules, decoupled models, iterative sequences */
+#ifndef EMBEDTRITON_NATIVE_H
+#define EMBEDTRITON_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define NPY_TARGET_VERSION NPY_1_22_API_VERSION
+/* One numpy API table for all the files, filled by module.c's import_array(). */
+#define PY_ARRAY_UNIQUE_SYMBOL embedtriton_native_ARRAY_API
+#ifndef NATIVE_IMPORTS_ARRAY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "triton_api.h"
+
+/* The TRITONBACKEND_* entry points Triton looks up (listed in exports.map too). */
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DIMS 32
+#define CONTROL_PREFIX "_embedtriton_"
+#define RELEASE_RESCHEDULE 2 /* TRITONSERVER_REQUEST_RELEASE_RESCHEDULE */
+
+/* ---- module.c: the Triton API and the Python hooks ---------------------- */
+
+extern et_api_t api;
+extern int api_loaded;
+extern TRITONSERVER_ResponseAllocator* allocator;
+
+/* Hooks installed from Python by set_hooks(). */
+extern PyObject* g_bindings;     /* dict: model directory -> Binding */
+extern PyObject* g_request_type; /* embedtriton.binding.Request */
+extern PyObject* g_make_error;   /* (code, message) -> TritonError */
+extern PyObject* g_decode_bytes; /* (bytes, shape) -> object array */
+extern PyObject* g_encode_bytes; /* array -> bytes (Triton BYTES) */
+extern PyObject* g_complete;     /* our own _complete, for asyncio */
+extern PyObject* g_request_done; /* (request key) -> None: close its generator */
+/* Interned attribute and method names. */
+extern PyObject *s_call_soon_threadsafe, *s_parameters, *s_execute, *s_max_batch_size,
+    *s_output_specs, *s_name, *s_done, *s_set_result, *s_set_exception;
+
+static inline uint64_t now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- threads.c: the GIL, waiting, batched wake-ups ---------------------- */
+
+/* A waiting caller's state (Call.done). */
+enum { WAIT_PENDING = 0, WAIT_DONE = 1, WAIT_SLEEPING = 2 };
+/* A main thread waiting for Triton wakes this often to run signal handlers. */
+#define SIGNAL_CHECK_NS 50000000ull
+
+extern __thread int t_gil_depth; /* > 0 while gil_enter() holds the GIL on this thread */
+extern uint64_t spin_ns;         /* EMBEDTRITON_SPIN_US overrides */
+extern atomic_int in_flight;     /* calls handed to Triton, not yet complete */
+extern unsigned long main_thread_ident;
+/* Inside one execute: async completions per event loop (loop -> list of
+ * calls), and the sync callers to wake once it lets go of the GIL. */
+extern __thread PyObject* t_deferred;
+extern __thread atomic_int** t_wake;
+extern __thread size_t t_wake_len, t_wake_cap;
+extern __thread int t_in_execute;
+
+int gil_enter(void);
+void gil_leave(int entered);
+void wait_signal(atomic_int* state);
+int wait_for(atomic_int* state, int spin, uint64_t timeout_ns);
+int on_main_thread(void);
+int wait_interruptible(atomic_int* state);
+struct Call;
+void schedule_async(struct Call* c);
+void flush_deferred(void);
+void flush_wakes(void);
+
+/* ---- convert.c: dtypes and errors --------------------------------------- */
+
+const char* dtype_name(int t);
+TRITONSERVER_DataType triton_dtype_of(PyArrayObject* a);
+int numpy_typenum_of(TRITONSERVER_DataType t);
+uintptr_t dtype_size(TRITONSERVER_DataType t);
+PyObject* raise_triton(int code, const char* message);
+PyObject* raise_from(TRITONSERVER_Error* err, int owned);
+TRITONSERVER_Error* new_error(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+TRITONSERVER_Error* error_from_python(const char* context);
+
+/* ---- memory.c: output buffers, shared-memory mappings ------------------- */
+
+/* An output buffer's ticket (its buffer_userp), see the response allocator. */
+typedef struct {
+  void* block;
+  int taken;
+} Ticket;
+
+/* An output the caller asked to receive in its own writable buffer (e.g. a
+ * client's shared-memory region): Triton's output buffer is that memory. */
+typedef struct Preset {
+  const char* name; /* the UTF-8 of a key of the caller's dict (kept alive by owner) */
+  PyObject* owner;  /* the caller's outputs dict */
+  PyObject* target; /* the buffer object */
+  Py_buffer view;
+} Preset;
+
+extern uintptr_t page_size;
+extern PyTypeObject MappingType;
+
+TRITONSERVER_Error* response_alloc_fn(TRITONSERVER_ResponseAllocator* a, const char* tensor_name,
+                                      size_t byte_size, TRITONSERVER_MemoryType memory_type,
+                                      int64_t memory_type_id, void* userp, void** buffer,
+                                      void** buffer_userp,
+                                      TRITONSERVER_MemoryType* actual_memory_type,
+                                      int64_t* actual_memory_type_id);
+TRITONSERVER_Error* response_release_fn(TRITONSERVER_ResponseAllocator* a, void* buffer,
+                                        void* buffer_userp, size_t byte_size,
+                                        TRITONSERVER_MemoryType memory_type,
+                                        int64_t memory_type_id);
+void free_block_capsule(PyObject* capsule);
+PyObject* py_map_shared(PyObject* self, PyObject* args);
+
+/* ---- calls.c: calls in flight (caller side) ----------------------------- */
+
+typedef struct Queued {
+  struct Queued* next;
+  TRITONSERVER_InferenceResponse* response;
+} Queued;
+
+typedef struct Call {
+  struct Call *prev, *next; /* the held list (Triton holds the request), for stop() */
+  TRITONSERVER_Server* server;
+  /* The caller's side, Triton's release of the request and Triton's final
+   * response each hold one: a caller that was let go early (stop's deadline,
+   * Ctrl-C) leaves the call to Triton's late callbacks. */
+  atomic_int refs;
+  atomic_int completed; /* one-shot: the caller was completed (by Triton or by stop) */
+  int finalized;        /* Triton delivered the final response */
+  int is_async;
+  /* streams (several responses): a queue the consumer pops, under mu */
+  int is_stream;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct Queued* head;
+  struct Queued* tail;
+  int finished;                           /* the final flag arrived */
+  int closed;                             /* the consumer let go */
+  TRITONSERVER_InferenceRequest* request; /* for cancellation, while not released */
+  int aborted;                            /* completed by stop(), not by Triton */
+  int released;                           /* Triton released the request (under held_lock) */
+  atomic_int done;                        /* sync calls: WAIT_* */
+  _Atomic(TRITONSERVER_InferenceResponse*) response;
+  PyObject* loop;
+  PyObject* future;
+  Py_ssize_t n_keep;
+  PyObject** keep; /* input arrays (and BYTES buffers) Triton reads from */
+  PyObject* keep_inline[8];
+  Py_ssize_t n_presets;
+  struct Preset* presets;    /* outputs to write into the caller's buffers */
+  struct TraceRecord* trace; /* when traced: Triton's timestamps for this request */
+} Call;
+
+void call_unref(Call* c);
+const Preset* call_preset(struct Call* c, const char* name);
+void call_drop_inputs(Call* c);
+void call_free(Call* c);
+int call_claim(Call* c);
+void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
+void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
+PyObject* call_collect(Call* c);
+PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c);
+PyObject* py_complete(PyObject* self, PyObject* calls);
+
+/* ---- servers.c: open servers and the calls Triton holds ----------------- */
+
+extern pthread_rwlock_t servers_lock;
+
+int server_is_open(TRITONSERVER_Server* s);
+void held_add(Call* c);
+void held_release(Call* c);
+void call_cancel(Call* c);
+PyObject* py_pending(PyObject* self, PyObject* arg);
+PyObject* py_cancel_all(PyObject* self, PyObject* arg);
+PyObject* py_fail_pending(PyObject* self, PyObject* arg);
+PyObject* py_abort_pending(PyObject* self, PyObject* arg);
+PyObject* py_open_server(PyObject* self, PyObject* arg);
+PyObject* py_close_server(PyObject* self, PyObject* arg);
+
+/* ---- streams.c: several responses per call ------------------------------ */
+
+void wake_stream_consumer(Call* c);
+void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags);
+PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+void mark_stream_closed(void* request);
+int take_stream_closed(void* request);
+PyObject* py_stream_close(PyObject* self, PyObject* capsule);
+
+/* ---- graveyard.c: late deletes ------------------------------------------ */
+
+void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
+long drain_graveyard(void);
+PyObject* py_drain(PyObject* self, PyObject* unused);
+
+/* ---- trace.c: timestamps ------------------------------------------------ */
+
+struct TraceRecord;
+void trace_deliver(struct TraceRecord* r);
+TRITONSERVER_InferenceTrace* trace_new(PyObject* sink, struct TraceRecord** record);
+
+/* ---- inputs.c, submit.c: requests from Python --------------------------- */
+
+PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject* value);
+TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req, PyObject* key,
+                                  PyObject* value);
+PyObject* py_cancel(PyObject* self, PyObject* capsule);
+PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+/* ---- backend.c, batch_io.c, modes.c: the model side --------------------- */
+
+typedef struct {
+  char* name;
+  PyObject* name_obj;
+  TRITONSERVER_DataType dtype;
+  int ndims;
+  int64_t dims[MAX_DIMS];
+} OutputSpec;
+
+typedef struct {
+  PyObject* binding;
+  PyObject* execute;
+  char* name;
+  int64_t max_batch_size;
+  int decoupled;
+  int sequence;      /* sequence batcher: control inputs become Request attributes */
+  PyObject* include; /* custom batching: binding._include(batch, candidate), or NULL */
+  PyObject* iterate; /* iterative sequences: binding._iterate(step), or NULL */
+  Py_ssize_t n_outputs;
+  OutputSpec* outputs;
+} ModelState;
+
+PyObject* read_parameters(TRITONBACKEND_Request* request, TRITONSERVER_Error** err);
+PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject** views,
+                        Py_ssize_t* n_views, uint64_t* batch_size, TRITONSERVER_Error** err);
+TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request,
+                                  TRITONBACKEND_Response* response, PyObject* out,
+                                  uint64_t batch_size, size_t index);
+TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request, PyObject* out,
+                                uint64_t batch_size, size_t index, TRITONSERVER_Error** error);
+void send_final(TRITONBACKEND_Response* response, TRITONSERVER_Error* err);
+void detach_view(PyArrayObject* arr);
+void run_decoupled(ModelState* ms, TRITONBACKEND_Request** requests, uint32_t count,
+                   PyObject* steps, uint64_t* sizes, TRITONSERVER_Error** errors);
+void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                   TRITONBACKEND_Request** requests, uint32_t count, uint64_t exec_start);
+
+#endif

@@ -1,0 +1,150 @@
+/* Streams: a call with several responses (decoupled and iterative models),
+ * queued for the consumer that pops them (stream_next) until it closes the
+ * stream or the final response arrives. */
+#include "native.h"
+
+#include <errno.h>
+
+/* An asyncio stream consumer: wake its loop (loop and the wake-up callable live
+ * until the call is freed). */
+void wake_stream_consumer(Call* c)
+{
+  int entered = gil_enter();
+  PyObject* r = PyObject_CallMethodObjArgs(c->loop, s_call_soon_threadsafe, c->future, NULL);
+  if (r == NULL) PyErr_Clear(); /* the loop is closed */
+  Py_XDECREF(r);
+  gil_leave(entered);
+}
+
+void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
+{
+  Queued* q = response ? malloc(sizeof(Queued)) : NULL;
+  if (q) q->next = NULL, q->response = response;
+  int final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
+  pthread_mutex_lock(&c->mu);
+  int notify = !c->closed && !c->aborted && c->loop != NULL;
+  if (q && !c->closed && !c->aborted) {
+    if (c->tail) c->tail->next = q;
+    else c->head = q;
+    c->tail = q;
+    q = NULL;
+  }
+  if (final) {
+    c->finalized = 1;
+    if (call_claim(c)) c->finished = 1;
+  }
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (q) { /* nobody reads it any more */
+    bury(NULL, q->response);
+    free(q);
+  }
+  if (notify) wake_stream_consumer(c);
+  if (final) call_unref(c); /* Triton's final response */
+}
+
+/* stream_next(stream, block) -> (0, outputs) | (1, None) when nothing is
+ * there yet (block=False) | (2, None) at the end. An error response raises. */
+PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
+{
+  (void)self;
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "stream_next() takes 2 arguments");
+    return NULL;
+  }
+  Call* c = (Call*)PyCapsule_GetPointer(args[0], "embedtriton.stream");
+  if (c == NULL) return NULL;
+  int block = PyObject_IsTrue(args[1]) == 1;
+  Queued* q = NULL;
+  int finished = 0;
+  int main = block && on_main_thread();
+  PyThreadState* saved = block ? PyEval_SaveThread() : NULL; /* never wait for the GIL holding mu */
+  pthread_mutex_lock(&c->mu);
+  while (block && c->head == NULL && !c->finished) {
+    if (!main) {
+      pthread_cond_wait(&c->cv, &c->mu);
+      continue;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += (long)SIGNAL_CHECK_NS;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT) { /* run signal handlers */
+      pthread_mutex_unlock(&c->mu);
+      PyEval_RestoreThread(saved);
+      if (PyErr_CheckSignals() < 0) return NULL; /* Ctrl-C: the iterator closes the stream */
+      saved = PyEval_SaveThread();
+      pthread_mutex_lock(&c->mu);
+    }
+  }
+  q = c->head;
+  if (q != NULL) {
+    c->head = q->next;
+    if (c->head == NULL) c->tail = NULL;
+  }
+  finished = c->finished;
+  pthread_mutex_unlock(&c->mu);
+  if (saved) PyEval_RestoreThread(saved);
+  if (q == NULL) {
+    if (finished && c->aborted)
+      return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                          "the server stopped before this stream completed");
+    return Py_BuildValue("(iO)", finished ? 2 : 1, Py_None);
+  }
+  PyObject* outputs = collect_response(q->response, c);
+  bury(NULL, q->response);
+  free(q);
+  if (outputs == NULL) return NULL;
+  PyObject* r = Py_BuildValue("(iN)", 0, outputs);
+  return r;
+}
+
+/* Streams whose consumer left while Triton still held the request. Triton's
+ * cancellation flag does not reliably survive a RESCHEDULE release, so the
+ * iterative path also checks this list (keyed by the request pointer). */
+static pthread_mutex_t closed_lock = PTHREAD_MUTEX_INITIALIZER;
+static void** closed_requests = NULL;
+static size_t closed_len = 0, closed_cap = 0;
+
+void mark_stream_closed(void* request)
+{
+  pthread_mutex_lock(&closed_lock);
+  if (closed_len == closed_cap) {
+    size_t cap = closed_cap ? 2 * closed_cap : 16;
+    void** grown = realloc(closed_requests, cap * sizeof(void*));
+    if (grown) closed_requests = grown, closed_cap = cap;
+  }
+  if (closed_len < closed_cap) closed_requests[closed_len++] = request;
+  pthread_mutex_unlock(&closed_lock);
+}
+
+int take_stream_closed(void* request)
+{
+  int found = 0;
+  pthread_mutex_lock(&closed_lock);
+  for (size_t i = 0; i < closed_len; i++)
+    if (closed_requests[i] == request) {
+      closed_requests[i] = closed_requests[--closed_len];
+      found = 1;
+      break;
+    }
+  pthread_mutex_unlock(&closed_lock);
+  return found;
+}
+
+/* stream_close(stream): the consumer is done; cancels the request if Triton
+ * is still working on it. */
+PyObject* py_stream_close(PyObject* self, PyObject* capsule)
+{
+  (void)self;
+  Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.stream");
+  if (c == NULL) return NULL;
+  if (PyCapsule_SetName(capsule, "embedtriton.closed-stream") < 0) return NULL;
+  pthread_mutex_lock(&c->mu);
+  c->closed = 1;
+  int cancel = !c->finished;
+  pthread_mutex_unlock(&c->mu);
+  if (cancel) call_cancel(c);
+  call_unref(c);
+  Py_RETURN_NONE;
+}

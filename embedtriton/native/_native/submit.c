@@ -1,0 +1,329 @@
+/* submit(): one inference request from Python to Triton, blocking (GIL
+ * released while it waits), asynchronous (a future on an event loop) or a
+ * stream; and cancel() for a cancellable asynchronous one. */
+#include "native.h"
+
+/* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError. */
+static PyObject* as_dict(PyObject* obj, const char* message)
+{
+  PyObject* d = PyMapping_Check(obj) && !PySequence_Check(obj)
+                    ? PyObject_CallOneArg((PyObject*)&PyDict_Type, obj)
+                    : NULL;
+  if (d == NULL) {
+    PyErr_Clear();
+    raise_triton(TRITONSERVER_ERROR_INVALID_ARG, message);
+  }
+  return d;
+}
+
+/* The handle of a cancellable asynchronous call holds a reference to it. */
+static void request_handle_free(PyObject* capsule)
+{
+  Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.request");
+  if (c != NULL) call_unref(c);
+}
+
+/* cancel(handle): the client went away; Triton drops the request if it has not
+ * run it yet (the caller still gets its completion, CANCELLED or the result). */
+PyObject* py_cancel(PyObject* self, PyObject* capsule)
+{
+  (void)self;
+  Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.request");
+  if (c == NULL) return NULL;
+  call_cancel(c);
+  Py_RETURN_NONE;
+}
+
+static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
+                               PyObject* inputs, PyObject* outputs, PyObject* request_id,
+                               unsigned long long priority, unsigned long long timeout_us,
+                               PyObject* parameters, PyObject* loop, PyObject* future, int stream,
+                               PyObject* sequence, int release_gil, PyObject* trace_sink,
+                               int cancellable);
+
+/* submit(server, model, version, inputs, outputs, request_id, priority,
+ *        timeout_us, parameters, loop, future[, stream, sequence, release_gil,
+ *        trace_sink, cancellable])
+ * Without a loop: blocks (GIL released) and returns the outputs dict.
+ * With a loop: returns None (a handle for cancel() when cancellable); the
+ * future is resolved on the loop. */
+PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
+{
+  (void)self;
+  if (nargs < 11 || nargs > 16) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 16 arguments");
+    return NULL;
+  }
+  PyObject* trace_sink = nargs >= 15 ? args[14] : Py_None;
+  int cancellable = nargs >= 16 && PyObject_IsTrue(args[15]) == 1;
+  int release_gil = nargs >= 14 && PyObject_IsTrue(args[13]) == 1;
+  int stream = nargs >= 12 && PyObject_IsTrue(args[11]) == 1;
+  PyObject* sequence = nargs >= 13 ? args[12] : Py_None; /* (correlation id, flags) */
+  if (!api_loaded || args[0] == Py_None)
+    return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                        "the server is not running; call start() or use 'with server:'");
+  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(args[0]);
+  const char* model = PyUnicode_AsUTF8(args[1]);
+  long long version = PyLong_AsLongLong(args[2]);
+  PyObject* request_id = args[5];
+  unsigned long long priority = args[6] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[6]);
+  unsigned long long timeout_us = args[7] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[7]);
+  PyObject* loop = args[9];
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                        "priority and timeout_us must be non-negative integers");
+  }
+  if (request_id != Py_None && !PyUnicode_Check(request_id))
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "request_id must be a string");
+  /* The common case costs nothing; other mappings and sequences are converted. */
+  PyObject* inputs = Py_NewRef(args[3]);
+  PyObject* outputs = args[4] == Py_None || PyTuple_Check(args[4]) || PyDict_Check(args[4])
+                          ? Py_NewRef(args[4])
+                          : NULL;
+  PyObject* parameters = args[8] == Py_None ? Py_NewRef(Py_None) : NULL;
+  int ok = 1;
+  if (!PyDict_Check(inputs)) {
+    Py_SETREF(inputs, as_dict(inputs, "inputs must be a mapping of input name -> array"));
+    ok = inputs != NULL;
+  }
+  if (ok && outputs == NULL) {
+    outputs = PySequence_Tuple(args[4]);
+    if (outputs == NULL) {
+      PyErr_Clear();
+      raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "outputs must be a sequence of output names");
+    }
+    ok = outputs != NULL;
+  }
+  if (ok && parameters == NULL) {
+    parameters = PyDict_Check(args[8])
+                     ? Py_NewRef(args[8])
+                     : as_dict(args[8], "parameters must be a mapping of name -> value");
+    ok = parameters != NULL;
+  }
+  PyObject* result = NULL;
+  if (ok) {
+    pthread_rwlock_rdlock(&servers_lock);
+    drain_graveyard(); /* servers cannot be deleted while we hold the lock */
+    if (!server_is_open(server)) {
+      pthread_rwlock_unlock(&servers_lock);
+      raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                   "the server is not running; call start() or use 'with server:'");
+    } else {
+      result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
+                             timeout_us, parameters, loop, args[10], stream, sequence, release_gil,
+                             trace_sink, cancellable);
+    }
+  }
+  Py_XDECREF(inputs);
+  Py_XDECREF(outputs);
+  Py_XDECREF(parameters);
+  return result;
+}
+
+static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
+                               PyObject* inputs, PyObject* outputs, PyObject* request_id,
+                               unsigned long long priority, unsigned long long timeout_us,
+                               PyObject* parameters, PyObject* loop, PyObject* future, int stream,
+                               PyObject* sequence, int release_gil, PyObject* trace_sink,
+                               int cancellable)
+{
+  TRITONSERVER_InferenceRequest* req = NULL;
+  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
+  if (err != NULL) {
+    pthread_rwlock_unlock(&servers_lock);
+    return raise_from(err, 1);
+  }
+
+  Call* c = calloc(1, sizeof(Call));
+  if (c == NULL) {
+    pthread_rwlock_unlock(&servers_lock);
+    api.TRITONSERVER_InferenceRequestDelete(req);
+    return PyErr_NoMemory();
+  }
+  c->server = server;
+  Py_ssize_t n_inputs = PyDict_GET_SIZE(inputs);
+  c->keep = n_inputs <= 8 ? c->keep_inline : calloc((size_t)n_inputs, sizeof(PyObject*));
+  atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
+  c->is_stream = stream;
+  c->is_async = !stream && loop != Py_None;
+  c->request = req;
+  if (stream) {
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+  }
+
+  Py_ssize_t pos = 0;
+  PyObject *key, *value;
+  while (c->keep != NULL && PyDict_Next(inputs, &pos, &key, &value)) {
+    PyObject* holder = add_input(req, key, value);
+    if (holder == NULL) goto fail;
+    c->keep[c->n_keep++] = holder;
+  }
+  if (c->keep == NULL) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  if (outputs != Py_None && PyDict_Check(outputs)) { /* name -> writable buffer or None */
+    c->presets = calloc((size_t)PyDict_GET_SIZE(outputs) + 1, sizeof(Preset));
+    if (c->presets == NULL) {
+      PyErr_NoMemory();
+      goto fail;
+    }
+    pos = 0;
+    while (PyDict_Next(outputs, &pos, &key, &value)) {
+      const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+      if (name == NULL) {
+        PyErr_Clear();
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "output names must be strings");
+        goto fail;
+      }
+      if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
+      if (value == Py_None) continue;
+      Preset* p = &c->presets[c->n_presets];
+      if (PyObject_GetBuffer(value, &p->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                     "an output buffer must be a writable, contiguous buffer");
+        goto fail;
+      }
+      p->name = name;
+      p->owner = Py_NewRef(outputs);
+      p->target = Py_NewRef(value);
+      c->n_presets++;
+    }
+  } else if (outputs != Py_None) {
+    Py_ssize_t n = PyTuple_GET_SIZE(outputs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject* item = PyTuple_GET_ITEM(outputs, i);
+      const char* name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
+      if (name == NULL) {
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                     "outputs must be a sequence of output names (str)");
+        goto fail;
+      }
+      if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
+    }
+  }
+  if (request_id != Py_None) {
+    const char* id = PyUnicode_AsUTF8(request_id);
+    if (id == NULL) goto fail;
+    if ((err = api.TRITONSERVER_InferenceRequestSetId(req, id))) goto fail_err;
+  }
+  if (sequence != Py_None) {
+    PyObject* id = PyTuple_Check(sequence) && PyTuple_GET_SIZE(sequence) == 2
+                       ? PyTuple_GET_ITEM(sequence, 0)
+                       : NULL;
+    unsigned long flags = id ? PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sequence, 1)) : 0;
+    if (id == NULL || PyErr_Occurred()) {
+      PyErr_Clear();
+      raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "bad sequence arguments");
+      goto fail;
+    }
+    if (PyUnicode_Check(id)) {
+      const char* text = PyUnicode_AsUTF8(id);
+      if (text == NULL) goto fail;
+      err = api.TRITONSERVER_InferenceRequestSetCorrelationIdString(req, text);
+    } else {
+      unsigned long long number = PyLong_AsUnsignedLongLong(id);
+      if (PyErr_Occurred() || number == 0) {
+        PyErr_Clear();
+        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                     "correlation_id must be a positive int or a non-empty str");
+        goto fail;
+      }
+      err = api.TRITONSERVER_InferenceRequestSetCorrelationId(req, number);
+    }
+    if (err == NULL && flags) err = api.TRITONSERVER_InferenceRequestSetFlags(req, (uint32_t)flags);
+    if (err != NULL) goto fail_err;
+  }
+  if (priority && (err = api.TRITONSERVER_InferenceRequestSetPriorityUInt64(req, priority)))
+    goto fail_err;
+  if (timeout_us &&
+      (err = api.TRITONSERVER_InferenceRequestSetTimeoutMicroseconds(req, timeout_us)))
+    goto fail_err;
+  if (parameters != Py_None) {
+    pos = 0;
+    while (PyDict_Next(parameters, &pos, &key, &value))
+      if ((err = set_parameter(req, key, value))) goto fail_err;
+  }
+  if ((err = api.TRITONSERVER_InferenceRequestSetReleaseCallback(req, release_cb, c)) ||
+      (err = api.TRITONSERVER_InferenceRequestSetResponseCallback(
+           req, allocator, c->n_presets ? c : NULL, response_cb, c)))
+    goto fail_err;
+
+  atomic_fetch_add(&c->refs, 2); /* Triton's: dropped at its release and at its final response */
+  if (c->is_async || (stream && loop != Py_None)) {
+    c->loop = Py_NewRef(loop);
+    c->future = Py_NewRef(future); /* a stream's: the callable that wakes its consumer */
+  } else {
+    atomic_init(&c->done, WAIT_PENDING);
+  }
+  TRITONSERVER_InferenceTrace* trace = NULL;
+  if (trace_sink != Py_None && (trace = trace_new(trace_sink, &c->trace)) == NULL) {
+    atomic_fetch_sub(&c->refs, 2);
+    Py_CLEAR(c->loop);
+    Py_CLEAR(c->future);
+    goto fail;
+  }
+  held_add(c);
+  atomic_fetch_add(&in_flight, 1);
+  /* The GIL stays held: handing over a request does not block, and releasing
+   * the GIL here would let the model thread in and make this caller queue
+   * for it again (a convoy under load). Callbacks that Triton runs inline
+   * (errors, cache hits) find the GIL already held. */
+  if (release_gil) { /* a model with a batch rule: see TRITONBACKEND_ModelBatchIncludeRequest */
+    Py_BEGIN_ALLOW_THREADS
+    err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
+    Py_END_ALLOW_THREADS
+  } else {
+    err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
+  }
+  pthread_rwlock_unlock(&servers_lock);
+  if (err != NULL) {        /* Triton did not take the request: no callbacks */
+    if (c->trace != NULL) { /* the sink sees no times; Triton drops its side with the request */
+      trace_deliver(c->trace);
+      c->trace = NULL;
+    }
+    held_release(c);
+    call_claim(c);
+    api.TRITONSERVER_InferenceRequestDelete(req);
+    raise_from(err, 1);
+    call_drop_inputs(c);
+    atomic_fetch_sub(&c->refs, 2); /* Triton's: never taken (the caller's remains) */
+    call_free(c);
+    return NULL;
+  }
+  if (c->is_async) {
+    if (!cancellable) Py_RETURN_NONE;
+    atomic_fetch_add(&c->refs, 1); /* the handle's */
+    PyObject* handle = PyCapsule_New(c, "embedtriton.request", request_handle_free);
+    if (handle == NULL) call_unref(c);
+    return handle;
+  }
+  if (stream) return PyCapsule_New(c, "embedtriton.stream", NULL);
+
+  if (wait_interruptible(&c->done) < 0) { /* Ctrl-C: cancel the request and leave */
+    if (call_claim(c)) {
+      call_cancel(c);
+    } else { /* it completed meanwhile: its wake-up may still be on its way */
+      Py_BEGIN_ALLOW_THREADS
+      wait_for(&c->done, 0, 0);
+      Py_END_ALLOW_THREADS
+    }
+    call_free(c);
+    return NULL;
+  }
+  PyObject* result = call_collect(c);
+  call_free(c);
+  return result;
+
+fail_err:
+  raise_from(err, 1);
+fail:
+  pthread_rwlock_unlock(&servers_lock);
+  api.TRITONSERVER_InferenceRequestDelete(req);
+  call_drop_inputs(c);
+  call_free(c);
+  return NULL;
+}
