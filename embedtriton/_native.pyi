@@ -1,7 +1,7 @@
 """Types of embedtriton._native, the per-request data path (C: embedtriton/native/_native/).
 
 Opaque values: a server handle is the int address of a TRITONSERVER_Server (from
-embedtriton._capi); stream and request handles are capsules that only this module reads.
+embedtriton.triton.control); stream and request handles are capsules that only this module reads.
 """
 
 import asyncio
@@ -12,7 +12,8 @@ from typing import Any, Literal, TypeAlias, final
 from numpy.typing import NDArray
 from typing_extensions import Buffer, CapsuleType
 
-from .binding import Binding, Request
+from .backend.binding import Binding
+from .backend.request import Request
 from .errors import TritonError
 
 _ServerHandle: TypeAlias = int  # a TRITONSERVER_Server*

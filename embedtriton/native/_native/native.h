@@ -10,8 +10,10 @@
  *    batch (model side).
  *
  * The control plane (server options, loading, metadata) stays in Python
- * (embedtriton/_capi.py). Triton functions are resolved with dlsym() from the
- * runtime that Python loaded (et_load), so nothing links against Triton.
+ * (embedtriton/triton/). Triton functions are resolved with dlsym() from the
+ * runtime that Python loaded (load(), module.c), so nothing links against Triton.
+ * Python's side of the contract (hooks, what is read of a binding) is
+ * embedtriton/backend/library.py.
  *
  * This header is private to the files beside it: the types they share, their
  * shared globals (each defined in the file named in its section) and the
