@@ -1,4 +1,10 @@
-"""Shared fixtures: one running server with a few models for the fast tests."""
+"""Shared fixtures for every tier (unit, core, frontends, adversarial).
+
+The helpers are fixtures, not importable names: a test takes ``add_sub``, ``add_sub_tensors``,
+``bind_double`` or ``counter`` as a parameter. They are session-scoped, so module- and
+session-scoped fixtures can use them too. Building one of them starts nothing: only the
+``server`` fixture (and ``add_sub_counted`` on top of it) runs Triton.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +17,11 @@ F32 = np.float32
 
 
 @batch
-def add_sub(a, b):
+def _add_sub(a, b):
     return {"add": a + b, "sub": a - b}
 
 
-def add_sub_tensors():
-    return (
-        [Tensor(name="a", dtype=F32, shape=(1,)), Tensor(name="b", dtype=F32, shape=(1,))],
-        [Tensor(name="add", dtype=F32, shape=(1,)), Tensor(name="sub", dtype=F32, shape=(1,))],
-    )
-
-
-def bind_double(server, func, max_batch_size=4):
+def _bind_double(server, func, max_batch_size=4):
     """Bind ``func`` as model "Double": FP32 input "x" and output "y", both [-1]."""
     server.bind(
         "Double",
@@ -34,7 +33,7 @@ def bind_double(server, func, max_batch_size=4):
     return server.model("Double")
 
 
-class Counter:
+class _Counter:
     """A raw callable wrapper that counts the batches and requests it saw."""
 
     def __init__(self, func):
@@ -49,25 +48,52 @@ class Counter:
 
 
 @pytest.fixture(scope="session")
-def server():
+def add_sub():
+    """The AddSub model function (``@batch``): FP32 "a", "b" -> "add" = a + b, "sub" = a - b."""
+    return _add_sub
+
+
+@pytest.fixture(scope="session")
+def add_sub_tensors():
+    """AddSub's ``(inputs, outputs)``: FP32 "a", "b" -> "add", "sub", each of shape (1,).
+    Tuples, so no test can change them for the next: ``server.bind(name, f, *add_sub_tensors)``."""
+    return (
+        (Tensor(name="a", dtype=F32, shape=(1,)), Tensor(name="b", dtype=F32, shape=(1,))),
+        (Tensor(name="add", dtype=F32, shape=(1,)), Tensor(name="sub", dtype=F32, shape=(1,))),
+    )
+
+
+@pytest.fixture(scope="session")
+def bind_double():
+    """``bind_double(server, func, max_batch_size=4)``: binds ``func`` as model "Double"
+    (FP32 input "x" and output "y", both [-1]) and returns its Model."""
+    return _bind_double
+
+
+@pytest.fixture(scope="session")
+def counter():
+    """The class ``Counter(func)``: a raw callable wrapper counting its ``batches`` and ``requests``."""
+    return _Counter
+
+
+@pytest.fixture(scope="session")
+def server(add_sub, add_sub_tensors):
+    """One running server with model "AddSub" (max_batch_size 8), shared by the session."""
     srv = Server()
-    inputs, outputs = add_sub_tensors()
-    srv.bind("AddSub", add_sub, inputs, outputs, ModelConfig(max_batch_size=8))
+    srv.bind("AddSub", add_sub, *add_sub_tensors, ModelConfig(max_batch_size=8))
     with srv:
         yield srv
 
 
 @pytest.fixture
-def add_sub_counted(server):
-    """AddSub with a call counter, bound fresh for one test."""
-    counter = Counter(add_sub)
-    inputs, outputs = add_sub_tensors()
+def add_sub_counted(server, add_sub, add_sub_tensors, counter):
+    """AddSub with a call counter, bound fresh for one test: ``(model, counter)``."""
+    counted = counter(add_sub)
     server.bind(
         "AddSubCounted",
-        counter,
-        inputs,
-        outputs,
+        counted,
+        *add_sub_tensors,
         ModelConfig(max_batch_size=8, batcher=DynamicBatcher(max_queue_delay_microseconds=20000)),
     )
-    yield server.model("AddSubCounted"), counter
+    yield server.model("AddSubCounted"), counted
     server.unbind("AddSubCounted")

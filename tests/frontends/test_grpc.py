@@ -10,7 +10,6 @@ import pytest
 grpcclient = pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("grpc")
 
-from conftest import add_sub, add_sub_tensors  # noqa: E402
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
@@ -18,7 +17,7 @@ from embedtriton import ModelConfig, SequenceBatcher, Server, Tensor  # noqa: E4
 
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
-def endpoint(request):
+def endpoint(request, add_sub, add_sub_tensors):
     """The same tests over both transports."""
     seen_params = []
 
@@ -34,7 +33,7 @@ def endpoint(request):
         return out
 
     server = Server()
-    server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     server.bind(
         "Echo",
         echo,
@@ -153,9 +152,9 @@ def test_asyncio_client_many_in_flight(endpoint):
     assert asyncio.run(main()) == [i + 1.0 for i in range(32)]
 
 
-def test_stop_closes_the_endpoint():
+def test_stop_closes_the_endpoint(add_sub, add_sub_tensors):
     server = Server()
-    server.bind("AddSub", add_sub, *add_sub_tensors())
+    server.bind("AddSub", add_sub, *add_sub_tensors)
     server.start()
     port = server.serve_grpc("127.0.0.1:0")
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
@@ -166,7 +165,7 @@ def test_stop_closes_the_endpoint():
 
 
 @pytest.mark.parametrize("transport", ["native", "grpcio"])
-def test_stream_infer_with_a_decoupled_model(transport):
+def test_stream_infer_with_a_decoupled_model(transport, add_sub, add_sub_tensors):
     import queue
 
     def counter(requests):
@@ -182,7 +181,7 @@ def test_stream_infer_with_a_decoupled_model(transport):
         [Tensor(name="i", dtype=np.int32, shape=(1,))],
         ModelConfig(decoupled=True),
     )
-    server.bind("AddSub", add_sub, *add_sub_tensors())
+    server.bind("AddSub", add_sub, *add_sub_tensors)
     with server:
         port = server.serve_grpc("127.0.0.1:0", transport=transport)
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")

@@ -6,7 +6,6 @@ import asyncio
 
 import numpy as np
 import pytest
-from conftest import add_sub_tensors
 
 from embedtriton import (
     DynamicBatcher,
@@ -187,8 +186,8 @@ def test_infer_async_error_is_raised_in_the_awaiting_task(server):
         asyncio.run(main())
 
 
-def test_bind_after_start_and_unbind(server):
-    inputs, outputs = add_sub_tensors()
+def test_bind_after_start_and_unbind(server, add_sub_tensors):
+    inputs, outputs = add_sub_tensors
     model = server.bind("Late", batch(lambda a, b: {"add": a * b, "sub": a / b}), inputs, outputs)
     assert model.ready
     out = model.infer({"a": np.full((1, 1), 3, np.float32), "b": np.full((1, 1), 2, np.float32)})
@@ -217,9 +216,9 @@ def test_server_metadata_metrics_statistics_config(server):
     assert config["input"][0]["data_type"] == "TYPE_FP32"
 
 
-def test_dynamic_batcher_settings_reach_triton():
+def test_dynamic_batcher_settings_reach_triton(add_sub_tensors):
     srv = Server()
-    inputs, outputs = add_sub_tensors()
+    inputs, outputs = add_sub_tensors
     policy = QueuePolicy(
         timeout_action=TimeoutAction.DELAY,
         default_timeout_microseconds=500,
@@ -250,8 +249,8 @@ def test_dynamic_batcher_settings_reach_triton():
     assert dyn["priority_queue_policy"]["1"]["max_queue_size"] == 3
 
 
-def test_servers_one_after_another():
-    inputs, outputs = add_sub_tensors()
+def test_servers_one_after_another(add_sub_tensors):
+    inputs, outputs = add_sub_tensors
     for i in range(3):
         srv = Server()
         srv.bind("AddSub", batch(lambda a, b, k=i: {"add": a + b + k, "sub": a - b}), inputs, outputs)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import Counter, add_sub, add_sub_tensors
 
 from embedtriton import (
     InternalError,
@@ -23,11 +22,11 @@ ONE = np.ones((1, 1), np.float32)
 
 
 @pytest.fixture
-def counted(server):
-    counter = Counter(add_sub)
-    inputs, outputs = add_sub_tensors()
-    server.bind("Guarded", counter, inputs, outputs, ModelConfig(max_batch_size=8))
-    yield server.model("Guarded"), counter
+def counted(server, add_sub, add_sub_tensors, counter):
+    counted = counter(add_sub)
+    inputs, outputs = add_sub_tensors
+    server.bind("Guarded", counted, inputs, outputs, ModelConfig(max_batch_size=8))
+    yield server.model("Guarded"), counted
     server.unbind("Guarded")
 
 
@@ -70,7 +69,7 @@ def test_unknown_model(server):
         Model(server, "Nope").infer({"a": ONE})
 
 
-def test_callable_that_raises_fails_its_batch_only(server):
+def test_callable_that_raises_fails_its_batch_only(server, add_sub_tensors):
     calls = []
 
     @batch
@@ -80,7 +79,7 @@ def test_callable_that_raises_fails_its_batch_only(server):
             raise ValueError("negative input is not allowed")
         return {"add": a + b, "sub": a - b}
 
-    inputs, outputs = add_sub_tensors()
+    inputs, outputs = add_sub_tensors
     model = server.bind("Flaky", flaky, inputs, outputs)
     try:
         with pytest.raises(InternalError, match=r"model 'Flaky' raised ValueError: negative input is not allowed"):
@@ -104,7 +103,7 @@ BAD_OUTPUTS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_OUTPUTS))
-def test_bad_outputs_fail_only_the_offending_request(server, case):
+def test_bad_outputs_fail_only_the_offending_request(server, case, add_sub_tensors):
     make_bad, message = BAD_OUTPUTS[case]
 
     def model_func(requests):
@@ -113,7 +112,7 @@ def test_bad_outputs_fail_only_the_offending_request(server, case):
             for r in requests
         ]
 
-    inputs, outputs = add_sub_tensors()
+    inputs, outputs = add_sub_tensors
     model = server.bind("BadOut", model_func, inputs, outputs)
     try:
         with pytest.raises(InternalError, match=message):
@@ -123,8 +122,8 @@ def test_bad_outputs_fail_only_the_offending_request(server, case):
         server.unbind("BadOut")
 
 
-def test_callable_returning_wrong_count(server):
-    inputs, outputs = add_sub_tensors()
+def test_callable_returning_wrong_count(server, add_sub_tensors):
+    inputs, outputs = add_sub_tensors
     model = server.bind("WrongCount", lambda requests: [], inputs, outputs)
     try:
         with pytest.raises(InternalError, match="one dict per request"):
@@ -133,7 +132,7 @@ def test_callable_returning_wrong_count(server):
         server.unbind("WrongCount")
 
 
-def test_config_validation_messages():
+def test_config_validation_messages(add_sub, add_sub_tensors):
     with pytest.raises(InvalidArgumentError, match="max_batch_size must be >= 1"):
         ModelConfig(max_batch_size=0)
     ModelConfig(batching=False, max_batch_size=0)  # fine without batching
@@ -142,22 +141,22 @@ def test_config_validation_messages():
     with pytest.raises(InvalidArgumentError, match="positive or -1"):
         Tensor(name="x", dtype=np.float32, shape=(0,))
     with pytest.raises(InvalidArgumentError, match="unique"):
-        Server().bind("Dup", add_sub, [Tensor(name="a", dtype=np.float32, shape=(1,))] * 2, add_sub_tensors()[1])
+        Server().bind("Dup", add_sub, [Tensor(name="a", dtype=np.float32, shape=(1,))] * 2, add_sub_tensors[1])
     with pytest.raises(InvalidArgumentError, match="cache_config"):
         Server.__init__(Server.__new__(Server), __import__("embedtriton").ServerConfig(cache_config=["local,size"]))
 
 
-def test_bind_twice_and_unbind_unknown(server):
-    inputs, outputs = add_sub_tensors()
+def test_bind_twice_and_unbind_unknown(server, add_sub, add_sub_tensors):
+    inputs, outputs = add_sub_tensors
     with pytest.raises(InvalidArgumentError, match="already bound"):
         server.bind("AddSub", add_sub, inputs, outputs)
     with pytest.raises(NotFoundError):
         server.unbind("NotBound")
 
 
-def test_calls_on_a_stopped_server():
+def test_calls_on_a_stopped_server(add_sub, add_sub_tensors):
     srv = Server()
-    inputs, outputs = add_sub_tensors()
+    inputs, outputs = add_sub_tensors
     srv.bind("AddSub", add_sub, inputs, outputs)
     with pytest.raises(UnavailableError, match="not running"):
         srv.model("AddSub").infer({"a": ONE, "b": ONE})
@@ -179,11 +178,11 @@ def test_missing_runtime_names_both_ways(monkeypatch, tmp_path):
     assert HOME_VARIABLE in str(info.value)
 
 
-def test_load_failure_carries_tritons_reason():
+def test_load_failure_carries_tritons_reason(add_sub, add_sub_tensors):
     from embedtriton import DynamicBatcher
 
     srv = Server()
-    inputs, outputs = add_sub_tensors()
+    inputs, outputs = add_sub_tensors
     with srv:
         srv.bind("Ok", add_sub, inputs, outputs)
         with pytest.raises(TritonError, match="failed to load 'Bad'.*preferred size must be <= max batch size"):
@@ -192,7 +191,7 @@ def test_load_failure_carries_tritons_reason():
         assert "Bad" not in [m.name for m in srv.models()]
 
 
-def test_response_cache_needs_a_configured_cache(server):
-    inputs, outputs = add_sub_tensors()
+def test_response_cache_needs_a_configured_cache(server, add_sub, add_sub_tensors):
+    inputs, outputs = add_sub_tensors
     with pytest.raises(InvalidArgumentError, match="cache_config"):
         server.bind("Cached", add_sub, inputs, outputs, ModelConfig(response_cache=True))

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import add_sub_tensors
 
 from embedtriton import (
     DynamicBatcher,
@@ -208,12 +207,12 @@ def test_stream_on_a_plain_model_yields_its_one_response(server):
     assert values(server.model("Plain").stream(count_to(4))) == [8.0]
 
 
-def test_decoupled_config():
+def test_decoupled_config(add_sub_tensors):
     with pytest.raises(InvalidArgumentError, match="response cache"):
         ModelConfig(decoupled=True, response_cache=True)
     srv = Server()
     srv.bind(
-        "D", batch(lambda a, b: iter([{"add": a, "sub": b}])), *add_sub_tensors(), config=ModelConfig(decoupled=True)
+        "D", batch(lambda a, b: iter([{"add": a, "sub": b}])), *add_sub_tensors, config=ModelConfig(decoupled=True)
     )
     with srv:
         assert srv.model("D").config()["model_transaction_policy"]["decoupled"] is True

@@ -14,7 +14,6 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc = pytest.importorskip("grpc")
 
 import tritonclient.utils.shared_memory as shm  # noqa: E402  (the [grpc] extra brings these)
-from conftest import add_sub, add_sub_tensors, bind_double  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
@@ -29,7 +28,7 @@ def add_sub_inputs(a, b):
 
 
 @pytest.fixture(scope="module")
-def endpoint():
+def endpoint(add_sub, add_sub_tensors, bind_double):
     seen = {}
 
     def identity(requests):
@@ -39,7 +38,7 @@ def endpoint():
         return [{"y": r["x"] * 2} for r in requests]
 
     server = Server()
-    server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     bind_double(server, identity)
     with server:
         port = server.serve_grpc("127.0.0.1:0", max_message_bytes=4 * 1024 * 1024)
@@ -240,10 +239,10 @@ def certs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("transport", ["native", "grpcio"])
-def test_tls_and_client_certificates(certs, transport):
+def test_tls_and_client_certificates(certs, transport, add_sub, add_sub_tensors):
     read = lambda name: (certs / name).read_bytes()  # noqa: E731
     server = Server()
-    server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     with server:
         options = GrpcOptions(tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"))
         port = server.serve_grpc(
@@ -272,12 +271,12 @@ def test_tls_and_client_certificates(certs, transport):
 # -- endpoint settings as a GrpcOptions object -------------------------------------------
 
 
-def test_grpc_options_object():
+def test_grpc_options_object(add_sub, add_sub_tensors):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = Server()
-    server.bind("AddSub", add_sub, *add_sub_tensors(), config=ModelConfig(max_batch_size=8))
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     with pytest.raises(InvalidArgumentError, match=r"unknown gRPC setting\(s\) \['tls'\]"):
         server.serve_grpc(tls=True)
     with pytest.raises(InvalidArgumentError, match="TLS needs both"):

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("opentelemetry.sdk.trace")
-from conftest import bind_double  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
@@ -27,7 +26,7 @@ def in_memory_provider():
 
 
 @pytest.fixture(scope="module")
-def traced():
+def traced(bind_double):
     provider, exporter = in_memory_provider()
     seen = []
 
@@ -153,7 +152,7 @@ def test_grpc_traceparent_is_the_parent_and_trace_setting_works(traced):
         server._stop_endpoints(1.0)
 
 
-def test_no_tracing_no_spans():
+def test_no_tracing_no_spans(bind_double):
     provider, exporter = in_memory_provider()
     trace_seen = []
 

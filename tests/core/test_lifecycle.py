@@ -10,26 +10,31 @@ import time
 
 import numpy as np
 import pytest
-from conftest import add_sub, add_sub_tensors
 
 from embedtriton import ModelConfig, Server, ServerConfig, TritonError, UnavailableError, batch
 
 ONE = np.ones((1, 1), np.float32)
 
 
-def slow_server(delay: float) -> Server:
-    @batch
-    def slow(a, b):
-        time.sleep(delay)
-        return {"add": a + b, "sub": a - b}
+@pytest.fixture
+def slow_server(add_sub_tensors):
+    """``slow_server(delay)``: a Server (not started) with model "Slow", AddSub taking ``delay`` s a batch."""
 
-    srv = Server()
-    inputs, outputs = add_sub_tensors()
-    srv.bind("Slow", slow, inputs, outputs, ModelConfig(max_batch_size=2))
-    return srv
+    def make(delay: float) -> Server:
+        @batch
+        def slow(a, b):
+            time.sleep(delay)
+            return {"add": a + b, "sub": a - b}
+
+        srv = Server()
+        inputs, outputs = add_sub_tensors
+        srv.bind("Slow", slow, inputs, outputs, ModelConfig(max_batch_size=2))
+        return srv
+
+    return make
 
 
-def test_stop_with_requests_in_flight_leaves_nobody_waiting():
+def test_stop_with_requests_in_flight_leaves_nobody_waiting(slow_server):
     srv = slow_server(0.02).start()
     model = srv.model("Slow")
     outcomes: list[str] = []
@@ -88,11 +93,11 @@ print(srv.model("Id").infer({"x": np.ones((1, 1), np.float32)})["y"][0, 0])
 # -- stop() drains within exit_timeout_secs ----------------------------------------------
 
 
-def test_stop_honours_exit_timeout_secs():
+def test_stop_honours_exit_timeout_secs(add_sub, add_sub_tensors):
     """A 3 s model with 64 requests in flight and exit_timeout_secs=1: stop() takes about a
     second (not a batch after batch, not 60 s per model); every caller gets an answer."""
     srv = Server(ServerConfig(exit_timeout_secs=1))
-    inputs, outputs = add_sub_tensors()
+    inputs, outputs = add_sub_tensors
 
     @batch
     def slow(a, b):
@@ -134,7 +139,7 @@ def test_stop_honours_exit_timeout_secs():
     time.sleep(3)  # the abandoned batch returns on Triton's thread; nothing crashes
 
 
-def test_stop_lets_requests_in_flight_finish():
+def test_stop_lets_requests_in_flight_finish(slow_server):
     srv = slow_server(0.5).start()
     model = srv.model("Slow")
     results: list[object] = []

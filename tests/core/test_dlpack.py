@@ -9,7 +9,6 @@ import weakref
 
 import numpy as np
 import pytest
-from conftest import bind_double
 
 from embedtriton import (
     InstanceGroup,
@@ -37,7 +36,7 @@ class DLPackOnly:
 
 
 @pytest.fixture(scope="module")
-def doubler():
+def doubler(bind_double):
     seen = {}
 
     def double(requests):

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import Counter, add_sub, add_sub_tensors
 
 from embedtriton import (
     DynamicBatcher,
@@ -33,18 +32,18 @@ def one(value: float) -> dict[str, np.ndarray]:
     return {"a": np.full((1, 1), value, F32), "b": np.ones((1, 1), F32)}
 
 
-def test_response_cache_answers_repeats_without_the_callable():
-    counter = Counter(add_sub)
+def test_response_cache_answers_repeats_without_the_callable(add_sub, add_sub_tensors, counter):
+    counted = counter(add_sub)
     server = Server(ServerConfig(cache_config=["local,size=1048576"]))
-    server.bind("Cached", counter, *add_sub_tensors(), config=ModelConfig(max_batch_size=8, response_cache=True))
+    server.bind("Cached", counted, *add_sub_tensors, config=ModelConfig(max_batch_size=8, response_cache=True))
     with server:
         model = server.model("Cached")
         first = model.infer(one(5))
         again = model.infer(one(5))
-        assert counter.requests == 1  # the repeat came from the cache
+        assert counted.requests == 1  # the repeat came from the cache
         np.testing.assert_array_equal(first["add"], again["add"])
         model.infer(one(6))
-        assert counter.requests == 2  # a different input calls the model again
+        assert counted.requests == 2  # a different input calls the model again
         stats = model.statistics()["inference_stats"]
         assert stats["cache_hit"]["count"] == 1 and stats["cache_miss"]["count"] == 2
         assert "nv_cache_num_hits_per_model" in server.metrics() or "cache" in server.metrics()
@@ -107,7 +106,7 @@ def test_warmup_runs_every_stage_before_bind_returns(tmp_path):
         assert model.ready
 
 
-def test_warmup_validation():
+def test_warmup_validation(add_sub, add_sub_tensors):
     with pytest.raises(InvalidArgumentError, match="exactly one data source"):
         WarmupInput(dtype=F32, shape=(1,), zero_data=True, random_data=True)
     with pytest.raises(InvalidArgumentError, match="exactly one data source"):
@@ -117,11 +116,11 @@ def test_warmup_validation():
         ModelConfig(max_batch_size=8, model_warmup=[stage])
     small = ModelWarmup(name="w", batch_size=1, inputs={"a": WarmupInput(dtype=F32, shape=(1,), zero_data=True)})
     with pytest.raises(InvalidArgumentError, match=r"missing: \['b'\]"):
-        Server().bind("W", add_sub, *add_sub_tensors(), config=ModelConfig(model_warmup=[small])).infer  # noqa: B018
+        Server().bind("W", add_sub, *add_sub_tensors, config=ModelConfig(model_warmup=[small])).infer  # noqa: B018
     with Server() as server, pytest.raises(InvalidArgumentError, match="cannot be read"):
         bad = WarmupInput(dtype=F32, shape=(1,), input_data_file="/nonexistent.npy")
         stage = ModelWarmup(name="w", batch_size=1, inputs={"a": bad, "b": bad})
-        server.bind("W", add_sub, *add_sub_tensors(), config=ModelConfig(model_warmup=[stage]))
+        server.bind("W", add_sub, *add_sub_tensors, config=ModelConfig(model_warmup=[stage]))
 
 
 def test_batching_off_gives_one_request_at_a_time():
@@ -327,7 +326,7 @@ def test_queue_timeout_reject_vs_delay(action):
         assert len(executed) == 3
 
 
-def test_parameters_reach_batch_functions():
+def test_parameters_reach_batch_functions(add_sub_tensors):
     seen = []
 
     @batch
@@ -336,7 +335,7 @@ def test_parameters_reach_batch_functions():
         return {"add": a + b, "sub": a - b}
 
     server = Server()
-    server.bind("Params", with_params, *add_sub_tensors())
+    server.bind("Params", with_params, *add_sub_tensors)
     with server:
         server.model("Params").infer(one(1), parameters={"mode": "fast", "k": 3, "on": False, "t": 0.5})
     assert seen == [[{"mode": "fast", "k": 3, "on": False, "t": 0.5}]]
