@@ -52,12 +52,12 @@ class ServerConfig:
         grouped: dict[str, dict[str, str]] = {}
         for entry in self.cache_config:
             name, _, rest = entry.partition(",")
-            if not name or (rest and "=" not in rest):
+            pairs = [pair.partition("=") for pair in filter(None, rest.split(","))]
+            if not name.strip() or (rest and not pairs) or any(not key.strip() or not eq for key, eq, _ in pairs):
                 raise InvalidArgumentError(
                     f"cache_config entry {entry!r}: expected 'NAME,KEY=VALUE[,KEY=VALUE]', e.g. 'local,size=1048576'"
                 )
             settings = grouped.setdefault(name.strip(), {})
-            for pair in filter(None, rest.split(",")):
-                key, _, value = pair.partition("=")
+            for key, _, value in pairs:
                 settings[key.strip()] = value.strip()
         return [(name, json.dumps(settings)) for name, settings in grouped.items()]

@@ -129,7 +129,13 @@ def array_from_values(name: str, datatype: str, shape: tuple[int, ...], values: 
         array = np.empty(len(values), dtype=object)
         array[:] = list(values)
     else:
-        array = np.array(values, dtype=_numeric(name, datatype))
+        dtype = _numeric(name, datatype)
+        if dtype.kind in "iu" and len(values):  # int_contents (int32) also carries INT8: 300 is no INT8
+            info, low, high = np.iinfo(dtype), min(values), max(values)
+            if low < info.min or high > info.max:
+                bad = low if low < info.min else high
+                raise InvalidArgumentError(f"input '{name}': {bad} is out of range for {datatype}")
+        array = np.array(values, dtype=dtype)
     return array.reshape(shape)
 
 

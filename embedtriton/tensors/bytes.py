@@ -43,7 +43,7 @@ def decode_bytes(buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
     view = memoryview(buffer).cast("B")
     size = len(view)
     count = math.prod(shape)
-    if count < 0:
+    if any(d < 0 for d in shape):
         raise InvalidArgumentError(f"BYTES tensor: shape {list(shape)} has a negative dimension")
     if 4 * count > size:
         raise InvalidArgumentError(

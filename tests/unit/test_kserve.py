@@ -261,16 +261,17 @@ def test_array_from_values_count_mismatch():
         kserve.array_from_values("s", "BYTES", (2,), [b"a"])
 
 
-@pytest.mark.xfail(
-    np.lib.NumpyVersion(np.__version__) < "2.0.0",
-    strict=True,
-    reason="numpy 1.x wraps out-of-range integers (300 -> 44 as INT8) instead of refusing them",
+@pytest.mark.parametrize(
+    "datatype, values, bad",
+    [("INT8", [1, 300], 300), ("INT16", [-40000], -40000), ("UINT8", [256], 256), ("UINT16", [7, 70000], 70000)],
 )
-def test_array_from_values_out_of_range_integers_are_refused():
-    """int_contents (int32) also carries INT8/INT16: 300 cannot be an INT8. The gRPC frontend turns the
-    OverflowError into INVALID_ARG ("malformed ModelInferRequest")."""
-    with pytest.raises((OverflowError, InvalidArgumentError)):
-        kserve.array_from_values("x", "INT8", (1,), [300])
+def test_array_from_values_out_of_range_integers_are_refused(datatype, values, bad):
+    """int_contents (int32) also carries INT8/INT16, uint_contents UINT8/16: values that do not fit
+    are refused on every numpy (numpy 1.x would wrap 300 to 44 as INT8)."""
+    with pytest.raises(InvalidArgumentError) as info:
+        kserve.array_from_values("x", datatype, (len(values),), values)
+    assert str(info.value) == f"input 'x': {bad} is out of range for {datatype}"
+    assert kserve.array_from_values("x", datatype, (1,), [values[0] if values[0] != bad else 0]).dtype.kind in "iu"
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,8 @@ class GrpcOptions:
             raise InvalidArgumentError("TLS needs both tls_cert and tls_key (PEM files)")
         if self.tls_client_ca and not self.tls_cert:
             raise InvalidArgumentError("tls_client_ca (client-certificate verification) needs tls_cert and tls_key")
-        if not isinstance(self.max_message_bytes, int) or self.max_message_bytes <= 0:
+        size = self.max_message_bytes
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise InvalidArgumentError(f"max_message_bytes must be > 0, not {self.max_message_bytes}")
         if self.transport not in ("native", "grpcio"):
             raise InvalidArgumentError(f"transport must be 'native' or 'grpcio', not {self.transport!r}")
