@@ -47,7 +47,8 @@ def serve(mode: str, port: int, transport: str) -> None:
     import threading
 
     from embedtriton import ModelConfig, Server, Tensor, batch
-    from embedtriton.frontends.grpc import infer, service, transport
+    from embedtriton.frontends.grpc import infer, service
+    from embedtriton.frontends.grpc import transport as codes
 
     @batch
     def add_sub(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
@@ -65,13 +66,13 @@ def serve(mode: str, port: int, transport: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with server:
         if mode == "floor":
-            _answer_canned(server, infer, service, transport)
+            _answer_canned(server, infer, service, codes)
         server.serve_grpc(f"127.0.0.1:{port}", transport=transport)
         print("ready", flush=True)
         stop.wait()
 
 
-def _answer_canned(server: Any, infer: Any, service: Any, transport: Any) -> None:
+def _answer_canned(server: Any, infer: Any, service: Any, codes: Any) -> None:
     """Floor mode: ModelInfer repeats one correct reply without running anything."""
     from tritonclient.grpc import service_pb2
 
@@ -88,7 +89,7 @@ def _answer_canned(server: Any, infer: Any, service: Any, transport: Any) -> Non
     def model_infer(self: Any, request: Any, call: Any) -> None:
         served[0] += 1
         call.send(canned)
-        call.finish(transport.OK)
+        call.finish(codes.OK)
 
     def model_statistics(self: Any, request: Any, call: Any) -> Any:
         response = real_stats(self, request, call)
