@@ -15,7 +15,7 @@ from ..config import MAX_DIMS
 from ..core import InferRequest, Model
 from ..core.request import SEQUENCE_END, SEQUENCE_START
 from ..errors import InvalidArgumentError
-from ..tensors import BY_NAME, decode_bytes, encode_bytes, triton_dtype
+from ..tensors import BY_NAME, decode_bytes, encode_bytes
 from .shared_memory import Region, SystemSharedMemory
 
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"  # a stream's extra final response
@@ -96,7 +96,7 @@ def requested_outputs(decoded: Decoded, shm: SystemSharedMemory, outputs: Sequen
 def check_shape(name: str, shape: tuple[int, ...]) -> None:
     if len(shape) > MAX_DIMS:
         raise InvalidArgumentError(f"input '{name}' has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise InvalidArgumentError(f"input '{name}': shape {list(shape)} has a negative dimension")
 
 
@@ -144,10 +144,6 @@ def _numeric(name: str, datatype: str) -> np.dtype:
     if found is None or found.numpy is None:
         raise InvalidArgumentError(f"input '{name}': datatype {datatype} is not supported")
     return found.numpy
-
-
-def output_datatype(array: np.ndarray) -> str:
-    return triton_dtype(array.dtype)
 
 
 def output_bytes(array: np.ndarray, datatype: str) -> bytes:

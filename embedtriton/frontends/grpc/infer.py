@@ -19,6 +19,7 @@ from ...backend import library
 from ...backend.library import STREAM_EMPTY, STREAM_END, STREAM_ITEM
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError, UnavailableError
+from ...tensors import triton_dtype
 from .. import kserve
 from ..shared_memory import SystemSharedMemory
 from .transport import OK, UNAVAILABLE, Call, code_of
@@ -134,14 +135,15 @@ def encode(request: Any, outputs: dict[str, Any], in_shm: set[str] | frozenset[s
     response = service_pb2.ModelInferResponse(
         model_name=request.model_name, model_version=request.model_version or "1", id=request.id
     )
+    add, contents = response.outputs.add, response.raw_output_contents
     for name, array in outputs.items():
-        datatype = kserve.output_datatype(array)
-        tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        datatype = triton_dtype(array.dtype)
+        tensor = add(name=name, datatype=datatype, shape=array.shape)
         if name in in_shm:
             tensor.parameters["shared_memory_byte_size"].int64_param = array.nbytes
-            response.raw_output_contents.append(b"")
+            contents.append(b"")
         else:
-            response.raw_output_contents.append(kserve.output_bytes(array, datatype))
+            contents.append(kserve.output_bytes(array, datatype))
     return response
 
 
@@ -224,8 +226,10 @@ class Inference:
         try:
             for i, tensor in enumerate(request.inputs):
                 inputs[tensor.name] = self._input_array(tensor, raw[i] if raw else None, decoded)
-            params = {k: parameter(v) for k, v in request.parameters.items()}
-            kserve.requested_outputs(decoded, self.shm, [(o.name, _tensor_parameters(o)) for o in request.outputs])
+            params = {k: parameter(v) for k, v in request.parameters.items()} if request.parameters else {}
+            if request.outputs:
+                outputs = [(o.name, _tensor_parameters(o)) for o in request.outputs]
+                kserve.requested_outputs(decoded, self.shm, outputs)
         except TritonError:
             raise
         except (ValueError, TypeError, OverflowError, struct.error) as exc:  # malformed values: the client's
@@ -236,8 +240,10 @@ class Inference:
     def _input_array(self, tensor: Any, raw: bytes | None, decoded: kserve.Decoded) -> Any:
         name, shape, datatype = tensor.name, tuple(tensor.shape), tensor.datatype
         kserve.check_shape(name, shape)
-        ref = kserve.shm_reference(name, _tensor_parameters(tensor))
-        data = kserve.shm_view(decoded, self.shm, ref, f"input '{name}'") if ref is not None else raw
+        data: Any = raw
+        if "shared_memory_region" in tensor.parameters:
+            ref = kserve.shm_reference(name, _tensor_parameters(tensor))
+            data = kserve.shm_view(decoded, self.shm, ref, f"input '{name}'")  # type: ignore[arg-type]
         if data is not None:
             return kserve.array_from_bytes(name, datatype, shape, data)
         values = getattr(tensor.contents, kserve.contents_field(name, datatype))
