@@ -32,9 +32,9 @@ def oldest_python() -> str:
     return sys.executable
 
 
-def install(session: nox.Session, *packages: str) -> None:
+def install(session: nox.Session, *packages: str, extras: str = "") -> None:
     session.install("--no-deps", TRITON_RUNTIME)
-    session.install(".", *packages)
+    session.install(f".[{extras}]" if extras else ".", *packages)
 
 
 @nox.session
@@ -51,7 +51,8 @@ TEST_TOOLS = ("pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk
 def tests(session: nox.Session) -> None:
     """Run the test suite through the real Triton runtime, on current releases (numpy 2,
     current tritonclient, protobuf and grpcio)."""
-    install(session, *TEST_TOOLS, "numpy>=2", "grpcio", "tritonclient[grpc]", "grpcio-health-checking")
+    # What `pip install "embedtriton[grpc,tracing]"` resolves to today (the extras' bounds together).
+    install(session, *TEST_TOOLS, "numpy>=2", extras="grpc,tracing")
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
 
@@ -66,6 +67,7 @@ def tests_oldest(session: nox.Session) -> None:
         "tritonclient[grpc]==2.51.0",
         "grpcio-health-checking==1.60.0",
         "setuptools<80",  # tritonclient.utils.shared_memory (2.51) still imports pkg_resources
+        extras="grpc,tracing",  # the extras' lower bounds, resolved together
     )
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
