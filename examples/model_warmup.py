@@ -29,7 +29,7 @@ warmup = ModelWarmup(
         "INPUT_1": WarmupInput(dtype=np.float32, shape=(1,), random_data=True),
         "INPUT_2": WarmupInput(dtype=np.bytes_, shape=(1,), zero_data=True),
     },
-    count=1,  # run two synthetic requests
+    count=1,  # run one synthetic request of batch_size rows
 )
 
 # 2. Attach it to the model’s config
