@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
 import subprocess
 import time
@@ -103,16 +104,38 @@ def test_system_shared_memory_inputs_and_outputs(endpoint):
     assert client.infer("AddSub", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
 
 
-def test_cuda_shared_memory_is_unimplemented(endpoint):
+def test_cuda_shared_memory_answers_as_a_gpu_less_triton(endpoint):
+    """Status lists no region and unregistering succeeds (every shared-memory client's routine
+    cleanup, perf_analyzer's too); only registering fails, with Triton's wording."""
     _, address = endpoint
-    channel = grpc.insecure_channel(address)
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    with pytest.raises(grpc.RpcError) as info:
-        stub.CudaSharedMemoryStatus(service_pb2.CudaSharedMemoryStatusRequest())
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "system shared memory" in info.value.details()
+    client = grpcclient.InferenceServerClient(address)
+    status = client.get_cuda_shared_memory_status(as_json=True)
+    assert status.get("regions", {}) == {}
+    client.unregister_cuda_shared_memory()  # all: nothing to do, no error
+    client.unregister_cuda_shared_memory("never-registered")  # as Triton: succeeds
+    with pytest.raises(InferenceServerException) as info:
+        client.register_cuda_shared_memory("gpu-in", b"\0" * 64, 0, 64)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "failed to register CUDA shared memory region: 'gpu-in', GPUs not supported" in info.value.message()
+    assert "use system shared memory" in info.value.message()  # and what to do instead
+    with pytest.raises(InferenceServerException) as info:
+        client.get_cuda_shared_memory_status("never-registered")
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+    assert info.value.message() == "Unable to find cuda shared memory region: 'never-registered'"
+    key = f"/embedtriton-cuda-{os.getpid()}"
+    handle = shm.create_shared_memory_region("sys", key, 16)
+    try:  # names are shared with system regions, as in Triton
+        client.register_system_shared_memory("sys", key, 16)
+        with pytest.raises(InferenceServerException) as info:
+            client.get_cuda_shared_memory_status("sys")
+        assert info.value.message() == (
+            "The region named 'sys' is registered as system shared memory, not CUDA shared memory"
+        )
+        client.unregister_cuda_shared_memory("sys")  # not a CUDA region: left alone, as Triton does
+        assert [r["name"] for r in client.get_system_shared_memory_status(as_json=True)["regions"].values()] == ["sys"]
+    finally:
+        client.unregister_system_shared_memory("sys")
+        shm.destroy_shared_memory_region(handle)
 
 
 # -- health, admin and settings -----------------------------------------------------

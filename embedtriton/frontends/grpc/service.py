@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
+from ...triton.devices import cuda_devices
 from ..shared_memory import SystemSharedMemory
 from .infer import STOPPING, Inference, InFlight, Stream
 from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of
@@ -58,9 +59,9 @@ class Service:
             _KSERVE + "SystemSharedMemoryStatus": (s.SystemSharedMemoryStatusRequest, self.shm_status),
             _KSERVE + "SystemSharedMemoryRegister": (s.SystemSharedMemoryRegisterRequest, self.shm_register),
             _KSERVE + "SystemSharedMemoryUnregister": (s.SystemSharedMemoryUnregisterRequest, self.shm_unregister),
-            _KSERVE + "CudaSharedMemoryStatus": (s.CudaSharedMemoryStatusRequest, self.cuda_shm),
-            _KSERVE + "CudaSharedMemoryRegister": (s.CudaSharedMemoryRegisterRequest, self.cuda_shm),
-            _KSERVE + "CudaSharedMemoryUnregister": (s.CudaSharedMemoryUnregisterRequest, self.cuda_shm),
+            _KSERVE + "CudaSharedMemoryStatus": (s.CudaSharedMemoryStatusRequest, self.cuda_shm_status),
+            _KSERVE + "CudaSharedMemoryRegister": (s.CudaSharedMemoryRegisterRequest, self.cuda_shm_register),
+            _KSERVE + "CudaSharedMemoryUnregister": (s.CudaSharedMemoryUnregisterRequest, self.cuda_shm_unregister),
             _KSERVE + "TraceSetting": (s.TraceSettingRequest, self.trace_setting),
             _KSERVE + "LogSettings": (s.LogSettingsRequest, self.log_settings),
             _KSERVE + "ModelInfer": (s.ModelInferRequest, self.inference.model_infer),
@@ -325,11 +326,29 @@ class Service:
             )
         return response
 
-    def cuda_shm(self, request: Any, call: Call) -> Any:
-        raise UnsupportedError(
-            "CUDA shared memory is not supported by this endpoint; use system shared memory "
-            "(SystemSharedMemoryRegister) or send tensors in the request"
+    # CUDA shared memory, answered as Triton built without GPU support answers it: no region is
+    # ever registered, so the status lists none and unregistering (clients' routine cleanup)
+    # succeeds; only registering fails. Names are shared with system regions, as in Triton.
+
+    def cuda_shm_status(self, request: Any, call: Call) -> Any:
+        name = request.name
+        if name:
+            if any(r.name == name for r in self.shm.status()):
+                raise NotFoundError(
+                    f"The region named '{name}' is registered as system shared memory, not CUDA shared memory"
+                )
+            raise NotFoundError(f"Unable to find cuda shared memory region: '{name}'")
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    def cuda_shm_register(self, request: Any, call: Call) -> Any:
+        why = "this server sees no GPU" if cuda_devices()[0] == 0 else "CUDA shared memory is not in this build yet"
+        raise InvalidArgumentError(
+            f"failed to register CUDA shared memory region: '{request.name}', GPUs not supported "
+            f"({why}: use system shared memory or send tensors in the request)"
         )
+
+    def cuda_shm_unregister(self, request: Any, call: Call) -> Any:
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     # -- health ---------------------------------------------------------------------
 
