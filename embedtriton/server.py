@@ -10,7 +10,7 @@ from typing import Any
 from .config import ServerConfig
 from .core import CoreServer
 from .errors import InvalidArgumentError
-from .frontends.grpc.options import GrpcOptions
+from .frontends.grpc.options import GrpcOptions, normalize_address
 
 log = logging.getLogger("embedtriton")
 
@@ -33,11 +33,14 @@ class Server(CoreServer):
         super().start()
         return self
 
-    def serve_grpc(self, address: str | None = None, *, options: GrpcOptions | None = None, **settings: Any) -> int:
+    def serve_grpc(
+        self, address: str | int | None = None, *, options: GrpcOptions | None = None, **settings: Any
+    ) -> int:
         """Serve the models on a KServe-v2 gRPC endpoint (``inference.GRPCInferenceService``
         plus ``grpc.health.v1.Health``) that stock Triton clients use; stopped by :meth:`stop`.
 
-        ``address`` (``"127.0.0.1:8001"`` by default; ``"host:0"`` picks a free port) and
+        ``address`` (``"127.0.0.1:8001"`` by default; ``":8001"`` and ``8001`` mean 127.0.0.1 too;
+        ``"host:0"`` picks a free port) and
         ``settings`` override the fields of ``options`` (:class:`GrpcOptions`):
         ``max_message_bytes``, ``tls_cert``, ``tls_key``, ``tls_client_ca``, ``transport``
         (``"native"`` or ``"grpcio"``), ``limits`` (:class:`GrpcLimits`) and ``shared_memory``.
@@ -61,14 +64,15 @@ class Server(CoreServer):
         log.info("serving gRPC on %s (port %d)", options.address, endpoint.port)
         return endpoint.port
 
-    def serve_metrics(self, address: str = "127.0.0.1:8002") -> int:
+    def serve_metrics(self, address: str | int = "127.0.0.1:8002") -> int:
         """Serve Triton's Prometheus metrics over HTTP at ``http://ADDRESS/metrics``; stopped by
-        :meth:`stop`. ``"host:0"`` picks a free port. Returns the port."""
+        :meth:`stop`. ``":8002"`` and ``8002`` mean 127.0.0.1; ``"host:0"`` picks a free port.
+        Returns the port."""
         from .frontends.http.metrics import MetricsEndpoint
 
         with self._lock:
             if self.endpoint("metrics") is not None:
                 raise InvalidArgumentError("already serving metrics")
-            endpoint = MetricsEndpoint(self, address)
+            endpoint = MetricsEndpoint(self, normalize_address(address, "metrics"))
             self.attach("metrics", endpoint)
         return endpoint.port

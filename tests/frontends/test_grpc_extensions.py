@@ -311,3 +311,25 @@ def test_grpc_options_object(add_sub, add_sub_tensors):
             server.serve_grpc("127.0.0.1:0")
     with pytest.raises(InferenceServerException):
         grpcclient.InferenceServerClient(f"127.0.0.1:{port}").is_server_live(client_timeout=2)
+
+
+def test_int_and_colon_ports_bind_loopback(add_sub, add_sub_tensors):
+    import urllib.request
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    grpc_port, metrics_port = free_port(), free_port()
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
+    with server:
+        assert server.serve_grpc(grpc_port) == grpc_port  # an int port, as users type it
+        assert server.endpoint("grpc").address == f"127.0.0.1:{grpc_port}"  # loopback, not every interface
+        assert grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}").is_model_ready("AddSub")
+        assert server.serve_metrics(f":{metrics_port}") == metrics_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+            assert b"nv_inference_request_success" in reply.read()
+        with pytest.raises(InvalidArgumentError, match="gRPC address must look like host:port"):
+            server.serve_grpc("127.0.0.1:http")

@@ -17,6 +17,7 @@ from embedtriton import (
     UnsupportedError,
 )
 from embedtriton.core.request import SEQUENCE_END, SEQUENCE_START, InferRequest, sequence_of
+from embedtriton.frontends.grpc.options import normalize_address
 from embedtriton.triton import devices
 
 INPUTS = {"x": object()}
@@ -262,3 +263,26 @@ def test_output_device_gpu_is_not_built_yet(monkeypatch):
     monkeypatch.setattr(devices, "cuda_devices", lambda: (1, ""))
     with pytest.raises(UnsupportedError, match="not in this build yet"):
         InferRequest.from_options(INPUTS, {"output_device": "gpu"})
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        (8001, "127.0.0.1:8001"),
+        (":8001", "127.0.0.1:8001"),
+        ("8001", "127.0.0.1:8001"),
+        ("127.0.0.1:0", "127.0.0.1:0"),
+        ("0.0.0.0:8001", "0.0.0.0:8001"),  # every interface only when asked for
+        ("[::1]:8001", "[::1]:8001"),
+        ("localhost:08001", "localhost:8001"),
+    ],
+)
+def test_addresses_default_to_loopback(given, expected):
+    assert GrpcOptions(address=given).address == expected
+    assert normalize_address(given, "metrics") == expected
+
+
+@pytest.mark.parametrize("bad", ["host:port", "127.0.0.1:70000", "[]:1", True, 1.5, None, "127.0.0.1:"])
+def test_bad_addresses_are_refused(bad):
+    with pytest.raises(InvalidArgumentError, match=r"gRPC address must (look like host:port|be 'host:port')"):
+        GrpcOptions(address=bad)

@@ -54,7 +54,8 @@ class GrpcLimits:
 class GrpcOptions:
     """Settings of a KServe-v2 gRPC endpoint (``Server.serve_grpc(options=...)``).
 
-    ``address``: ``host:port`` (127.0.0.1 unless told otherwise; port 0 picks a free one).
+    ``address``: ``"host:port"``, ``":port"`` or an int port (the host is 127.0.0.1 unless told
+    otherwise; ``"0.0.0.0:port"`` serves every interface; port 0 picks a free one).
     ``max_message_bytes`` caps request and response messages. ``tls_cert``/``tls_key`` (PEM
     files) turn on TLS; ``tls_client_ca`` also requires clients to present a certificate
     signed by that CA. ``transport``: ``"native"`` (embedtriton's HTTP/2 server on libnghttp2,
@@ -64,7 +65,7 @@ class GrpcOptions:
     server's ``/dev/shm`` objects.
     """
 
-    address: str = "127.0.0.1:8001"
+    address: str | int = "127.0.0.1:8001"
     max_message_bytes: int = 64 * 1024 * 1024
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -74,6 +75,7 @@ class GrpcOptions:
     shared_memory: bool = True
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "address", normalize_address(self.address, "gRPC"))
         if bool(self.tls_cert) != bool(self.tls_key):
             raise InvalidArgumentError("TLS needs both tls_cert and tls_key (PEM files)")
         if self.tls_client_ca and not self.tls_cert:
@@ -90,3 +92,20 @@ class GrpcOptions:
     def tls(self) -> tuple[str, str, str | None] | None:
         """(certificate, key, client CA) when TLS is on."""
         return (self.tls_cert, self.tls_key, self.tls_client_ca) if self.tls_cert and self.tls_key else None
+
+
+def normalize_address(address: str | int, what: str) -> str:
+    """``"host:port"`` from an address a user gives: an int port or ``":port"`` means 127.0.0.1,
+    like every default here (serving every interface must be asked for, e.g. ``"0.0.0.0:8001"``)."""
+    if isinstance(address, int) and not isinstance(address, bool):
+        host, port = "127.0.0.1", str(address)
+    elif isinstance(address, str):
+        host, _, port = address.rpartition(":")
+        host = host or "127.0.0.1"
+    else:
+        raise InvalidArgumentError(f"{what} address must be 'host:port' or an int port, not {address!r}")
+    if not port.isdigit() or int(port) > 65535 or not host.strip("[]"):
+        raise InvalidArgumentError(
+            f"{what} address must look like host:port (e.g. '127.0.0.1:8001', ':8001' or 8001), not {address!r}"
+        )
+    return f"{host}:{int(port)}"
