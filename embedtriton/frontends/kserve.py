@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..config import MAX_DIMS
-from ..core import InferRequest, Model
+from ..core import CoreServer, InferRequest, Model
 from ..core.request import SEQUENCE_END, SEQUENCE_START
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, NotFoundError
 from ..tensors import BY_NAME, decode_bytes, encode_bytes
 from .shared_memory import Region, SystemSharedMemory
 
@@ -37,6 +37,15 @@ class Decoded:
         """Raise when a region shrank under the request (its data is lost)."""
         for region in self.regions:
             region.check()
+
+
+def model_of(server: CoreServer, name: str) -> Model:
+    """The model a network request names; an unknown name is refused as Triton words it
+    (INVALID_ARGUMENT), since clients compare that text."""
+    try:
+        return server.model(name)
+    except NotFoundError:
+        raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found") from None
 
 
 def apply_parameters(decoded: Decoded, params: dict[str, Any], request_id: str) -> None:

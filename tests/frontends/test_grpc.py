@@ -111,7 +111,13 @@ def test_errors_map_to_grpc_status_codes(endpoint):
     client = grpcclient.InferenceServerClient(address)
     with pytest.raises(InferenceServerException) as info:
         client.infer("Nope", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
-    assert info.value.status() == "StatusCode.NOT_FOUND"
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"  # as Triton answers
+    assert info.value.message() == "Request for unknown model: 'Nope' is not found"
+    for ask in (client.get_model_metadata, client.get_model_config, client.get_inference_statistics):
+        with pytest.raises(
+            InferenceServerException, match=r"^\[StatusCode.INVALID_ARGUMENT\] Request for unknown model"
+        ):
+            ask("Nope")
     wrong = [grpcclient.InferInput("a", [1, 1], "FP64"), grpcclient.InferInput("b", [1, 1], "FP32")]
     wrong[0].set_data_from_numpy(np.ones((1, 1), np.float64))
     wrong[1].set_data_from_numpy(np.ones((1, 1), np.float32))

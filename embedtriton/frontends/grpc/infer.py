@@ -216,7 +216,7 @@ class Inference:
         """
         if self.draining:
             raise UnavailableError(STOPPING)
-        decoded = kserve.Decoded(self.server.model(request.model_name))  # NotFoundError for unknown names
+        decoded = kserve.Decoded(kserve.model_of(self.server, request.model_name))
         raw = request.raw_input_contents
         if raw and len(raw) != len(request.inputs):
             raise InvalidArgumentError(

@@ -21,6 +21,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
 from ...triton.devices import cuda_devices
+from .. import kserve
 from ..shared_memory import SystemSharedMemory
 from .infer import STOPPING, Inference, InFlight, Stream
 from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of
@@ -172,7 +173,7 @@ class Service:
         return service_pb2.ServerReadyResponse(ready=self.server.ready)
 
     def _model(self, name: str) -> Any:
-        return self.server.model(name)  # NotFoundError for unknown names
+        return kserve.model_of(self.server, name)  # Triton's wording for unknown names
 
     def _known(self, name: str) -> bool:
         try:
