@@ -138,6 +138,60 @@ def test_cuda_shared_memory_answers_as_a_gpu_less_triton(endpoint):
         shm.destroy_shared_memory_region(handle)
 
 
+def test_input_data_is_found_as_triton_finds_it(endpoint):
+    """Raw contents go, in order, to the inputs with neither shared memory nor typed contents
+    (so shared memory and raw mix); typed contents beside raw ones, or an input with no data,
+    are refused in Triton's words."""
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    _, address = endpoint
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(address))
+    client = grpcclient.InferenceServerClient(address)
+    ones = np.ones((1, 1), np.float32)
+
+    def request(*names: str) -> service_pb2.ModelInferRequest:
+        r = service_pb2.ModelInferRequest(model_name="AddSub")
+        for name in names:
+            r.inputs.add(name=name, datatype="FP32", shape=[1, 1])
+        return r
+
+    r = request("a", "b")
+    r.inputs[0].contents.fp32_contents.append(1.0)
+    r.raw_input_contents.append((2 * ones).tobytes())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(r)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "contents field must not be specified when using raw_input_contents for 'a' for model 'AddSub'"
+    )
+    r = request("a", "b")
+    r.raw_input_contents.append(ones.tobytes())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(r)
+    assert info.value.details() == "unable to find data for input tensor 'b' for model 'AddSub' in request."
+
+    key = f"/embedtriton-mixed-{os.getpid()}"
+    handle = shm.create_shared_memory_region("mixed", key, 4)
+    try:
+        shm.set_shared_memory_region(handle, [3 * ones])
+        client.register_system_shared_memory("mixed", key, 4)
+        r = request("a", "b")
+        r.inputs[0].parameters["shared_memory_region"].string_param = "mixed"
+        r.inputs[0].parameters["shared_memory_byte_size"].int64_param = 4
+        r.raw_input_contents.append(ones.tobytes())  # the first raw content is b's
+        reply = stub.ModelInfer(r)
+        assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [4.0]  # a + b
+        r.inputs[0].contents.fp32_contents.append(1.0)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(r)
+        assert info.value.details() == (
+            "unexpected 'content' provided when using shared memory for input tensor 'a' for model 'AddSub'"
+        )
+    finally:
+        client.unregister_system_shared_memory("mixed")
+        shm.destroy_shared_memory_region(handle)
+
+
 # -- health, admin and settings -----------------------------------------------------
 
 

@@ -218,14 +218,12 @@ class Inference:
             raise UnavailableError(STOPPING)
         decoded = kserve.Decoded(kserve.model_of(self.server, request.model_name))
         raw = request.raw_input_contents
-        if raw and len(raw) != len(request.inputs):
-            raise InvalidArgumentError(
-                f"{len(raw)} raw input contents for {len(request.inputs)} inputs: give all or none"
-            )
         inputs = decoded.request.inputs = {}
+        used = 0  # raw contents go, in order, to the inputs without shared memory or typed contents
         try:
-            for i, tensor in enumerate(request.inputs):
-                inputs[tensor.name] = self._input_array(tensor, raw[i] if raw else None, decoded)
+            for tensor in request.inputs:
+                inputs[tensor.name], took = self._input_array(request, tensor, raw, used, decoded)
+                used += took
             params = {k: parameter(v) for k, v in request.parameters.items()} if request.parameters else {}
             if request.outputs:
                 outputs = [(o.name, _tensor_parameters(o)) for o in request.outputs]
@@ -237,17 +235,29 @@ class Inference:
         kserve.apply_parameters(decoded, params, request.id)
         return decoded
 
-    def _input_array(self, tensor: Any, raw: bytes | None, decoded: kserve.Decoded) -> Any:
+    def _input_array(self, request: Any, tensor: Any, raw: Any, used: int, decoded: kserve.Decoded) -> tuple[Any, int]:
+        """One input's array, and how many raw contents it took (as Triton reads them)."""
         name, shape, datatype = tensor.name, tuple(tensor.shape), tensor.datatype
         kserve.check_shape(name, shape)
-        data: Any = raw
+        typed = tensor.HasField("contents")
+        where = f"input tensor '{name}' for model '{request.model_name}'"
         if "shared_memory_region" in tensor.parameters:
+            if typed:
+                raise InvalidArgumentError(f"unexpected 'content' provided when using shared memory for {where}")
             ref = kserve.shm_reference(name, _tensor_parameters(tensor))
             data = kserve.shm_view(decoded, self.shm, ref, f"input '{name}'")  # type: ignore[arg-type]
-        if data is not None:
-            return kserve.array_from_bytes(name, datatype, shape, data)
-        values = getattr(tensor.contents, kserve.contents_field(name, datatype))
-        return kserve.array_from_values(name, datatype, shape, values)
+            return kserve.array_from_bytes(name, datatype, shape, data), 0
+        if typed:
+            if raw:
+                raise InvalidArgumentError(
+                    f"contents field must not be specified when using raw_input_contents for '{name}' "
+                    f"for model '{request.model_name}'"
+                )
+            values = getattr(tensor.contents, kserve.contents_field(name, datatype))
+            return kserve.array_from_values(name, datatype, shape, values), 0
+        if used < len(raw):
+            return kserve.array_from_bytes(name, datatype, shape, raw[used]), 1
+        raise InvalidArgumentError(f"unable to find data for {where} in request.")
 
     def _submit(self, call: Call, decoded: kserve.Decoded, target: Any, stream: bool) -> Any:
         """Hand a decoded request to the core; returns its cancel (or stream) handle."""
