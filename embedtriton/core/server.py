@@ -291,11 +291,11 @@ class CoreServer:
             raise UnavailableError("the server is not running")
         return binding
 
-    def model(self, name: str) -> Model:
-        """A handle on model ``name``."""
+    def model(self, name: str, version: int = -1) -> Model:
+        """A handle on model ``name`` (``version`` -1: the latest ready one, as Triton picks it)."""
         if name not in self._bound:
             raise NotFoundError(f"no model '{name}' (bound: {sorted(self._bound)})")
-        return Model(self, name)
+        return Model(self, name, version)
 
     def models(self) -> list[Model]:
         """Handles on every bound model."""

@@ -6,6 +6,7 @@ hand the values here; the result is the core's :class:`~embedtriton.core.InferRe
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,13 +40,37 @@ class Decoded:
             region.check()
 
 
-def model_of(server: CoreServer, name: str) -> Model:
-    """The model a network request names; an unknown name is refused as Triton words it
-    (INVALID_ARGUMENT), since clients compare that text."""
+def model_of(server: CoreServer, name: str, version: str = "") -> Model:
+    """The model (and version) a network request names. An unknown name and a malformed version
+    are refused as Triton words them (INVALID_ARGUMENT), since clients compare that text; a
+    version that is not loaded is Triton's own NOT_FOUND when the request reaches it."""
     try:
-        return server.model(name)
+        model = server.model(name, model_version(version))
     except NotFoundError:
         raise InvalidArgumentError(f"Request for unknown model: '{name}' is not found") from None
+    return model
+
+
+_LEADING_INT = re.compile(r"\s*([+-]?\d+)")
+
+
+def model_version(version: str) -> int:
+    """A KServe ``model_version`` string as Triton reads it: empty is -1 (the latest ready
+    version); like C's ``stol`` it reads a leading integer; negative values are refused."""
+    if not version:
+        return -1
+    found = _LEADING_INT.match(version)
+    if found is None or len(found.group(1).lstrip("+-")) > 18:
+        raise InvalidArgumentError(
+            f"failed to get model version from specified version string '{version}' (details: stol), "
+            "version should be an integral value > 0"
+        )
+    number = int(found.group(1))
+    if number < 0:
+        raise InvalidArgumentError(
+            f"invalid model version specified '{version}' , version should be an integral value > 0"
+        )
+    return number
 
 
 def apply_parameters(decoded: Decoded, params: dict[str, Any], request_id: str) -> None:

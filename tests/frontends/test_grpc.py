@@ -276,3 +276,28 @@ def test_serve_command(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_model_version_is_honoured(endpoint):
+    """A version that is not loaded is Triton's NOT_FOUND, a malformed one INVALID_ARGUMENT, on
+    every RPC; never an answer from another version."""
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    inputs = add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32))
+    assert client.infer("AddSub", inputs, model_version="1").as_numpy("add").tolist() == [[2.0]]
+    assert client.is_model_ready("AddSub", "1") and not client.is_model_ready("AddSub", "2")
+    not_loaded = "[StatusCode.NOT_FOUND] Request for unknown model: 'AddSub' version 2 is not found"
+    for ask in (
+        lambda v: client.infer("AddSub", inputs, model_version=v),
+        lambda v: client.get_model_metadata("AddSub", v),
+        lambda v: client.get_model_config("AddSub", v),
+    ):
+        with pytest.raises(InferenceServerException) as info:
+            ask("2")
+        assert str(info.value) == not_loaded
+        with pytest.raises(InferenceServerException, match=r"^\[StatusCode.INVALID_ARGUMENT\] failed to get model"):
+            ask("x")
+        with pytest.raises(InferenceServerException, match=r"^\[StatusCode.INVALID_ARGUMENT\] invalid model version"):
+            ask("-3")
+    with pytest.raises(InferenceServerException, match="requested model version is not available"):
+        client.get_inference_statistics("AddSub", "2")

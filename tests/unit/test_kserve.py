@@ -304,3 +304,22 @@ def test_output_bytes():
     assert kserve.output_bytes(array.T, "FP32") == np.ascontiguousarray(array.T).tobytes()  # C order on the wire
     strings = np.array([b"a", b"bc"], dtype=object)
     assert kserve.output_bytes(strings, "BYTES") == b"\x01\x00\x00\x00a\x02\x00\x00\x00bc"
+
+
+@pytest.mark.parametrize("given, expected", [("", -1), ("1", 1), ("0", 0), (" 7", 7), ("+3", 3), ("12abc", 12)])
+def test_model_version_is_read_as_triton_reads_it(given, expected):
+    assert kserve.model_version(given) == expected  # like C's stol, a leading integer
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("x", "failed to get model version from specified version string 'x' (details: stol), "),
+        ("99999999999999999999", "failed to get model version from specified version string"),
+        ("-1", "invalid model version specified '-1' , version should be an integral value > 0"),
+    ],
+)
+def test_malformed_model_versions_are_refused(given, message):
+    with pytest.raises(InvalidArgumentError) as info:
+        kserve.model_version(given)
+    assert str(info.value).startswith(message)

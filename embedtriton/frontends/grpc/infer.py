@@ -216,7 +216,7 @@ class Inference:
         """
         if self.draining:
             raise UnavailableError(STOPPING)
-        decoded = kserve.Decoded(kserve.model_of(self.server, request.model_name))
+        decoded = kserve.Decoded(kserve.model_of(self.server, request.model_name, request.model_version))
         raw = request.raw_input_contents
         inputs = decoded.request.inputs = {}
         used = 0  # raw contents go, in order, to the inputs without shared memory or typed contents

@@ -172,8 +172,8 @@ class Service:
     def server_ready(self, request: Any, call: Call) -> Any:
         return service_pb2.ServerReadyResponse(ready=self.server.ready)
 
-    def _model(self, name: str) -> Any:
-        return kserve.model_of(self.server, name)  # Triton's wording for unknown names
+    def _model(self, name: str, version: str = "") -> Any:
+        return kserve.model_of(self.server, name, version)  # Triton's wording for unknown names
 
     def _known(self, name: str) -> bool:
         try:
@@ -183,7 +183,7 @@ class Service:
         return True
 
     def model_ready(self, request: Any, call: Call) -> Any:
-        ready = self._known(request.name) and self.server.model(request.name).ready
+        ready = self._known(request.name) and self._model(request.name, request.version).ready
         return service_pb2.ModelReadyResponse(ready=ready)
 
     def server_metadata(self, request: Any, call: Call) -> Any:
@@ -193,17 +193,17 @@ class Service:
         )
 
     def model_metadata(self, request: Any, call: Call) -> Any:
-        meta = self._model(request.name).metadata()
+        meta = self._model(request.name, request.version).metadata()
         return json_format.ParseDict(meta, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True)
 
     def model_config(self, request: Any, call: Call) -> Any:
-        config = self._model(request.name).config()
+        config = self._model(request.name, request.version).config()
         parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
         return service_pb2.ModelConfigResponse(config=parsed)
 
     def model_statistics(self, request: Any, call: Call) -> Any:
         names = [request.name] if request.name else [m.name for m in self.server.models()]
-        stats = [self._model(n).statistics() for n in names]
+        stats = [self._model(n, request.version).statistics() for n in names]
         return json_format.ParseDict(
             {"model_stats": stats}, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
         )
