@@ -17,7 +17,7 @@ class ServerConfig:
     ``cache_config`` takes Triton's ``--cache-config`` strings, e.g. ``["local,size=1048576"]``.
     """
 
-    id: str = "embedtriton"
+    id: str = "triton"  # the name server metadata reports; Triton's own default, which clients may expect
     cache_config: list[str] = field(default_factory=list)
     cache_directory: str | None = None
     exit_timeout_secs: int = 30

@@ -65,7 +65,12 @@ def test_health_metadata_config_statistics_index(endpoint):
     client = grpcclient.InferenceServerClient(address)
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("AddSub") and not client.is_model_ready("Nope")
-    assert client.get_server_metadata().version.startswith("2.")
+    meta = client.get_server_metadata()
+    assert meta.name == "triton" and meta.version.startswith("2.")  # what Triton itself reports
+    assert list(meta.extensions) == [  # exactly what this endpoint implements, in Triton's order
+        "sequence", "model_repository", "schedule_policy", "model_configuration", "system_shared_memory",
+        "parameters", "statistics", "logging",
+    ]  # fmt: skip
     meta = client.get_model_metadata("AddSub")
     assert [t.name for t in meta.inputs] == ["a", "b"] and meta.inputs[0].datatype == "FP32"
     config = client.get_model_config("AddSub").config

@@ -32,6 +32,13 @@ _KSERVE = "/inference.GRPCInferenceService/"
 _STREAM_INFER = _KSERVE + "ModelStreamInfer"
 _HEALTH = "/grpc.health.v1.Health/"
 _REFUSED = object()  # call.user of a unary call already answered with an error
+# Triton's extensions that this endpoint implements. Not listed: classification (not yet),
+# binary_tensor_data (HTTP only), model_repository(unload_dependents), cuda_shared_memory
+# (registering needs a GPU build).
+_EXTENSIONS = (
+    "sequence", "model_repository", "schedule_policy", "model_configuration", "system_shared_memory",
+    "parameters", "statistics", "trace", "logging",
+)  # fmt: skip
 _REFUSED_WHILE_DRAINING = {
     _KSERVE + name for name in ("RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister")
 }  # (inference requests are refused by Inference.decode, for unary calls and streams alike)
@@ -187,9 +194,16 @@ class Service:
         return service_pb2.ModelReadyResponse(ready=ready)
 
     def server_metadata(self, request: Any, call: Call) -> Any:
+        """Triton's name and version; of its extensions, exactly those this endpoint implements."""
         meta = self.server.metadata()
+        served = set(_EXTENSIONS)
+        if not self.shared_memory:
+            served.discard("system_shared_memory")
+        if self.server.tracer is None:
+            served.discard("trace")  # TraceSetting answers UNAVAILABLE without ServerConfig(tracing=...)
+        extensions = [e for e in meta.get("extensions", []) if e in served]
         return service_pb2.ServerMetadataResponse(
-            name=meta.get("name", ""), version=meta.get("version", ""), extensions=meta.get("extensions", [])
+            name=meta.get("name", ""), version=meta.get("version", ""), extensions=extensions
         )
 
     def model_metadata(self, request: Any, call: Call) -> Any:
