@@ -204,7 +204,7 @@ def test_bind_after_start_and_unbind(server, add_sub_tensors):
 def test_server_metadata_metrics_statistics_config(server):
     assert server.live and server.ready
     meta = server.metadata()
-    assert meta["name"] == "embedtriton" and meta["version"].startswith("2.")
+    assert meta["name"] == "triton" and meta["version"].startswith("2.")
     model = server.model("AddSub")
     model.infer({"a": np.ones((1, 1), np.float32), "b": np.ones((1, 1), np.float32)})
     assert 'nv_inference_request_success{model="AddSub",version="1"}' in server.metrics()
