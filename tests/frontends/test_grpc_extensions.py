@@ -169,6 +169,11 @@ def test_input_data_is_found_as_triton_finds_it(endpoint):
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(r)
     assert info.value.details() == "unable to find data for input tensor 'b' for model 'AddSub' in request."
+    r = request("a", "b", "a")  # the last 'a' used to replace the first one silently
+    r.raw_input_contents.extend([ones.tobytes()] * 3)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(r)
+    assert info.value.details() == "input 'a' already exists in request"
 
     key = f"/embedtriton-mixed-{os.getpid()}"
     handle = shm.create_shared_memory_region("mixed", key, 4)

@@ -222,6 +222,8 @@ class Inference:
         used = 0  # raw contents go, in order, to the inputs without shared memory or typed contents
         try:
             for tensor in request.inputs:
+                if tensor.name in inputs:  # Triton's words, without its "[request id: ...]" prefix
+                    raise InvalidArgumentError(f"input '{tensor.name}' already exists in request")
                 inputs[tensor.name], took = self._input_array(request, tensor, raw, used, decoded)
                 used += took
             params = {k: parameter(v) for k, v in request.parameters.items()} if request.parameters else {}
