@@ -36,6 +36,11 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
     def split(outputs: Mapping[str, Any] | None, n: int, bounds: list[int]) -> list[dict[str, Any] | None]:
         if outputs is None:
             return [None] * n
+        if not isinstance(outputs, Mapping):
+            raise TypeError(
+                f"a @batch function must return a dict of arrays (output name -> batched array), "
+                f"not {type(outputs).__name__}"
+            )
         if n == 1:
             return [dict(outputs)]
         parts = {name: np.split(np.asarray(value), bounds) for name, value in outputs.items()}
@@ -49,6 +54,7 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
             for outputs in func(**kwargs):
                 yield split(outputs, len(requests), bounds)
 
+        run_stream.batched = True  # type: ignore[attr-defined]
         return run_stream
 
     if inspect.isasyncgenfunction(func):
@@ -59,6 +65,7 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
             async for outputs in func(**kwargs):
                 yield split(outputs, len(requests), bounds)
 
+        run_async_stream.batched = True  # type: ignore[attr-defined]
         return run_async_stream
 
     @functools.wraps(func)
@@ -66,4 +73,26 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
         kwargs, bounds = gather(requests)
         return split(func(**kwargs), len(requests), bounds)
 
+    run.batched = True  # type: ignore[attr-defined]
     return run
+
+
+def signature_problem(func: Callable[..., Any]) -> str | None:
+    """Why ``func`` cannot take the one argument it is called with (a list of requests, or one
+    request), or None. Catches the usual slip: a function of batched arrays without ``@batch``."""
+    if getattr(func, "batched", False):
+        return None
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return None
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) <= 1 and (positional or any(p.kind is p.VAR_POSITIONAL for p in params)):
+        return None
+    names = ", ".join(p.name for p in params)
+    return (
+        f"infer_func({names}) is called with one argument, the list of requests; for a function "
+        "of batched arrays (one keyword argument per input), decorate it with @embedtriton.batch"
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..backend import library
-from ..backend.batch import InferFunc
+from ..backend.batch import InferFunc, signature_problem
 from ..backend.binding import Binding
 from ..config import ModelConfig, ServerConfig, Tensor, name_tensors
 from ..config.triton_json import model_config_json
@@ -220,6 +220,9 @@ class CoreServer:
             raise InvalidArgumentError(f"model_name must be a plain non-empty name, not {model_name!r}")
         if not callable(infer_func):
             raise InvalidArgumentError(f"infer_func of model '{model_name}' must be callable")
+        problem = signature_problem(infer_func)
+        if problem is not None:
+            raise InvalidArgumentError(f"model '{model_name}': {problem}")
         config = config if config is not None else ModelConfig()
         if not isinstance(config, ModelConfig):
             raise InvalidArgumentError(f"config must be a ModelConfig, not {type(config).__name__}")

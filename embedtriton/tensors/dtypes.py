@@ -68,5 +68,16 @@ def triton_dtype(dtype: Any, what: str = "tensor") -> str:
 
 
 def as_numpy_dtype(dtype: Any) -> np.dtype:
-    """A user's dtype as numpy's: ``bytes``, ``np.bytes_``, ``str`` and ``object`` mean BYTES (object)."""
+    """A user's dtype as numpy's: ``bytes``, ``np.bytes_``, ``str`` and ``object`` mean BYTES
+    (object arrays); Triton's names (``"FP32"``, ``"TYPE_FP32"``, ``"BYTES"``, ``"TYPE_STRING"``)
+    are read too."""
+    if isinstance(dtype, str):
+        name = "BYTES" if dtype == "TYPE_STRING" else dtype.removeprefix("TYPE_")
+        found = BY_NAME.get(name)
+        if found is not None:
+            if found.name == "BYTES":
+                return np.dtype(object)
+            if found.numpy is None:
+                raise InvalidArgumentError(f"dtype {dtype!r}: numpy has no {found.name}; use FP16 or FP32")
+            return found.numpy
     return np.dtype(object) if dtype in (bytes, np.bytes_, object, str) else np.dtype(dtype)

@@ -132,6 +132,24 @@ def test_callable_returning_wrong_count(server, add_sub_tensors):
         server.unbind("WrongCount")
 
 
+def test_functions_of_arrays_without_batch_get_a_fix_it(server, add_sub_tensors):
+    inputs, outputs = add_sub_tensors
+
+    def add_sub(a, b):
+        return {"add": a + b, "sub": a - b}
+
+    with pytest.raises(
+        InvalidArgumentError, match=r"model 'Plain': infer_func\(a, b\) .* decorate it with @embedtriton.batch"
+    ):
+        server.bind("Plain", add_sub, inputs, outputs)
+    model = server.bind("ListBack", batch(lambda a, b: [a + b, a - b]), inputs, outputs)
+    try:
+        with pytest.raises(InternalError, match="a @batch function must return a dict of arrays .*, not list"):
+            model.infer({"a": ONE, "b": ONE})
+    finally:
+        server.unbind("ListBack")
+
+
 def test_config_validation_messages(add_sub, add_sub_tensors):
     with pytest.raises(InvalidArgumentError, match="max_batch_size must be >= 1"):
         ModelConfig(max_batch_size=0)

@@ -282,3 +282,18 @@ def test_decode_never_fails_other_than_with_invalid_argument(data, shape):
         return
     assert out.shape == shape
     assert encode_bytes(out) == data  # what decodes re-encodes to the same bytes
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [("FP32", np.float32), ("TYPE_FP32", np.float32), ("INT8", np.int8), ("BOOL", np.bool_), ("BYTES", object),
+     ("TYPE_STRING", object), ("float32", np.float32), (np.float16, np.float16), (bytes, object)],
+)  # fmt: skip
+def test_triton_dtype_names_are_accepted(given, expected):
+    assert as_numpy_dtype(given) == np.dtype(expected)
+
+
+def test_tensor_takes_triton_dtype_names():
+    assert Tensor(name="x", dtype="FP32", shape=(1,)).dtype == np.dtype(np.float32)
+    with pytest.raises(InvalidArgumentError, match="numpy has no BF16"):
+        Tensor(name="x", dtype="BF16", shape=(1,))

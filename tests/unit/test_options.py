@@ -286,3 +286,28 @@ def test_addresses_default_to_loopback(given, expected):
 def test_bad_addresses_are_refused(bad):
     with pytest.raises(InvalidArgumentError, match=r"gRPC address must (look like host:port|be 'host:port')"):
         GrpcOptions(address=bad)
+
+
+def test_functions_of_arrays_need_batch():
+    from embedtriton import batch
+    from embedtriton.backend.batch import signature_problem
+
+    def add(a, b):
+        return {"y": a + b}
+
+    def kwargs_only(**inputs):
+        return inputs
+
+    assert "decorate it with @embedtriton.batch" in signature_problem(add)
+    assert "infer_func(a, b)" in signature_problem(add)
+    assert signature_problem(kwargs_only) is not None
+    assert signature_problem(batch(add)) is None  # the wrapper takes the list
+    assert signature_problem(lambda requests: requests) is None
+    assert signature_problem(lambda requests, extra=1: requests) is None
+    assert signature_problem(lambda *args: args) is None
+
+    class Counted:
+        def __call__(self, requests):
+            return requests
+
+    assert signature_problem(Counted()) is None  # a callable object: its __call__ is checked
