@@ -93,7 +93,11 @@ def test_callable_that_raises_fails_its_batch_only(server, add_sub_tensors):
 
 BAD_OUTPUTS = {
     "missing": (lambda r: {"add": r["a"]}, "returned no output 'sub'"),
-    "misnamed": (lambda r: {"add": r["a"], "subtract": r["a"]}, r"returned no output 'sub' .*subtract"),
+    "misnamed": (lambda r: {"add": r["a"], "subtract": r["a"]}, r"returned output 'subtract' .* do not declare"),
+    "extra": (
+        lambda r: {"add": r["a"], "sub": r["a"], "debug": r["a"]},
+        r"returned output 'debug' for request 0, which its outputs do not declare; declare it with a Tensor",
+    ),
     "shape": (lambda r: {"add": r["a"], "sub": np.ones((1, 3), np.float32)}, r"output 'sub' with shape \(1, 3\)"),
     "batch": (lambda r: {"add": r["a"], "sub": np.ones((2, 1), np.float32)}, r"output 'sub' with shape \(2, 1\)"),
     "dtype": (lambda r: {"add": r["a"], "sub": np.ones((1, 1), np.int64)}, "output 'sub' with dtype int64"),

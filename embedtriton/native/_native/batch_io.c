@@ -247,6 +247,28 @@ TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request
                     ms->name, Py_TYPE(out)->tp_name, index);
     goto send;
   }
+  /* every output the callable returns must be declared: a misspelt name is not dropped */
+  {
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(out, &pos, &key, &value)) {
+      int declared = 0;
+      for (Py_ssize_t k = 0; k < ms->n_outputs && !declared; k++)
+        declared = key == ms->outputs[k].name_obj ||
+                   (PyUnicode_Check(key) && PyUnicode_Compare(key, ms->outputs[k].name_obj) == 0);
+      if (!declared) {
+        PyObject* text = PyObject_Repr(key);
+        PyErr_Clear();
+        err =
+            new_error(TRITONSERVER_ERROR_INTERNAL,
+                      "model '%s' returned output %s for request %zu, which its outputs do not "
+                      "declare; declare it with a Tensor in bind(outputs=...) or stop returning it",
+                      ms->name, text ? PyUnicode_AsUTF8(text) : "?", index);
+        Py_XDECREF(text);
+        goto send;
+      }
+    }
+  }
   uint32_t n_requested = 0;
   if ((err = api.TRITONBACKEND_RequestOutputCount(request, &n_requested))) goto send;
   for (uint32_t r = 0; r < n_requested; r++) {
