@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import os
 import signal
 import sys
 import threading
 
+from . import __version__
 from .config import ServerConfig
+from .errors import TritonError
 from .frontends.grpc import GrpcLimits
 from .server import Server
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="embedtriton", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"embedtriton {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="bind models with module:attr and serve them")
     serve.add_argument("target", help="module:function that binds models on the Server it is given")
@@ -56,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         bind = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         parser.error(f"cannot load {args.target}: {exc}")
+    problem = _bind_problem(bind)
+    if problem:
+        parser.error(
+            f"{args.target} {problem}; it must be a function that takes the Server and binds models:\n"
+            "    def bind(server):\n        server.bind('Name', infer_func, inputs=[...], outputs=[...])"
+        )
 
     server = Server(ServerConfig(exit_timeout_secs=args.exit_timeout))
     try:
@@ -63,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while binding: stop before any port opens
         log.info("interrupted while binding models; nothing was served")
         return 130
+    except TritonError as exc:  # a bad declaration: the message says what to fix
+        print(f"embedtriton serve: {args.target}: {exc}", file=sys.stderr)
+        return 2
 
     # SIGINT/SIGTERM drain (new requests are refused, those in flight finish within
     # --exit-timeout); a second one exits at once.
@@ -81,6 +94,27 @@ def main(argv: list[str] | None = None) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
+    try:
+        return _serve(server, args, stop, log)
+    except TritonError as exc:  # e.g. the port is in use: one line, not a traceback
+        print(f"embedtriton serve: {exc}", file=sys.stderr)
+        return 1
+
+
+def _bind_problem(bind: object) -> str:
+    """Why ``bind`` cannot be called with the Server, or ''."""
+    if not callable(bind):
+        return f"is a {type(bind).__name__}, not a function"
+    try:
+        inspect.signature(bind).bind(None)
+    except TypeError:
+        return f"takes {inspect.signature(bind)}, not one argument (the Server)"
+    except ValueError:  # no signature to read (a builtin): let the call tell
+        pass
+    return ""
+
+
+def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log: logging.Logger) -> int:
     with server:
         names = [m.name for m in server.models()]
         if args.grpc and not stop.is_set():

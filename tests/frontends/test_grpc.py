@@ -306,3 +306,47 @@ def test_model_version_is_honoured(endpoint):
             ask("-3")
     with pytest.raises(InferenceServerException, match="requested model version is not available"):
         client.get_inference_statistics("AddSub", "2")
+
+
+def test_serve_command_errors_are_one_line(tmp_path):
+    """--version; a target that is no bind function; a bad declaration; a port in use: one line
+    that says what to fix, never a traceback."""
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / "targets.py").write_text(
+        "import numpy as np\n"
+        "from embedtriton import Tensor, batch\n"
+        "NOT_A_FUNCTION = 3\n"
+        "def no_arguments():\n    pass\n"
+        "def needs_batch(server):\n"
+        "    server.bind('X', lambda a, b: a, [Tensor(name='a', dtype=np.float32, shape=(1,))],"
+        " [Tensor(name='y', dtype=np.float32, shape=(1,))])\n"
+        "def good(server):\n"
+        "    server.bind('Double', batch(lambda x: {'y': x * 2}), [Tensor(name='x', dtype=np.float32, shape=(1,))],"
+        " [Tensor(name='y', dtype=np.float32, shape=(1,))])\n"
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "embedtriton", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+
+    done = run("--version")
+    assert done.returncode == 0 and done.stdout.strip() == "embedtriton 0.1.0"
+    done = run("serve", "targets:NOT_A_FUNCTION")
+    assert done.returncode == 2 and "targets:NOT_A_FUNCTION is a int, not a function" in done.stderr
+    assert "def bind(server):" in done.stderr and "Traceback" not in done.stderr
+    done = run("serve", "targets:no_arguments")
+    assert done.returncode == 2 and "takes (), not one argument (the Server)" in done.stderr
+    done = run("serve", "targets:needs_batch", "--grpc", "", "--metrics", "")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "embedtriton serve: targets:needs_batch: model 'X': infer_func(a, b)" in done.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run("serve", "targets:good", "--grpc", f"127.0.0.1:{port}", "--metrics", "")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"embedtriton serve: cannot serve gRPC on 127.0.0.1:{port}" in done.stderr
