@@ -21,7 +21,7 @@ from ..triton import control
 from ..triton.devices import require_gpu
 from ..triton.options import apply_log_settings, server_options
 from ..triton.runtime import load_runtime
-from . import lifecycle
+from .lifecycle import live_servers, new_server, retire
 from .model import Model
 from .repository import Repository
 
@@ -81,14 +81,14 @@ class CoreServer:
             self._log = Path(cfg.log_file) if cfg.log_file else repository.backends / "triton.log"
             try:
                 with server_options(cfg, runtime, repository.models, repository.backends, self._log) as options:
-                    handle = lifecycle.new_server(options)
+                    handle = new_server(options)
             except BaseException:
                 repository.close(list(self._bound))
                 raise
             self._handle = handle
             self._stopping = False
             native.open_server(handle)
-            lifecycle.live_servers.add(self)
+            live_servers.add(self)
             try:
                 for binding in list(self._bound.values()):
                     self._load(binding)
@@ -129,7 +129,7 @@ class CoreServer:
             self._stop_endpoints(max(deadline - time.monotonic(), 0.05))
             # 4. Models unload, Triton stops, within what is left.
             self._handle = None
-            lifecycle.live_servers.discard(self)
+            live_servers.discard(self)
             for name in list(self._bound):
                 self._unload(handle, name, deadline)
             for binding in self._bound.values():
@@ -140,7 +140,7 @@ class CoreServer:
                 control.stop_server(handle, int(deadline - time.monotonic()))
             except TritonError as exc:
                 log.warning("stopping Triton: %s", exc)
-            lifecycle.retire(handle)
+            retire(handle)
             for binding in self._bound.values():
                 library.bindings.pop(str(self._repository.model_dir(binding.name)), None)
             self._repository.close(list(self._bound))

@@ -50,10 +50,8 @@ class GrpcEndpoint:
     def _start_native(self, address: str, max_message_bytes: int, tls: Any, limits: GrpcLimits) -> None:
         from ... import _h2
 
-        host, sep, port = address.rpartition(":")
-        if not sep or not port.isdigit():
-            raise InvalidArgumentError(f"gRPC address must look like host:port, not {address!r}")
-        host = host.strip("[]") or "0.0.0.0"
+        host, _, port = address.rpartition(":")  # GrpcOptions checked and normalized it
+        host = host.strip("[]")
         try:
             self._native = _h2.Server(
                 host, int(port), self.service, max_message_bytes, tls, _nghttp2_path(), **limits.transport_options()
