@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc = pytest.importorskip("grpc")
@@ -265,3 +267,43 @@ def test_endpoint_limits_and_shared_memory_off(caplog, tmp_path):
         for s in held:
             s.close()
         double_works(address)
+
+
+INPUT = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["x", "x", "z", ""]),  # repeats, unknown and empty names
+        "shape": st.lists(st.integers(-2, 4), max_size=3),
+        "typed": st.lists(st.floats(allow_nan=False, width=32), max_size=4) | st.none(),
+        "shm": st.booleans(),  # names a region that is not registered
+    }
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    inputs=st.lists(INPUT, max_size=4),
+    raw=st.lists(st.binary(max_size=24), max_size=5),
+    version=st.text(max_size=8) | st.sampled_from(["", "1", "2", "-1", "+1", "1x", "99999999999999999999"]),
+)
+def test_mixed_input_data_and_versions_fail_alone(endpoint, inputs, raw, version):
+    """Any mix of raw, typed and shared-memory inputs, repeated names and version strings gets
+    an answer a client can act on (OK, INVALID_ARGUMENT or NOT_FOUND), never an internal error,
+    and the endpoint keeps serving."""
+    _, address, _ = endpoint
+    request = service_pb2.ModelInferRequest(model_name="Double", model_version=version)
+    for spec in inputs:
+        tensor = request.inputs.add(name=spec["name"], datatype="FP32", shape=spec["shape"])
+        if spec["typed"] is not None:
+            tensor.contents.fp32_contents.extend(spec["typed"])
+        if spec["shm"]:
+            tensor.parameters["shared_memory_region"].string_param = "nowhere"
+            tensor.parameters["shared_memory_byte_size"].int64_param = 8
+    request.raw_input_contents.extend(raw)
+    channel = grpc.insecure_channel(address)
+    try:
+        channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(request.SerializeToString(), timeout=10)
+    except grpc.RpcError as error:
+        assert error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), error.details()
+    finally:
+        channel.close()
+    double_works(address)
