@@ -16,9 +16,9 @@ grpc = pytest.importorskip("grpc")
 
 import tritonclient.utils.shared_memory as shm  # noqa: E402  (the [grpc] extra brings these)
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size  # noqa: E402
 
-from embedtriton import GrpcOptions, InvalidArgumentError, ModelConfig, Server  # noqa: E402
+from embedtriton import GrpcOptions, InvalidArgumentError, ModelConfig, Server, Tensor, batch  # noqa: E402
 
 
 def add_sub_inputs(a, b):
@@ -38,9 +38,20 @@ def endpoint(add_sub, add_sub_tensors, bind_double):
             seen["x"] = r["x"].copy()
         return [{"y": r["x"] * 2} for r in requests]
 
+    @batch
+    def echo(x):
+        return {"y": x}
+
     server = Server()
     server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     bind_double(server, identity)
+    server.bind(
+        "Echo",
+        echo,
+        [Tensor(name="x", dtype=np.bytes_, shape=(-1,))],
+        [Tensor(name="y", dtype=np.bytes_, shape=(-1,))],
+        config=ModelConfig(max_batch_size=8),
+    )
     with server:
         port = server.serve_grpc("127.0.0.1:0", max_message_bytes=4 * 1024 * 1024)
         server.seen = seen
@@ -102,6 +113,41 @@ def test_system_shared_memory_inputs_and_outputs(endpoint):
     ):
         client.register_system_shared_memory("gone", "/embedtriton-does-not-exist", 16)
     assert client.infer("AddSub", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
+
+
+def test_bytes_through_system_shared_memory(endpoint):
+    """Triton's shm string client flow: BYTES in and out of a region, in Triton's
+    length-prefixed layout; a region too small for the output fails that request only."""
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    x = np.array([[b"hello", b"", "w\u00f6rld".encode(), b"\x00\xff"]], dtype=np.object_)
+    serialized = serialize_byte_tensor(x)
+    nbytes = serialized_byte_size(serialized)
+    key = f"/embedtriton-test-{time.monotonic_ns()}"
+    handle = shm.create_shared_memory_region("strings", key, 2 * nbytes)
+    try:
+        shm.set_shared_memory_region(handle, [serialized])
+        client.register_system_shared_memory("strings", key, 2 * nbytes)
+        inp = grpcclient.InferInput("x", list(x.shape), "BYTES")
+        inp.set_shared_memory("strings", nbytes)
+        out = grpcclient.InferRequestedOutput("y")
+        out.set_shared_memory("strings", nbytes, offset=nbytes)
+        result = client.infer("Echo", [inp], outputs=[out])
+        output = result.get_output("y")
+        assert output.datatype == "BYTES" and list(output.shape) == [1, 4]
+        assert output.parameters["shared_memory_byte_size"].int64_param == nbytes
+        y = shm.get_contents_as_numpy(handle, np.object_, [1, 4], offset=nbytes)
+        assert y.tolist() == x.tolist()
+
+        small = grpcclient.InferRequestedOutput("y")
+        small.set_shared_memory("strings", nbytes - 1, offset=nbytes)
+        with pytest.raises(InferenceServerException, match=f"output 'y' needs {nbytes} bytes"):
+            client.infer("Echo", [inp], outputs=[small])
+        assert client.infer("Echo", [inp]).as_numpy("y").tolist() == x.tolist()  # still serving
+    finally:
+        client.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(handle)
+    assert not client.get_system_shared_memory_status().regions
 
 
 def test_cuda_shared_memory_answers_as_a_gpu_less_triton(endpoint):

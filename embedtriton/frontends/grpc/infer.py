@@ -139,8 +139,9 @@ def encode(request: Any, outputs: dict[str, Any], in_shm: set[str] | frozenset[s
     for name, array in outputs.items():
         datatype = triton_dtype(array.dtype)
         tensor = add(name=name, datatype=datatype, shape=array.shape)
-        if name in in_shm:
-            tensor.parameters["shared_memory_byte_size"].int64_param = array.nbytes
+        if name in in_shm:  # BYTES were written in Triton's length-prefixed layout: that many bytes
+            size = len(kserve.output_bytes(array, datatype)) if datatype == "BYTES" else array.nbytes
+            tensor.parameters["shared_memory_byte_size"].int64_param = size
             contents.append(b"")
         else:
             contents.append(kserve.output_bytes(array, datatype))

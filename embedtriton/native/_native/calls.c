@@ -149,6 +149,21 @@ PyObject* call_collect(Call* c)
   return collect_response(response, c);
 }
 
+/* With the GIL: a BYTES output (Triton's length-prefixed layout) as a numpy object array. */
+static PyObject* decode_bytes_output(const void* base, size_t size, const int64_t* shape,
+                                     uint64_t ndim)
+{
+  PyObject* shape_t = PyTuple_New((Py_ssize_t)ndim);
+  for (uint64_t d = 0; shape_t && d < ndim; d++)
+    PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
+  PyObject* mv = PyMemoryView_FromMemory((char*)base, (Py_ssize_t)size, PyBUF_READ);
+  PyObject* arr =
+      (shape_t && mv) ? PyObject_CallFunctionObjArgs(g_decode_bytes, mv, shape_t, NULL) : NULL;
+  Py_XDECREF(mv);
+  Py_XDECREF(shape_t);
+  return arr;
+}
+
 /* With the GIL: a response's outputs as a dict, or NULL + its error raised. */
 PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
 {
@@ -184,23 +199,21 @@ PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
         arr = raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "an output does not fit its buffer");
       } else {
         if (base != preset->view.buf) memcpy(preset->view.buf, base, size);
-        arr = dtype == TRITONSERVER_TYPE_BYTES || typenum < 0 || ndim > MAX_DIMS
-                  ? raise_triton(TRITONSERVER_ERROR_UNSUPPORTED,
-                                 "only numeric outputs can be written into a buffer")
-                  : PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, preset->view.buf, 0,
-                                NPY_ARRAY_CARRAY, NULL);
-        if (arr && PyArray_SetBaseObject((PyArrayObject*)arr, Py_NewRef(preset->target)) < 0)
-          Py_CLEAR(arr);
+        if (dtype ==
+            TRITONSERVER_TYPE_BYTES) { /* the buffer holds Triton's length-prefixed layout */
+          arr = decode_bytes_output(preset->view.buf, size, shape, ndim);
+        } else {
+          arr = typenum < 0 || ndim > MAX_DIMS
+                    ? raise_triton(TRITONSERVER_ERROR_UNSUPPORTED,
+                                   "output datatype has no numpy equivalent")
+                    : PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, preset->view.buf,
+                                  0, NPY_ARRAY_CARRAY, NULL);
+          if (arr && PyArray_SetBaseObject((PyArrayObject*)arr, Py_NewRef(preset->target)) < 0)
+            Py_CLEAR(arr);
+        }
       }
     } else if (dtype == TRITONSERVER_TYPE_BYTES) {
-      PyObject* shape_t = PyTuple_New((Py_ssize_t)ndim);
-      for (uint64_t d = 0; shape_t && d < ndim; d++)
-        PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
-      PyObject* mv = PyMemoryView_FromMemory((char*)base, (Py_ssize_t)size, PyBUF_READ);
-      arr =
-          (shape_t && mv) ? PyObject_CallFunctionObjArgs(g_decode_bytes, mv, shape_t, NULL) : NULL;
-      Py_XDECREF(mv);
-      Py_XDECREF(shape_t);
+      arr = decode_bytes_output(base, size, shape, ndim);
     } else if (typenum < 0 || ndim > MAX_DIMS) {
       arr = raise_triton(TRITONSERVER_ERROR_UNSUPPORTED, "output datatype has no numpy equivalent");
     } else if (userp != NULL && mtype != TRITONSERVER_MEMORY_GPU) {
