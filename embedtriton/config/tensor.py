@@ -22,12 +22,16 @@ class Tensor:
     numpy dtype; ``np.bytes_`` or ``object`` means Triton BYTES. Unnamed inputs are named
     ``INPUT_1``, ``INPUT_2``, ...; unnamed outputs ``OUTPUT_1``, ...
     ``device``: where the model wants the tensor, ``"cpu"`` or ``"gpu"`` (needs a CUDA GPU).
+    ``labels`` (outputs): the class names of an output's elements, by index, for Triton's
+    classification extension: a client that asks for the top ``k`` classes of this output gets
+    ``"value:index:label"`` strings (Triton's ``label_filename``).
     """
 
     name: str | None
     dtype: np.dtype
     shape: tuple[int, ...]
     device: str
+    labels: tuple[str, ...] | None
 
     def __init__(
         self,
@@ -35,6 +39,7 @@ class Tensor:
         dtype: Any = None,
         shape: Sequence[int] | None = None,
         device: str = "cpu",
+        labels: Sequence[str] | None = None,
     ):
         if dtype is None or shape is None:
             raise InvalidArgumentError("Tensor needs a dtype and a shape, e.g. Tensor(dtype=np.float32, shape=(1,))")
@@ -58,12 +63,20 @@ class Tensor:
         if device not in ("cpu", "gpu"):
             raise InvalidArgumentError(f"Tensor device must be 'cpu' or 'gpu', not {device!r}")
         object.__setattr__(self, "device", device)
+        if labels is not None:
+            if isinstance(labels, str) or not all(isinstance(x, str) and "\n" not in x for x in labels):
+                raise InvalidArgumentError(
+                    f"Tensor {name or '(unnamed)'}: labels must be a list of strings without newlines, "
+                    "one per class index, e.g. labels=['cat', 'dog']"
+                )
+            labels = tuple(labels)
+        object.__setattr__(self, "labels", labels)
 
 
 def name_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
     """Give unnamed tensors their positional names (INPUT_1, ...) and check for duplicates."""
     named = [
-        t if t.name else Tensor(name=f"{prefix}_{i}", dtype=t.dtype, shape=t.shape, device=t.device)
+        t if t.name else Tensor(name=f"{prefix}_{i}", dtype=t.dtype, shape=t.shape, device=t.device, labels=t.labels)
         for i, t in enumerate(tensors, start=1)
     ]
     names = [t.name for t in named]

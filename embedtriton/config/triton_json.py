@@ -35,7 +35,7 @@ def model_config_json(
         "backend": backend,
         "max_batch_size": config.max_batch_size if config.batching else 0,
         "input": [_tensor(t) for t in inputs],
-        "output": [_tensor(t) for t in outputs],
+        "output": [_output(i, t) for i, t in enumerate(outputs)],
         "instance_group": [_instance_group(g) for g in config.instance_group or [InstanceGroup()]],
     }
     if config.sequence_batcher is not None:
@@ -59,6 +59,18 @@ def _config_type(dtype: Any) -> str:
 
 def _tensor(t: Tensor) -> dict[str, Any]:
     return {"name": t.name, "data_type": _config_type(t.dtype), "dims": list(t.shape)}
+
+
+def labels_file_name(index: int) -> str:
+    """The file, in the model's folder, that holds output ``index``'s class labels."""
+    return f"labels_{index}.txt"
+
+
+def _output(index: int, t: Tensor) -> dict[str, Any]:
+    out = _tensor(t)
+    if t.labels is not None:
+        out["label_filename"] = labels_file_name(index)
+    return out
 
 
 def _instance_group(group: InstanceGroup) -> dict[str, Any]:

@@ -147,6 +147,20 @@ class Model:
         return binding is not None and binding.decoupled
 
     @property
+    def batched(self) -> bool:
+        """Whether the model's tensors have a batch axis first (``max_batch_size`` > 0)."""
+        binding = self._server._bound.get(self.name)
+        return binding is not None and binding.config.batching
+
+    def labels(self, output: str) -> tuple[str, ...] | None:
+        """The class labels declared for ``output`` (``Tensor(labels=...)``), if any."""
+        binding = self._server._bound.get(self.name)
+        for tensor in binding.outputs if binding is not None else ():
+            if tensor.name == output:
+                return tensor.labels
+        return None
+
+    @property
     def ready(self) -> bool:
         """Whether Triton reports the model READY."""
         handle = self._server._handle

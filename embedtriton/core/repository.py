@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..backend.binding import Binding
 from ..backend.library import install_backend
-from ..config.triton_json import WARMUP_FOLDER, warmup_file_bytes, warmup_file_name
+from ..config.triton_json import WARMUP_FOLDER, labels_file_name, warmup_file_bytes, warmup_file_name
 
 
 class Repository:
@@ -41,6 +41,9 @@ class Repository:
         """The model's folder, with its version folder and warm-up files."""
         directory = self.model_dir(binding.name)
         (directory / "1").mkdir(parents=True, exist_ok=True)
+        for index, output in enumerate(binding.outputs):  # Triton's label_filename: one label per line
+            if output.labels is not None:
+                (directory / labels_file_name(index)).write_text("".join(f"{x}\n" for x in output.labels))
         for stage in binding.config.model_warmup or []:  # file-based warm-up data goes beside the model
             for input_name, spec in stage.inputs.items():
                 if spec.input_data_file is not None:

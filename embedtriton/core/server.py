@@ -240,6 +240,12 @@ class CoreServer:
             if group.kind == "GPU":
                 for gpu in group.gpus or [0]:
                     require_gpu(f"model '{model_name}': InstanceGroup(kind='GPU')", gpu)
+        for tensor in inputs:
+            if tensor.labels is not None:
+                raise InvalidArgumentError(
+                    f"model '{model_name}': input {tensor.name or '(unnamed)'} has labels; class labels "
+                    "belong to outputs (for clients that ask for the top classes)"
+                )
         for tensor in [*inputs, *outputs]:
             if tensor.device == "gpu":
                 require_gpu(f"model '{model_name}': Tensor {tensor.name or '(unnamed)'} with device='gpu'")

@@ -26,12 +26,13 @@ class Decoded:
     """A network request, decoded: the request object for ``model``, plus the shared-memory
     regions it reads or writes and the outputs it wants written into them."""
 
-    __slots__ = ("model", "request", "in_shm", "regions")
+    __slots__ = ("model", "request", "in_shm", "classify", "regions")
 
     def __init__(self, model: Model) -> None:
         self.model = model
         self.request = InferRequest({})
         self.in_shm: set[str] = set()  # outputs written into shared memory
+        self.classify: dict[str, int] = {}  # outputs asked for as their top-k classes
         self.regions: list[Region] = []  # shared-memory regions it reads or writes
 
     def check_regions(self) -> None:
@@ -113,18 +114,66 @@ def shm_view(decoded: Decoded, shm: SystemSharedMemory, ref: tuple[str, int, int
 
 
 def requested_outputs(decoded: Decoded, shm: SystemSharedMemory, outputs: Sequence[tuple[str, Any]]) -> None:
-    """The outputs to return, ``[(name, parameters)]``: names, or names -> shared-memory buffers."""
+    """The outputs to return, ``[(name, parameters)]``: names, or names -> shared-memory buffers,
+    and those asked for as classifications. An output named twice is returned once, as Triton
+    does; named twice with different parameters (two regions, say) it is refused, where Triton
+    would silently write only one of them."""
     if not outputs:
         return
     buffers: dict[str, Any] = {}
+    seen: dict[str, Any] = {}
     for name, params in outputs:
+        if name in seen:
+            if params != seen[name]:
+                raise InvalidArgumentError(f"output '{name}' is requested twice with different parameters")
+            continue
+        seen[name] = params
         ref = shm_reference(name, params)
+        count = classification_count(params)
+        if ref is not None and count is not None:
+            raise InvalidArgumentError("output can't set both 'shared_memory_region' and 'classification'")
         if ref is not None:
             buffers[name] = shm_view(decoded, shm, ref, f"output '{name}'")
             decoded.in_shm.add(name)
         else:
             buffers[name] = None
+            if count is not None:
+                decoded.classify[name] = count
     decoded.request.outputs = buffers if decoded.in_shm else tuple(buffers)
+
+
+def classification_count(params: Mapping[str, Any]) -> int | None:
+    """The ``classification`` parameter of a requested output (how many top classes), if any."""
+    if "classification" not in params:
+        return None
+    count = params["classification"]
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise InvalidArgumentError("invalid value type for 'classification' parameter, expected int64_param")
+    if count <= 0:
+        raise InvalidArgumentError("invalid value for 'classification' parameter, expected >= 0")
+    return count
+
+
+_CLASSIFIABLE = frozenset("UINT8 UINT16 UINT32 UINT64 INT8 INT16 INT32 INT64 FP32 FP64".split())
+
+
+def classify(array: np.ndarray, datatype: str, count: int, batched: bool, labels: Sequence[str] | None) -> np.ndarray:
+    """Triton's classification of an output: per batch entry, its ``count`` largest elements
+    as ``b"value:index[:label]"`` (values as C++'s ``std::to_string`` writes them), largest first."""
+    if datatype not in _CLASSIFIABLE:
+        raise InvalidArgumentError(f"class result not available for output due to unsupported type '{datatype}'")
+    rows = array.reshape(array.shape[0], -1) if batched and array.ndim > 0 else array.reshape(1, -1)
+    n = rows.shape[1]
+    k = min(count, n)
+    floating = datatype in ("FP32", "FP64")
+    out = np.empty((rows.shape[0], k), dtype=object)
+    for b, row in enumerate(rows):
+        order = (n - 1) - np.argsort(row[::-1], kind="stable")[::-1]  # largest first; ties by lower index
+        for j, index in enumerate(order[:k].tolist()):
+            value = f"{float(row[index]):f}" if floating else str(int(row[index]))
+            label = labels[index] if labels is not None and index < len(labels) and labels[index] else None
+            out[b, j] = f"{value}:{index}:{label}".encode() if label else f"{value}:{index}".encode()
+    return out if batched and array.ndim > 0 else out.reshape(k)
 
 
 def check_shape(name: str, shape: tuple[int, ...]) -> None:

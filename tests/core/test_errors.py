@@ -164,6 +164,8 @@ def test_config_validation_messages(add_sub, add_sub_tensors):
         Tensor(name="x", dtype=np.float32, shape=(0,))
     with pytest.raises(InvalidArgumentError, match="unique"):
         Server().bind("Dup", add_sub, [Tensor(name="a", dtype=np.float32, shape=(1,))] * 2, add_sub_tensors[1])
+    with pytest.raises(InvalidArgumentError, match="input x has labels; class labels belong to outputs"):
+        Server().bind("In", add_sub, [Tensor(name="x", dtype=np.float32, shape=(1,), labels=["a"])], add_sub_tensors[1])
     with pytest.raises(InvalidArgumentError, match="cache_config"):
         Server.__init__(Server.__new__(Server), __import__("embedtriton").ServerConfig(cache_config=["local,size"]))
 
@@ -215,5 +217,7 @@ def test_load_failure_carries_tritons_reason(add_sub, add_sub_tensors):
 
 def test_response_cache_needs_a_configured_cache(server, add_sub, add_sub_tensors):
     inputs, outputs = add_sub_tensors
+    with pytest.raises(InvalidArgumentError, match="input x has labels; class labels belong to outputs"):
+        Server().bind("In", add_sub, [Tensor(name="x", dtype=np.float32, shape=(1,), labels=["a"])], add_sub_tensors[1])
     with pytest.raises(InvalidArgumentError, match="cache_config"):
         server.bind("Cached", add_sub, inputs, outputs, ModelConfig(response_cache=True))

@@ -68,8 +68,8 @@ def test_health_metadata_config_statistics_index(endpoint):
     meta = client.get_server_metadata()
     assert meta.name == "triton" and meta.version.startswith("2.")  # what Triton itself reports
     assert list(meta.extensions) == [  # exactly what this endpoint implements, in Triton's order
-        "sequence", "model_repository", "schedule_policy", "model_configuration", "system_shared_memory",
-        "parameters", "statistics", "logging",
+        "classification", "sequence", "model_repository", "schedule_policy", "model_configuration",
+        "system_shared_memory", "parameters", "statistics", "logging",
     ]  # fmt: skip
     meta = client.get_model_metadata("AddSub")
     assert [t.name for t in meta.inputs] == ["a", "b"] and meta.inputs[0].datatype == "FP32"

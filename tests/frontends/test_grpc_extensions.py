@@ -16,6 +16,7 @@ grpc = pytest.importorskip("grpc")
 
 import tritonclient.utils.shared_memory as shm  # noqa: E402  (the [grpc] extra brings these)
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from tritonclient.grpc import service_pb2  # noqa: E402
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size  # noqa: E402
 
 from embedtriton import GrpcOptions, InvalidArgumentError, ModelConfig, Server, Tensor, batch  # noqa: E402
@@ -45,6 +46,22 @@ def endpoint(add_sub, add_sub_tensors, bind_double):
     server = Server()
     server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     bind_double(server, identity)
+
+    @batch
+    def scores(x):
+        return {"probs": x, "codes": (x * 10).astype(np.int16), "flags": x > 0.5}
+
+    server.bind(
+        "Classes",
+        scores,
+        [Tensor(name="x", dtype=np.float32, shape=(4,))],
+        [
+            Tensor(name="probs", dtype=np.float32, shape=(4,), labels=["cat", "dog", "", "bird"]),
+            Tensor(name="codes", dtype=np.int16, shape=(4,)),
+            Tensor(name="flags", dtype=np.bool_, shape=(4,)),
+        ],
+        config=ModelConfig(max_batch_size=8),
+    )
     server.bind(
         "Echo",
         echo,
@@ -148,6 +165,72 @@ def test_bytes_through_system_shared_memory(endpoint):
         client.unregister_system_shared_memory()
         shm.destroy_shared_memory_region(handle)
     assert not client.get_system_shared_memory_status().regions
+
+
+def test_classification_extension(endpoint):
+    """``class_count`` on a requested output: per batch entry the top k as BYTES
+    "value:index[:label]", labels from the output's declaration, as Triton answers."""
+    server, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    x = np.array([[0.1, 0.7, 0.2, 0.7], [0.9, 0.0, 0.3, 0.05]], dtype=np.float32)
+    inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    outputs = [
+        grpcclient.InferRequestedOutput("probs", class_count=3),
+        grpcclient.InferRequestedOutput("codes", class_count=10),
+        grpcclient.InferRequestedOutput("flags"),
+    ]
+    result = client.infer("Classes", [inp], outputs=outputs)
+    probs = result.as_numpy("probs")
+    assert result.get_output("probs").datatype == "BYTES" and probs.shape == (2, 3)
+    assert probs.tolist() == [  # ties keep the lower index first; index 2 has an empty label
+        [b"0.700000:1:dog", b"0.700000:3:bird", b"0.200000:2"],
+        [b"0.900000:0:cat", b"0.300000:2", b"0.050000:3:bird"],
+    ]
+    codes = result.as_numpy("codes")
+    assert codes.shape == (2, 4)  # k is capped at the number of classes
+    assert codes[1].tolist() == [b"9:0", b"3:2", b"0:1", b"0:3"]
+    assert result.as_numpy("flags").dtype == np.bool_  # an output not asked as classes is unchanged
+    assert server.model("Classes").config()["output"][0]["label_filename"] == "labels_0.txt"
+
+    with pytest.raises(InferenceServerException, match="unsupported type 'BOOL'"):
+        client.infer("Classes", [inp], outputs=[grpcclient.InferRequestedOutput("flags", class_count=1)])
+
+    def raw(**params) -> grpc.RpcError:
+        request = service_pb2.ModelInferRequest(model_name="Classes")
+        tensor = request.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+        request.raw_input_contents.append(x.tobytes())
+        out = request.outputs.add(name="probs")
+        for key, value in params.items():
+            setattr(out.parameters[key], "int64_param" if isinstance(value, int) else "string_param", value)
+        assert tensor.name == "x"
+        with pytest.raises(grpc.RpcError) as err:
+            grpc.insecure_channel(address).unary_unary("/inference.GRPCInferenceService/ModelInfer")(
+                request.SerializeToString()
+            )
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        return err.value
+
+    assert "expected >= 0" in raw(classification=0).details()
+    assert "expected int64_param" in raw(classification="3").details()
+    both = raw(classification=2, shared_memory_region="r", shared_memory_byte_size=8)
+    assert both.details() == "output can't set both 'shared_memory_region' and 'classification'"
+
+
+def test_requested_outputs_named_twice(endpoint):
+    """Triton returns an output named twice once; named twice with different parameters
+    (where Triton would silently honour only one) it is refused."""
+    _, address = endpoint
+    client = grpcclient.InferenceServerClient(address)
+    x = np.ones((1, 4), dtype=np.float32)
+    inp = grpcclient.InferInput("x", [1, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    twice = [grpcclient.InferRequestedOutput("codes"), grpcclient.InferRequestedOutput("codes")]
+    response = client.infer("Classes", [inp], outputs=twice).get_response()
+    assert [o.name for o in response.outputs] == ["codes"]
+    clash = [grpcclient.InferRequestedOutput("codes"), grpcclient.InferRequestedOutput("codes", class_count=2)]
+    with pytest.raises(InferenceServerException, match="output 'codes' is requested twice with different parameters"):
+        client.infer("Classes", [inp], outputs=clash)
 
 
 def test_cuda_shared_memory_answers_as_a_gpu_less_triton(endpoint):

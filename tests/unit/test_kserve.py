@@ -323,3 +323,46 @@ def test_malformed_model_versions_are_refused(given, message):
     with pytest.raises(InvalidArgumentError) as info:
         kserve.model_version(given)
     assert str(info.value).startswith(message)
+
+
+# -- classification --------------------------------------------------------------------------------
+
+
+def test_classify_unbatched_floats_with_labels():
+    scores = np.array([0.25, 0.5, 0.125], dtype=np.float64)
+    top = kserve.classify(scores, "FP64", 2, False, ["a", "b", "c"])
+    assert top.shape == (2,) and top.tolist() == [b"0.500000:1:b", b"0.250000:0:a"]
+
+
+def test_classify_batched_ints_without_labels_caps_k():
+    scores = np.array([[3, -1], [0, 7]], dtype=np.int32)
+    top = kserve.classify(scores, "INT32", 5, True, None)
+    assert top.shape == (2, 2) and top.tolist() == [[b"3:0", b"-1:1"], [b"7:1", b"0:0"]]
+
+
+def test_classify_unsigned_and_labels_shorter_than_the_classes():
+    top = kserve.classify(np.array([1, 200, 200], dtype=np.uint8), "UINT8", 3, False, ["x"])
+    assert top.tolist() == [b"200:1", b"200:2", b"1:0:x"]  # ties: lower index first; no label past the list
+
+
+@pytest.mark.parametrize("datatype", ["BOOL", "FP16", "BF16", "BYTES"])
+def test_classify_refuses_types_triton_does_not_rank(datatype):
+    with pytest.raises(InvalidArgumentError, match=f"unsupported type '{datatype}'"):
+        kserve.classify(np.zeros(2, dtype=np.float16), datatype, 1, False, None)
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [({"classification": 0}, "expected >= 0"), ({"classification": True}, "expected int64_param")],
+)
+def test_classification_parameter_is_checked(params, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        kserve.requested_outputs(kserve.Decoded(MODEL), None, [("y", params)])
+
+
+def test_requested_outputs_named_twice_are_returned_once():
+    decoded = kserve.Decoded(MODEL)
+    kserve.requested_outputs(decoded, None, [("y", {}), ("z", {"classification": 2}), ("y", {})])
+    assert decoded.request.outputs == ("y", "z") and decoded.classify == {"z": 2}
+    with pytest.raises(InvalidArgumentError, match="requested twice with different parameters"):
+        kserve.requested_outputs(kserve.Decoded(MODEL), None, [("y", {}), ("y", {"classification": 1})])

@@ -34,7 +34,7 @@ from embedtriton import (
     WarmupInput,
 )
 from embedtriton.config import name_tensors
-from embedtriton.config.triton_json import model_config_json, warmup_json
+from embedtriton.config.triton_json import labels_file_name, model_config_json, warmup_json
 
 GOLDEN = Path(__file__).parent / "golden"
 REGENERATE = os.environ.get("EMBEDTRITON_REGEN_GOLDEN") == "1"
@@ -348,3 +348,19 @@ def test_warmup_inputs_must_match_the_model_inputs():
         warmup_json(stage, AB)
     with pytest.raises(InvalidArgumentError, match="ModelWarmup 'w'"):
         model_config_json("M", AB, ADD_SUB, ModelConfig(model_warmup=[stage]), BACKEND)
+
+
+def test_output_labels_become_a_label_file():
+    outputs = [
+        Tensor(name="y", dtype=np.float32, shape=(3,)),
+        Tensor(name="p", dtype=np.float32, shape=(2,), labels=["a", "b"]),
+    ]
+    config = model_config_json("M", [Tensor(name="x", dtype=np.float32, shape=(1,))], outputs, ModelConfig(), "b")
+    assert "label_filename" not in config["output"][0]
+    assert config["output"][1]["label_filename"] == labels_file_name(1) == "labels_1.txt"
+
+
+@pytest.mark.parametrize("labels", ["cat", ["a", 1], ["two\nlines"]])
+def test_labels_must_be_strings_one_per_class(labels):
+    with pytest.raises(InvalidArgumentError, match="labels must be a list of strings"):
+        Tensor(name="p", dtype=np.float32, shape=(2,), labels=labels)

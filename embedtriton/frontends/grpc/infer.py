@@ -37,7 +37,7 @@ def parameter(value: Any) -> Any:
 
 def _tensor_parameters(tensor: Any) -> dict[str, Any]:
     params = tensor.parameters
-    return {k: parameter(v) for k, v in params.items()} if "shared_memory_region" in params else {}
+    return {k: parameter(v) for k, v in params.items()} if params else {}
 
 
 class _Immediate:
@@ -129,15 +129,22 @@ class Stream:
             self.call.finish(UNAVAILABLE, STOPPING)
 
 
-def encode(request: Any, outputs: dict[str, Any], in_shm: set[str] | frozenset[str] = frozenset()) -> Any:
-    """A ModelInferResponse for ``request`` with ``outputs`` (those in ``in_shm`` are already
-    written into the client's shared memory)."""
+def encode(request: Any, outputs: dict[str, Any], decoded: kserve.Decoded | None = None) -> Any:
+    """A ModelInferResponse for ``request`` with ``outputs`` (those in ``decoded.in_shm`` are
+    already written into the client's shared memory; those in ``decoded.classify`` go out as
+    their top classes)."""
     response = service_pb2.ModelInferResponse(
         model_name=request.model_name, model_version=request.model_version or "1", id=request.id
     )
     add, contents = response.outputs.add, response.raw_output_contents
+    in_shm = decoded.in_shm if decoded is not None else ()
+    classify = decoded.classify if decoded is not None else None
     for name, array in outputs.items():
         datatype = triton_dtype(array.dtype)
+        if classify and name in classify:
+            model = decoded.model  # type: ignore[union-attr]
+            array = kserve.classify(array, datatype, classify[name], model.batched, model.labels(name))
+            datatype = "BYTES"
         tensor = add(name=name, datatype=datatype, shape=array.shape)
         if name in in_shm:  # BYTES were written in Triton's length-prefixed layout: that many bytes
             size = len(kserve.output_bytes(array, datatype)) if datatype == "BYTES" else array.nbytes
@@ -164,7 +171,7 @@ class Reply:
     def set_result(self, outputs: dict[str, Any]) -> None:
         try:
             self.decoded.check_regions()  # a region shrunk under the request: its data is lost
-            response = encode(self.request, outputs, self.decoded.in_shm)
+            response = encode(self.request, outputs, self.decoded)
         except Exception as exc:
             self.set_exception(exc)
             return
@@ -330,7 +337,7 @@ class Inference:
                         return
                     if status == STREAM_END:
                         break
-                    response = encode(request, outputs, decoded.in_shm)
+                    response = encode(request, outputs, decoded)
                     if final_flag:
                         response.parameters["triton_final_response"].bool_param = False
                     stream.send(service_pb2.ModelStreamInferResponse(infer_response=response))

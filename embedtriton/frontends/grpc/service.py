@@ -32,12 +32,11 @@ _KSERVE = "/inference.GRPCInferenceService/"
 _STREAM_INFER = _KSERVE + "ModelStreamInfer"
 _HEALTH = "/grpc.health.v1.Health/"
 _REFUSED = object()  # call.user of a unary call already answered with an error
-# Triton's extensions that this endpoint implements. Not listed: classification (not yet),
-# binary_tensor_data (HTTP only), model_repository(unload_dependents), cuda_shared_memory
-# (registering needs a GPU build).
+# Triton's extensions that this endpoint implements. Not listed: binary_tensor_data (HTTP
+# only), model_repository(unload_dependents), cuda_shared_memory (registering needs a GPU build).
 _EXTENSIONS = (
-    "sequence", "model_repository", "schedule_policy", "model_configuration", "system_shared_memory",
-    "parameters", "statistics", "trace", "logging",
+    "classification", "sequence", "model_repository", "schedule_policy", "model_configuration",
+    "system_shared_memory", "parameters", "statistics", "trace", "logging",
 )  # fmt: skip
 _REFUSED_WHILE_DRAINING = {
     _KSERVE + name for name in ("RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister")
