@@ -197,6 +197,17 @@ class ModelConfig:
             raise InvalidArgumentError(
                 "SequenceBatcher(iterative=True) streams each step: the model needs decoupled=True"
             )
+        if self.batching:  # Triton would refuse these only when it loads the model
+            for what, sizes in (
+                ("DynamicBatcher", self.batcher.preferred_batch_size),
+                ("SequenceBatcher", self.sequence_batcher and self.sequence_batcher.preferred_batch_size),
+            ):
+                bad = [s for s in sizes or [] if not isinstance(s, int) or not 1 <= s <= self.max_batch_size]
+                if bad:
+                    raise InvalidArgumentError(
+                        f"{what}.preferred_batch_size {list(sizes)}: {bad} not between 1 and "  # type: ignore[arg-type]
+                        f"max_batch_size={self.max_batch_size}; lower them or raise max_batch_size"
+                    )
         if self.decoupled and self.response_cache:
             raise InvalidArgumentError("Triton's response cache does not serve decoupled models")
         for group in self.instance_group or []:

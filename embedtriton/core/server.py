@@ -224,22 +224,12 @@ class CoreServer:
         if problem is not None:
             raise InvalidArgumentError(f"model '{model_name}': {problem}")
         config = config if config is not None else ModelConfig()
-        if not isinstance(config, ModelConfig):
-            raise InvalidArgumentError(f"config must be a ModelConfig, not {type(config).__name__}")
         for what, tensors in (("inputs", inputs), ("outputs", outputs)):
             if not all(isinstance(t, Tensor) for t in tensors):
                 raise InvalidArgumentError(f"{what} of model '{model_name}' must be a list of Tensor")
         if not outputs:
             raise InvalidArgumentError(f"model '{model_name}' needs at least one output")
-        if config.response_cache and not self.config.cache_config:
-            raise InvalidArgumentError(
-                f"model '{model_name}' has response_cache=True but the server has no cache; "
-                "configure one, e.g. Server(ServerConfig(cache_config=['local,size=1048576']))"
-            )
-        for group in config.instance_group or []:
-            if group.kind == "GPU":
-                for gpu in group.gpus or [0]:
-                    require_gpu(f"model '{model_name}': InstanceGroup(kind='GPU')", gpu)
+        self._check_config(model_name, config)
         for tensor in inputs:
             if tensor.labels is not None:
                 raise InvalidArgumentError(
@@ -287,10 +277,42 @@ class CoreServer:
             self._unload(self._handle, model_name)  # type: ignore[arg-type]
             binding.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
 
-    def load(self, model_name: str) -> None:
-        """Load a bound model again (after :meth:`unload`); loading a loaded model reloads it."""
+    def load(self, model_name: str, config: ModelConfig | None = None) -> None:
+        """Load a bound model again (after :meth:`unload`); loading a loaded model reloads it.
+
+        With ``config``, the model is reloaded with that configuration (same callable and
+        tensors; e.g. another ``max_batch_size`` or batcher), validated as :meth:`bind`
+        validates it; if Triton refuses it, the model keeps its previous configuration.
+        """
         with self._lock:
-            self._load(self._running_binding(model_name))
+            binding = self._running_binding(model_name)
+            if config is None:
+                self._load(binding)
+                return
+            self._check_config(model_name, config)
+            changed = Binding(model_name, binding.infer_func, binding.inputs, binding.outputs, config)
+            model_config_json(model_name, changed.inputs, changed.outputs, config, library.BACKEND_NAME)
+            self._bound[model_name] = changed
+            try:
+                self._load(changed)
+            except BaseException:
+                self._bound[model_name] = binding
+                library.bindings[str(self._repository.model_dir(model_name))] = binding
+                raise
+
+    def _check_config(self, model_name: str, config: ModelConfig) -> None:
+        """What bind and load check of a ModelConfig beyond its own validation."""
+        if not isinstance(config, ModelConfig):
+            raise InvalidArgumentError(f"config must be a ModelConfig, not {type(config).__name__}")
+        if config.response_cache and not self.config.cache_config:
+            raise InvalidArgumentError(
+                f"model '{model_name}' has response_cache=True but the server has no cache; "
+                "configure one, e.g. Server(ServerConfig(cache_config=['local,size=1048576']))"
+            )
+        for group in config.instance_group or []:
+            if group.kind == "GPU":
+                for gpu in group.gpus or [0]:
+                    require_gpu(f"model '{model_name}': InstanceGroup(kind='GPU')", gpu)
 
     def _running_binding(self, model_name: str) -> Binding:
         binding = self._bound.get(model_name)
@@ -299,6 +321,10 @@ class CoreServer:
         if self._handle is None:
             raise UnavailableError("the server is not running")
         return binding
+
+    def binding(self, name: str) -> Binding | None:
+        """What ``bind`` was given for model ``name`` (callable, tensors, config), or None."""
+        return self._bound.get(name)
 
     def model(self, name: str, version: int = -1) -> Model:
         """A handle on model ``name`` (``version`` -1: the latest ready one, as Triton picks it)."""

@@ -203,14 +203,18 @@ def test_missing_runtime_names_both_ways(monkeypatch, tmp_path):
 
 
 def test_load_failure_carries_tritons_reason(add_sub, add_sub_tensors):
+    """A configuration that gets past our validation but not Triton's (here forced past ours):
+    the error carries the reason Triton logged, and the other models keep serving."""
     from embedtriton import DynamicBatcher
 
+    config = ModelConfig(batcher=DynamicBatcher(preferred_batch_size=[4]))
+    object.__setattr__(config.batcher, "preferred_batch_size", [16])  # over max_batch_size 4
     srv = Server()
     inputs, outputs = add_sub_tensors
     with srv:
         srv.bind("Ok", add_sub, inputs, outputs)
         with pytest.raises(TritonError, match="failed to load 'Bad'.*preferred size must be <= max batch size"):
-            srv.bind("Bad", add_sub, inputs, outputs, ModelConfig(batcher=DynamicBatcher(preferred_batch_size=[16])))
+            srv.bind("Bad", add_sub, inputs, outputs, config)
         assert srv.model("Ok").ready
         assert "Bad" not in [m.name for m in srv.models()]
 

@@ -355,8 +355,9 @@ def test_grpc_health_follows_server_and_model_readiness(endpoint):
     assert next(watch).status == SERVING
     watch.cancel()
     assert client.infer("Double", [_double_input()]).as_numpy("y")[0, 0] == 2.0
-    with pytest.raises(InferenceServerException, match="no model 'Nope'"):
-        client.load_model("Nope")
+    with pytest.raises(InferenceServerException, match="failed to load 'Nope', failed to poll from model repository"):
+        client.load_model("Nope")  # Triton's words (and code: INTERNAL) for a name it does not have
+    client.unload_model("Nope")  # Triton: unloading what is not loaded succeeds
 
 
 def _double_input():

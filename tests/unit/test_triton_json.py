@@ -364,3 +364,19 @@ def test_output_labels_become_a_label_file():
 def test_labels_must_be_strings_one_per_class(labels):
     with pytest.raises(InvalidArgumentError, match="labels must be a list of strings"):
         Tensor(name="p", dtype=np.float32, shape=(2,), labels=labels)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        lambda: ModelConfig(max_batch_size=4, batcher=DynamicBatcher(preferred_batch_size=[2, 8])),
+        lambda: ModelConfig(max_batch_size=4, batcher=DynamicBatcher(preferred_batch_size=[0])),
+        lambda: ModelConfig(
+            max_batch_size=2, sequence_batcher=SequenceBatcher(strategy="oldest", preferred_batch_size=[3])
+        ),
+    ],
+)
+def test_preferred_batch_sizes_must_fit_max_batch_size(config):
+    """Triton refuses these only at load ("preferred size must be <= max batch size")."""
+    with pytest.raises(InvalidArgumentError, match="not between 1 and max_batch_size"):
+        config()

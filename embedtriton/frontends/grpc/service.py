@@ -19,9 +19,17 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ...core import CoreServer
-from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
+from ...errors import (
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    TritonError,
+    UnavailableError,
+    UnsupportedError,
+)
 from ...triton.devices import cuda_devices
 from .. import kserve
+from ..config_override import parse_override
 from ..shared_memory import SystemSharedMemory
 from .infer import STOPPING, Inference, InFlight, Stream
 from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of
@@ -235,13 +243,34 @@ class Service:
         return service_pb2.RepositoryIndexResponse(models=entries)
 
     def model_load(self, request: Any, call: Call) -> Any:
-        if request.parameters:
-            raise InvalidArgumentError(
-                "RepositoryModelLoad reloads a bound model as bound; config and file parameters are not supported"
-            )
-        self._run_blocking(call, lambda: self.server.load(request.model_name), service_pb2.RepositoryModelLoadResponse)
+        name = request.model_name
+        if request.repository_name:
+            raise InvalidArgumentError("'repository_name' specification is not supported")
+        config_text = None
+        for key, value in request.parameters.items():  # as Triton reads them, in Triton's words
+            which = value.WhichOneof("parameter_choice")
+            if key == "config":
+                if which != "string_param":
+                    raise InvalidArgumentError(f"invalid value type for load parameter '{key}', expected string_param.")
+                config_text = value.string_param
+            elif key.startswith("file:"):
+                raise InvalidArgumentError(
+                    f"failed to load '{name}': load parameter '{key}' uploads model files, which a server of bound "
+                    "Python callables does not take; send a 'config' override, or bind the model in the application"
+                )
+            else:
+                raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
+        binding = self.server.binding(name)
+        if binding is None:  # Triton: a name its repository does not have
+            raise InternalError(f"failed to load '{name}', failed to poll from model repository")
+        config = None
+        if config_text is not None:
+            config = parse_override(config_text, name, binding.inputs, binding.outputs, binding.config)
+        self._run_blocking(call, lambda: self.server.load(name, config), service_pb2.RepositoryModelLoadResponse)
 
     def model_unload(self, request: Any, call: Call) -> Any:
+        if self.server.binding(request.model_name) is None:  # Triton: nothing to unload is success
+            return service_pb2.RepositoryModelUnloadResponse()
         self._run_blocking(
             call, lambda: self.server.unload(request.model_name), service_pb2.RepositoryModelUnloadResponse
         )

@@ -1,0 +1,163 @@
+"""A Triton model configuration sent over the network (RepositoryModelLoad's ``config``
+parameter) read back into a :class:`~embedtriton.ModelConfig` for a bound model.
+
+The JSON is Triton's ``ModelConfig`` message, parsed as Triton parses it (protobuf JSON: a
+misspelt field is an error). A bound model keeps its callable and its tensors, so the override
+may change how Triton serves it (batch size, batchers, instances, cache, warm-up, decoupled)
+but not what it computes: inputs and outputs, when given, must be the bound ones. What
+``get_model_config`` returns is accepted as it is, so a client can fetch the config, change a
+field and load it back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from ..config import (
+    DynamicBatcher,
+    InstanceGroup,
+    ModelConfig,
+    ModelWarmup,
+    QueuePolicy,
+    SequenceBatcher,
+    Tensor,
+    TimeoutAction,
+    WarmupInput,
+)
+from ..config.triton_json import model_config_json
+from ..errors import InvalidArgumentError
+
+# Fields that do not change how a bound model is served, accepted as get_model_config returns
+# them (Triton fills them in); anything else must be one of the fields read below.
+_ACCEPTED = {"name", "backend", "input", "output", "optimization", "version_policy"}
+_READ = {
+    "max_batch_size", "instance_group", "dynamic_batching", "sequence_batching", "response_cache",
+    "model_transaction_policy", "model_warmup", "parameters",
+}  # fmt: skip
+
+
+def parse_override(
+    text: str, name: str, inputs: list[Tensor], outputs: list[Tensor], current: ModelConfig
+) -> ModelConfig:
+    """The ModelConfig that a config override asks for, checked against the bound model."""
+    try:
+        message = json_format.Parse(text, pb.ModelConfig())
+    except (json_format.ParseError, json.JSONDecodeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"failed to load '{name}': the config parameter is not a model config: {exc}"
+        ) from None
+    fields = {field.name for field, _ in message.ListFields()}
+    unsupported = sorted(fields - _ACCEPTED - _READ)
+    if unsupported:
+        raise InvalidArgumentError(
+            f"failed to load '{name}': config fields {unsupported} cannot be set on a bound model "
+            f"(it takes: {sorted(_READ)})"
+        )
+    if message.name and message.name != name:
+        raise InvalidArgumentError(f"failed to load '{name}': the config names model '{message.name}'")
+    if message.backend and message.backend != "embedtriton":
+        raise InvalidArgumentError(
+            f"failed to load '{name}': a bound model runs on backend 'embedtriton', not '{message.backend}'"
+        )
+    if message.version_policy.WhichOneof("policy_choice") not in (None, "latest") or (
+        message.version_policy.HasField("latest") and message.version_policy.latest.num_versions > 1
+    ):
+        raise InvalidArgumentError(
+            f"failed to load '{name}': a bound model has one version; version_policy cannot change it"
+        )
+    expected = model_config_json(name, inputs, outputs, current, "embedtriton")
+    for what, declared in (("input", expected["input"]), ("output", expected["output"])):
+        given = getattr(message, what)
+        if given and _tensors(given) != _tensors(declared):
+            raise InvalidArgumentError(
+                f"failed to load '{name}': the config's {what}s must be the bound ones "
+                f"{sorted(_tensors(declared))}: the callable stays the same"
+            )
+    parameters = dict(message.parameters)
+    if set(parameters) - {"TRITON_BATCH_STRATEGY_PATH"}:
+        raise InvalidArgumentError(f"failed to load '{name}': a bound model takes no config parameters")
+    batching = message.max_batch_size > 0
+    sequence = _sequence(message.sequence_batching) if message.HasField("sequence_batching") else None
+    keep_rule = batching and sequence is None
+    return ModelConfig(
+        batching=batching,
+        max_batch_size=message.max_batch_size if batching else current.max_batch_size,
+        batcher=_dynamic(message.dynamic_batching) if message.HasField("dynamic_batching") else DynamicBatcher(),
+        response_cache=message.response_cache.enable,
+        decoupled=message.model_transaction_policy.decoupled,
+        model_warmup=[_warmup(name, w) for w in message.model_warmup] or None,
+        instance_group=[_group(g) for g in message.instance_group] or None,
+        sequence_batcher=sequence,
+        batch_rule=current.batch_rule if keep_rule else None,
+    )
+
+
+def _tensors(tensors: Any) -> set[tuple[str, str, tuple[int, ...]]]:
+    if tensors and isinstance(tensors[0], dict):
+        return {(t["name"], t["data_type"], tuple(t["dims"])) for t in tensors}
+    return {(t.name, pb.DataType.Name(t.data_type), tuple(t.dims)) for t in tensors}
+
+
+def _group(group: Any) -> InstanceGroup:
+    kind = pb.ModelInstanceGroup.Kind.Name(group.kind).removeprefix("KIND_")
+    if kind == "AUTO":
+        kind = "GPU" if group.gpus else "CPU"
+    return InstanceGroup(count=group.count or 1, kind=kind, gpus=list(group.gpus) or None)
+
+
+def _policy(policy: Any) -> QueuePolicy:
+    return QueuePolicy(
+        timeout_action=TimeoutAction(pb.ModelQueuePolicy.TimeoutAction.Name(policy.timeout_action)),
+        default_timeout_microseconds=policy.default_timeout_microseconds,
+        allow_timeout_override=policy.allow_timeout_override,
+        max_queue_size=policy.max_queue_size,
+    )
+
+
+def _dynamic(batcher: Any) -> DynamicBatcher:
+    return DynamicBatcher(
+        max_queue_delay_microseconds=batcher.max_queue_delay_microseconds,
+        preferred_batch_size=list(batcher.preferred_batch_size) or None,
+        preserve_ordering=batcher.preserve_ordering,
+        priority_levels=batcher.priority_levels,
+        default_priority_level=batcher.default_priority_level,
+        default_queue_policy=_policy(batcher.default_queue_policy)
+        if batcher.HasField("default_queue_policy")
+        else None,
+        priority_queue_policy={level: _policy(p) for level, p in batcher.priority_queue_policy.items()} or None,
+    )
+
+
+def _sequence(batcher: Any) -> SequenceBatcher:
+    oldest = batcher.WhichOneof("strategy_choice") == "oldest"
+    return SequenceBatcher(
+        strategy="oldest" if oldest else "direct",
+        max_sequence_idle_microseconds=batcher.max_sequence_idle_microseconds or 1_000_000,
+        max_candidate_sequences=batcher.oldest.max_candidate_sequences or None if oldest else None,
+        preferred_batch_size=list(batcher.oldest.preferred_batch_size) or None if oldest else None,
+        max_queue_delay_microseconds=batcher.oldest.max_queue_delay_microseconds if oldest else 0,
+        iterative=batcher.iterative_sequence,
+    )
+
+
+def _warmup(name: str, stage: Any) -> ModelWarmup:
+    inputs = {}
+    for input_name, spec in stage.inputs.items():
+        source = spec.WhichOneof("input_data_type")
+        if source not in ("zero_data", "random_data"):
+            raise InvalidArgumentError(
+                f"failed to load '{name}': warm-up '{stage.name}' reads a file; over the network a bound "
+                "model takes zero_data or random_data warm-up inputs (files: bind with ModelConfig(model_warmup=...))"
+            )
+        dtype = pb.DataType.Name(spec.data_type).removeprefix("TYPE_")
+        inputs[input_name] = WarmupInput(
+            dtype="BYTES" if dtype == "STRING" else dtype,
+            shape=list(spec.dims),
+            zero_data=source == "zero_data",
+            random_data=source == "random_data",
+        )
+    return ModelWarmup(name=stage.name, batch_size=stage.batch_size, inputs=inputs, count=stage.count or 1)
