@@ -55,6 +55,11 @@ _BY_CODE: tuple[type[TritonError], ...] = (
 
 
 def error_for_code(code: int, message: str) -> TritonError:
-    """The exception for a Triton error code and message."""
+    """The exception for a Triton error code and message (without Triton's "[request id: ...]"
+    prefix, which says nothing to a caller that holds the request)."""
     cls = _BY_CODE[code] if 0 <= code < len(_BY_CODE) else UnknownError
+    if message.startswith("[request id: "):
+        end = message.find("] ")
+        if end > 0:
+            message = message[end + 2 :]
     return cls(message)

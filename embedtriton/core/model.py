@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..backend import library
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..triton import control
+from .fixits import explain_inputs
 from .request import InferRequest, RequestOptions
 from .streams import iterate, iterate_async
 
@@ -54,7 +55,10 @@ class Model:
         ``inputs`` maps input names to arrays (with the batch axis when the model batches).
         ``outputs`` limits which outputs come back (all by default).
         """
-        return self.submit(InferRequest.from_options(inputs, options))
+        try:
+            return self.submit(InferRequest.from_options(inputs, options))
+        except InvalidArgumentError as exc:
+            raise self._explained(inputs, exc) from None
 
     def infer_async(
         self, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]
@@ -68,6 +72,8 @@ class Model:
         future = loop.create_future()
         try:
             self.submit(InferRequest.from_options(inputs, options), loop, future)
+        except InvalidArgumentError as exc:
+            future.set_exception(self._explained(inputs, exc))
         except Exception as exc:
             future.set_exception(exc)
         return future
@@ -79,7 +85,10 @@ class Model:
         it. Leaving the loop early (``break``, an exception, closing the iterator) cancels
         the request and closes the model's generator.
         """
-        return iterate(self.submit(InferRequest.from_options(inputs, options), stream=True))
+        try:
+            return iterate(self.submit(InferRequest.from_options(inputs, options), stream=True))
+        except InvalidArgumentError as exc:
+            raise self._explained(inputs, exc) from None
 
     async def stream_async(
         self, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]
@@ -87,7 +96,11 @@ class Model:
         """:meth:`stream` for asyncio: ``async for part in model.stream_async(...)``."""
         request = InferRequest.from_options(inputs, options)
         arrived = asyncio.Event()
-        responses = iterate_async(self.submit(request, asyncio.get_running_loop(), arrived.set, True), arrived)
+        try:
+            handle = self.submit(request, asyncio.get_running_loop(), arrived.set, True)
+        except InvalidArgumentError as exc:
+            raise self._explained(inputs, exc) from None
+        responses = iterate_async(handle, arrived)
         try:
             async for outputs in responses:
                 yield outputs
@@ -139,6 +152,10 @@ class Model:
             server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
             r.timeout_us, r.parameters, loop, target, stream, r.sequence, release_gil, None, cancellable,
         )  # fmt: skip
+
+    def _explained(self, inputs: Mapping[str, Any], error: InvalidArgumentError) -> InvalidArgumentError:
+        """Triton's refusal of a Python caller's inputs, retold in numpy terms."""
+        return explain_inputs(self.name, self._server._bound.get(self.name), inputs, error)
 
     @property
     def decoupled(self) -> bool:

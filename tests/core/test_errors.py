@@ -33,9 +33,25 @@ def counted(server, add_sub, add_sub_tensors, counter):
 @pytest.mark.parametrize(
     "inputs, message",
     [
-        ({"a": np.ones((1, 1), np.float64), "b": ONE}, "data-type is 'FP64', but model 'Guarded' expects 'FP32'"),
-        ({"a": np.ones((1, 2), np.float32), "b": ONE}, "unexpected shape"),
-        ({"a": np.ones(1, np.float32), "b": ONE}, "unexpected shape"),
+        (
+            {"a": np.ones((1, 1), np.float64), "b": ONE},
+            r"^model 'Guarded': input 'a' is float64 but the model takes float32: pass a.astype\(np.float32\)$",
+        ),
+        (
+            {"a": np.ones((1, 2), np.float32), "b": ONE},
+            r"^unexpected shape for input 'a' for model 'Guarded'. Expected \[-1,1\], got \[1,2\].$",
+        ),
+        (
+            {"a": np.ones(1, np.float32), "b": np.ones(1, np.float32)},
+            r"^model 'Guarded' takes batches \(max_batch_size=8\) but inputs 'a' \(shape \(1,\)\), 'b' \(shape \(1,\)\) lack "
+            r"the batch axis: add the batch axis \(shape \(1, ...\), e.g. x\[np.newaxis\]\) or bind with ModelConfig\(batching=False\)$",
+        ),
+        ({"a": np.ones(1, np.float32), "b": ONE}, r"input 'a' \(shape \(1,\)\) lacks the batch axis"),
+        (
+            {"a": [[1.0]], "b": ONE},
+            r"^model 'Guarded': input 'a' is a list: pass a numpy array of dtype float32 and shape \(1, 1\)",
+        ),
+        ({"a": 1.0, "b": 2}, r"input 'a' is a float: .*; input 'b' is a int: pass a numpy array of dtype float32"),
         ({"a": ONE}, "expected 2 inputs but got 1"),
         ({"a": ONE, "b": ONE, "c": ONE}, r"expected 2 inputs but got 3 .*'c'"),
         ({"a": np.ones((9, 1), np.float32), "b": np.ones((9, 1), np.float32)}, "batch-size must be <= 8"),
@@ -225,3 +241,11 @@ def test_response_cache_needs_a_configured_cache(server, add_sub, add_sub_tensor
         Server().bind("In", add_sub, [Tensor(name="x", dtype=np.float32, shape=(1,), labels=["a"])], add_sub_tensors[1])
     with pytest.raises(InvalidArgumentError, match="cache_config"):
         server.bind("Cached", add_sub, inputs, outputs, ModelConfig(response_cache=True))
+
+
+def test_non_contiguous_numpy_inputs_are_copied_once(counted):
+    """As README says: a strided numpy view reaches Triton as a contiguous copy."""
+    model, _ = counted
+    wide = np.arange(8, dtype=np.float32).reshape(4, 2)
+    out = model.infer({"a": wide[:, :1], "b": np.ascontiguousarray(wide[:, 1:])})  # a is a strided view
+    np.testing.assert_array_equal(out["add"][:, 0], wide[:, 0] + wide[:, 1])
