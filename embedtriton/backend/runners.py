@@ -21,6 +21,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from .. import tracing
@@ -32,16 +33,34 @@ Step = list[tuple[int, "Request | None"]]  # (request key, Request or None), an 
 Results = list[tuple[Any, bool]]  # (outputs | None | error message, done) per request
 
 
+LOG_EVERY_S = 10.0  # a failing model's tracebacks are logged at most this often (per model)
+_FRAMES = 3  # the callable's innermost frames named in the caller's error
+_OWN = str(Path(__file__).resolve().parents[1])  # embedtriton's own frames are not the callable's
+
+
 class Runner:
     """Calls ``func`` for model ``name``; turns its exceptions into error messages (str)."""
 
     def __init__(self, name: str, func: Callable[..., Any]) -> None:
         self.name = name
         self.func = func
+        self._logged_at = -LOG_EVERY_S
+        self._unlogged = 0
 
     def failed(self, exc: BaseException) -> str:
-        log.debug("model %r raised:\n%s", self.name, traceback.format_exc())
-        return f"model '{self.name}' raised {type(exc).__name__}: {exc}"
+        """The caller's error for an exception of the callable: type, message and where it was
+        raised (its last frames). The traceback goes to the log at ERROR, at most once per
+        LOG_EVERY_S per model, so that a model failing under load does not flood the log."""
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_OWN)]
+        where = " < ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames[-_FRAMES:]))
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_S:
+            left_out, self._unlogged, self._logged_at = self._unlogged, 0, now
+            more = f" ({left_out} more failures since the last one logged)" if left_out else ""
+            log.error("model %r raised%s:\n%s", self.name, more, "".join(traceback.format_exception(exc)).rstrip())
+        else:
+            self._unlogged += 1
+        return f"model '{self.name}' raised {type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
 
 
 class Plain(Runner):

@@ -85,24 +85,37 @@ def test_unknown_model(server):
         Model(server, "Nope").infer({"a": ONE})
 
 
-def test_callable_that_raises_fails_its_batch_only(server, add_sub_tensors):
+def test_callable_that_raises_fails_its_batch_only(server, add_sub_tensors, caplog):
     calls = []
+
+    def check(a):
+        if (a < 0).any():
+            raise ValueError("negative input is not allowed")
 
     @batch
     def flaky(a, b):
         calls.append(len(a))
-        if (a < 0).any():
-            raise ValueError("negative input is not allowed")
+        check(a)
         return {"add": a + b, "sub": a - b}
 
     inputs, outputs = add_sub_tensors
     model = server.bind("Flaky", flaky, inputs, outputs)
+    line = check.__code__.co_firstlineno
     try:
-        with pytest.raises(InternalError, match=r"model 'Flaky' raised ValueError: negative input is not allowed"):
-            model.infer({"a": -ONE, "b": ONE})
+        with caplog.at_level("ERROR", logger="embedtriton"):
+            for _ in range(3):  # the caller's error says where; the log has the traceback, once
+                with pytest.raises(InternalError) as info:
+                    model.infer({"a": -ONE, "b": ONE})
+                assert str(info.value) == (
+                    "model 'Flaky' raised ValueError: negative input is not allowed "
+                    f"(at test_errors.py:{line + 2} in check < test_errors.py:{line + 7} in flaky)"
+                )
+        logged = [r for r in caplog.records if r.levelname == "ERROR" and "Flaky" in r.getMessage()]
+        assert len(logged) == 1 and "Traceback" in logged[0].getMessage()  # rate-limited: 1 per 10 s
+        assert "check(a)" in logged[0].getMessage()
         assert model.infer({"a": ONE, "b": ONE})["add"][0, 0] == 2
         stats = model.statistics()["inference_stats"]
-        assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 1
+        assert stats["fail"]["count"] == 3 and stats["success"]["count"] == 1
     finally:
         server.unbind("Flaky")
 
