@@ -11,6 +11,7 @@ from pathlib import Path
 from ..backend.binding import Binding
 from ..backend.library import install_backend
 from ..config.triton_json import WARMUP_FOLDER, labels_file_name, warmup_file_bytes, warmup_file_name
+from ..errors import InvalidArgumentError
 
 
 class Repository:
@@ -40,6 +41,15 @@ class Repository:
     def write(self, binding: Binding) -> Path:
         """The model's folder, with its version folder and warm-up files."""
         directory = self.model_dir(binding.name)
+        try:
+            self._write(binding, directory)
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"cannot write model '{binding.name}' into the model repository {self.models}: {exc.strerror}"
+            ) from None
+        return directory
+
+    def _write(self, binding: Binding, directory: Path) -> None:
         (directory / "1").mkdir(parents=True, exist_ok=True)
         for index, output in enumerate(binding.outputs):  # Triton's label_filename: one label per line
             if output.labels is not None:
@@ -50,7 +60,6 @@ class Repository:
                     folder = directory / WARMUP_FOLDER
                     folder.mkdir(exist_ok=True)
                     (folder / warmup_file_name(stage, input_name)).write_bytes(warmup_file_bytes(spec))
-        return directory
 
     def remove(self, name: str) -> None:
         shutil.rmtree(self.model_dir(name), ignore_errors=True)

@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..backend import library
-from ..backend.batch import InferFunc, signature_problem
+from ..backend.batch import InferFunc
 from ..backend.binding import Binding
 from ..config import ModelConfig, ServerConfig, Tensor, name_tensors
 from ..config.triton_json import model_config_json
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..tracing import Tracer
 from ..triton import control
-from ..triton.devices import require_gpu
 from ..triton.options import apply_log_settings, server_options
 from ..triton.runtime import load_runtime
+from .declarations import check_config, check_declarations
 from .lifecycle import live_servers, new_server, retire
 from .model import Model
 from .repository import Repository
@@ -216,29 +216,9 @@ class CoreServer:
         returns. Outputs are always checked against ``outputs``; ``strict`` is accepted for
         PyTriton compatibility.
         """
-        if not isinstance(model_name, str) or not model_name or "/" in model_name or model_name.startswith("."):
-            raise InvalidArgumentError(f"model_name must be a plain non-empty name, not {model_name!r}")
-        if not callable(infer_func):
-            raise InvalidArgumentError(f"infer_func of model '{model_name}' must be callable")
-        problem = signature_problem(infer_func)
-        if problem is not None:
-            raise InvalidArgumentError(f"model '{model_name}': {problem}")
+        check_declarations(model_name, infer_func, inputs, outputs)
         config = config if config is not None else ModelConfig()
-        for what, tensors in (("inputs", inputs), ("outputs", outputs)):
-            if not all(isinstance(t, Tensor) for t in tensors):
-                raise InvalidArgumentError(f"{what} of model '{model_name}' must be a list of Tensor")
-        if not outputs:
-            raise InvalidArgumentError(f"model '{model_name}' needs at least one output")
-        self._check_config(model_name, config)
-        for tensor in inputs:
-            if tensor.labels is not None:
-                raise InvalidArgumentError(
-                    f"model '{model_name}': input {tensor.name or '(unnamed)'} has labels; class labels "
-                    "belong to outputs (for clients that ask for the top classes)"
-                )
-        for tensor in [*inputs, *outputs]:
-            if tensor.device == "gpu":
-                require_gpu(f"model '{model_name}': Tensor {tensor.name or '(unnamed)'} with device='gpu'")
+        check_config(model_name, config, self.config)
         binding = Binding(
             model_name, infer_func, name_tensors(inputs, "INPUT"), name_tensors(outputs, "OUTPUT"), config
         )
@@ -289,7 +269,7 @@ class CoreServer:
             if config is None:
                 self._load(binding)
                 return
-            self._check_config(model_name, config)
+            check_config(model_name, config, self.config)
             changed = Binding(model_name, binding.infer_func, binding.inputs, binding.outputs, config)
             model_config_json(model_name, changed.inputs, changed.outputs, config, library.BACKEND_NAME)
             self._bound[model_name] = changed
@@ -299,20 +279,6 @@ class CoreServer:
                 self._bound[model_name] = binding
                 library.bindings[str(self._repository.model_dir(model_name))] = binding
                 raise
-
-    def _check_config(self, model_name: str, config: ModelConfig) -> None:
-        """What bind and load check of a ModelConfig beyond its own validation."""
-        if not isinstance(config, ModelConfig):
-            raise InvalidArgumentError(f"config must be a ModelConfig, not {type(config).__name__}")
-        if config.response_cache and not self.config.cache_config:
-            raise InvalidArgumentError(
-                f"model '{model_name}' has response_cache=True but the server has no cache; "
-                "configure one, e.g. Server(ServerConfig(cache_config=['local,size=1048576']))"
-            )
-        for group in config.instance_group or []:
-            if group.kind == "GPU":
-                for gpu in group.gpus or [0]:
-                    require_gpu(f"model '{model_name}': InstanceGroup(kind='GPU')", gpu)
 
     def _running_binding(self, model_name: str) -> Binding:
         binding = self._bound.get(model_name)

@@ -195,6 +195,9 @@ def test_config_validation_messages(add_sub, add_sub_tensors):
         Server().bind("Dup", add_sub, [Tensor(name="a", dtype=np.float32, shape=(1,))] * 2, add_sub_tensors[1])
     with pytest.raises(InvalidArgumentError, match="input x has labels; class labels belong to outputs"):
         Server().bind("In", add_sub, [Tensor(name="x", dtype=np.float32, shape=(1,), labels=["a"])], add_sub_tensors[1])
+    for name in ("x" * 256, "\u00e9" * 128, "a\0b"):  # a folder name: at most 255 bytes, no NUL
+        with pytest.raises(InvalidArgumentError, match="model_name must be at most 255 bytes"):
+            Server().bind(name, add_sub, *add_sub_tensors)
     with pytest.raises(InvalidArgumentError, match="cache_config"):
         Server.__init__(Server.__new__(Server), __import__("embedtriton").ServerConfig(cache_config=["local,size"]))
 
@@ -252,6 +255,9 @@ def test_response_cache_needs_a_configured_cache(server, add_sub, add_sub_tensor
     inputs, outputs = add_sub_tensors
     with pytest.raises(InvalidArgumentError, match="input x has labels; class labels belong to outputs"):
         Server().bind("In", add_sub, [Tensor(name="x", dtype=np.float32, shape=(1,), labels=["a"])], add_sub_tensors[1])
+    for name in ("x" * 256, "\u00e9" * 128, "a\0b"):  # a folder name: at most 255 bytes, no NUL
+        with pytest.raises(InvalidArgumentError, match="model_name must be at most 255 bytes"):
+            Server().bind(name, add_sub, *add_sub_tensors)
     with pytest.raises(InvalidArgumentError, match="cache_config"):
         server.bind("Cached", add_sub, inputs, outputs, ModelConfig(response_cache=True))
 
