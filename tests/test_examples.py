@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -95,3 +97,32 @@ def test_graceful_stop_example(tmp_path):
     assert "a new request gets StatusCode.UNAVAILABLE: the server is stopping" in out
     assert "the request in flight: y = 42.0 (error: None)" in out
     assert float(out.split("stop() returned after ")[1].split(" s")[0]) < 5
+
+
+def test_triton_example_models_serve():
+    """`embedtriton serve triton_example_models:bind` serves the models Triton's example clients expect."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "embedtriton", "serve", "triton_example_models:bind", "--grpc", "127.0.0.1:0"]
+        + ["--metrics", ""],
+        cwd=EXAMPLES,  # where the module is; not the repository root, whose source tree would shadow the package
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        log = []
+        while not log or " ready: " not in log[-1]:
+            line = serve.stderr.readline()
+            assert line, "".join(log)  # it exited
+            log.append(line)
+        port = int("".join(log).split("gRPC (KServe v2) on 127.0.0.1:0 (port ")[1].split(")")[0])
+        assert "simple, simple_int8, simple_string, simple_identity, simple_sequence" in log[-1]
+        inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"), grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+        result = grpcclient.InferenceServerClient(f"127.0.0.1:{port}").infer("simple", inputs)
+        assert result.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
+    finally:
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=60) == 0
+        serve.stderr.close()
