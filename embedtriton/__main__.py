@@ -118,7 +118,7 @@ def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log:
     with server:
         names = [m.name for m in server.models()]
         if args.grpc and not stop.is_set():
-            port = server.serve_grpc(
+            server.serve_grpc(  # it logs where it serves
                 args.grpc,
                 max_message_bytes=args.max_message_bytes,
                 tls_cert=args.tls_cert,
@@ -127,7 +127,6 @@ def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log:
                 limits=GrpcLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
                 shared_memory=not args.no_shared_memory,
             )
-            log.info("gRPC (KServe v2) on %s (port %d)", args.grpc, port)
         if args.metrics and not stop.is_set():
             port = server.serve_metrics(args.metrics)
             log.info("metrics on http://%s/metrics (port %d)", args.metrics, port)

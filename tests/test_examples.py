@@ -115,7 +115,7 @@ def test_triton_example_models_serve():
             line = serve.stderr.readline()
             assert line, "".join(log)  # it exited
             log.append(line)
-        port = int("".join(log).split("gRPC (KServe v2) on 127.0.0.1:0 (port ")[1].split(")")[0])
+        port = int("".join(log).split("serving gRPC on 127.0.0.1:0 (port ")[1].split(")")[0])
         assert "simple, simple_int8, simple_string, simple_identity, simple_sequence" in log[-1]
         inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"), grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
         for tensor in inputs:
