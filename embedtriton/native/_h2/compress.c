@@ -1,5 +1,7 @@
-/* gRPC message compression with zlib: request messages inflated within max_message_bytes (IO thread, no GIL).
- * gRPC's "deflate" is the zlib format (RFC 1950) and "gzip" the gzip format (RFC 1952), both with a 32 KiB window. */
+/* gRPC message compression with zlib: request messages inflated within max_message_bytes (IO thread, no GIL), and
+ * response messages deflated in Call.send() (without the GIL when they are large). gRPC's "deflate" is the zlib
+ * format (RFC 1950) and "gzip" the gzip format (RFC 1952), both with a 32 KiB window; responses are compressed at
+ * zlib's default level and sent compressed only when that makes them smaller, as grpc-core does. */
 #include "h2.h"
 
 #include <limits.h>
@@ -92,4 +94,40 @@ int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** 
   *out = buf;
   *outlen = have;
   return 0;
+}
+
+OutBuf* deflate_message(int enc, const uint8_t* in, size_t n)
+{
+  z_stream zs;
+  memset(&zs, 0, sizeof zs);
+  if (n > UINT_MAX ||
+      deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, window_bits(enc), 8, Z_DEFAULT_STRATEGY) != Z_OK)
+    return NULL;
+  uLong bound = deflateBound(&zs, (uLong)n);
+  OutBuf* ob = bound <= UINT_MAX ? malloc(sizeof *ob + 5 + bound) : NULL;
+  if (ob) {
+    zs.next_in = (Bytef*)in;
+    zs.avail_in = (uInt)n;
+    zs.next_out = ob->data + 5;
+    zs.avail_out = (uInt)bound;
+    int r = deflate(&zs, Z_FINISH);
+    size_t len = bound - zs.avail_out;
+    if (r != Z_STREAM_END || len >= n) { /* not smaller: the caller sends the message as it is */
+      free(ob);
+      ob = NULL;
+    } else {
+      OutBuf* shrunk = realloc(ob, sizeof *ob + 5 + len);
+      if (shrunk) ob = shrunk;
+      ob->next = NULL;
+      ob->len = 5 + len;
+      ob->off = 0;
+      ob->data[0] = 1;
+      ob->data[1] = (uint8_t)(len >> 24);
+      ob->data[2] = (uint8_t)(len >> 16);
+      ob->data[3] = (uint8_t)(len >> 8);
+      ob->data[4] = (uint8_t)len;
+    }
+  }
+  deflateEnd(&zs);
+  return ob;
 }

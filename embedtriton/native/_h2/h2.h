@@ -39,7 +39,7 @@
  *   conn.c     connections: IO, accepting, timers
  *   loop.c     the IO thread: its loop, dispatch to Python, stopping
  *   call.c     the Call type
- *   compress.c zlib: request messages inflated (bounded)
+ *   compress.c zlib: request messages inflated (bounded), responses deflated
  *   server.c   the Server type, TLS setup, the listener, the registry
  *   module.c   the module
  */
@@ -128,6 +128,7 @@ struct Stream {
   char* fin_msg; /* percent-encoded, written once when finish_req is set */
   size_t queued; /* bytes in pq and oq, not yet handed to nghttp2 */
   int overflow;  /* send() found the stream or its connection over its buffer limit */
+  int resp_enc;  /* the responses' grpc-encoding (ENC_*), set by send() */
   int dirty;
   Stream *dprev, *dnext;
 };
@@ -217,6 +218,7 @@ struct CallObject {
   ServerObject* srv; /* strong */
   Stream* st;        /* guarded by srv->mu; NULL once the stream is gone */
   PyObject *method, *user, *metadata;
+  int comp, sent; /* (GIL) the responses' compression (ENC_*), fixed by the first send() */
   char** meta;
   size_t nmeta;
   char peer[PEER_LEN];
@@ -262,6 +264,8 @@ const char* encoding_name(int enc);
  * (RESOURCE_EXHAUSTED: larger than max; INTERNAL: corrupt) with its message in err. */
 int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** out, size_t* outlen, char* err,
                     size_t errsize);
+/* A response message deflated, with its gRPC prefix (flag 1); NULL when compressing does not make it smaller. */
+OutBuf* deflate_message(int enc, const uint8_t* in, size_t n);
 
 /* ---- session.c: streams and the nghttp2 callbacks ------------------------ */
 
