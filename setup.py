@@ -48,7 +48,9 @@ setup(
             include_dirs=[INCLUDE],
             extra_compile_args=CFLAGS,
             extra_link_args=exports("_h2"),
-            libraries=["dl", "pthread"],
+            # zlib for gRPC message compression: linked, not dlopened like libnghttp2 and OpenSSL, as
+            # libz.so.1 is wherever CPython's zlib module is (and manylinux wheels may depend on it).
+            libraries=["dl", "pthread", "z"],
         ),
     ]
 )

@@ -77,6 +77,9 @@ class Call:
         """Queue one response message (thread-safe); False if the call is over."""
     def finish(self, code: int, message: str | Buffer = "") -> bool:
         """End the call with a gRPC status (thread-safe); False if it is already over."""
+    def set_compression(self, algorithm: str, /) -> None:
+        """Compress the response messages ("identity", "deflate" or "gzip"; each is sent compressed when
+        that makes it smaller): before the first send(), else RuntimeError."""
 
 def library(libpath: str | None = None) -> _LibraryInfo:
     """The libnghttp2 in use (loaded now if no Server loaded it yet)."""

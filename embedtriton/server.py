@@ -43,7 +43,8 @@ class Server(CoreServer):
         ``"host:0"`` picks a free port) and
         ``settings`` override the fields of ``options`` (:class:`GrpcOptions`):
         ``max_message_bytes``, ``tls_cert``, ``tls_key``, ``tls_client_ca``, ``transport``
-        (``"native"`` or ``"grpcio"``), ``limits`` (:class:`GrpcLimits`) and ``shared_memory``.
+        (``"native"`` or ``"grpcio"``), ``limits`` (:class:`GrpcLimits`), ``shared_memory`` and
+        ``infer_response_compression_level``.
         Returns the port. Needs ``pip install "embedtriton[grpc]"``.
         """
         fields = {f.name for f in dataclasses.fields(GrpcOptions)} - {"address"}

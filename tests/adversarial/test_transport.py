@@ -6,6 +6,7 @@ Each test states the protective behaviour it checks; all are bounded in count an
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import site
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import pytest
 
@@ -35,8 +37,8 @@ REQUEST_HEADERS = [
 ]
 
 
-def grpc_frame(body: bytes) -> bytes:
-    return b"\0" + len(body).to_bytes(4, "big") + body
+def grpc_frame(body: bytes, flag: int = 0) -> bytes:
+    return bytes([flag]) + len(body).to_bytes(4, "big") + body
 
 
 class Handler:
@@ -74,6 +76,9 @@ class Handler:
         method = call.method.rsplit("/", 1)[-1]
         if method in ("Echo", "Block"):
             call.send(call.user or b"")
+            call.finish(0)
+        elif method == "Size":  # the length of what arrived
+            call.send(b"%d" % len(call.user or b""))
             call.finish(0)
         elif method == "Hold":
             with self.lock:
@@ -139,11 +144,11 @@ class Raw:
             except OSError:
                 self.closed = True
 
-    def request(self, method, body=b"", end=True, headers=()):
+    def request(self, method, body=b"", end=True, headers=(), flag=0):
         sid = self.conn.get_next_available_stream_id()
         self.conn.send_headers(sid, [(b":path", f"/x.Y/{method}".encode()), *REQUEST_HEADERS, *headers])
         if body is not None:
-            data, step = grpc_frame(body), self.conn.max_outbound_frame_size
+            data, step = grpc_frame(body, flag), self.conn.max_outbound_frame_size
             for i in range(0, max(len(data), 1), step):
                 self.conn.send_data(sid, data[i : i + step], end_stream=end and i + step >= len(data))
         self.flush()
@@ -746,3 +751,91 @@ def test_incomplete_request_messages_are_bounded(start, handler):
     client.flush()
     assert not client.closed and client.call("Echo", b"after")[:3:2] == (0, b"after")
     assert handler.messages.count("/x.Y/Echo") == 3  # only the complete calls reached the application
+
+
+# ---- compressed request messages ----
+
+
+def _vm_mib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _gzip_of_zeros(size):
+    """gzip of ``size`` zero bytes, made 1 MiB at a time (the zeros are never all in memory)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + 15)
+    chunk = bytes(1 << 20)
+    out = [z.compress(chunk) for _ in range(size >> 20)]
+    return b"".join(out) + z.compress(bytes(size & ((1 << 20) - 1))) + z.flush()
+
+
+GZIP = [(b"grpc-encoding", b"gzip")]
+
+
+def test_decompression_bomb(start, handler):
+    """64 MiB of zeros gzip-compressed to 64 KiB, against max_message_bytes of 4 MiB, eight times: each fails with
+    RESOURCE_EXHAUSTED naming the limit, the server's memory peaks at about the limit (never the 64 MiB), nothing
+    reaches the application and the connection goes on; a message that inflates to exactly the limit is delivered."""
+    srv = start()
+    client = Raw(srv.port)
+    bomb = _gzip_of_zeros(64 << 20)
+    assert len(bomb) < 128 << 10
+    try:  # the peak of this process's memory starts again from now (Linux: "5" resets VmHWM)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pytest.skip("cannot reset the peak RSS (/proc/self/clear_refs)")
+    before = _vm_mib("VmRSS")
+    for _ in range(8):
+        status, message, _ = client.response(client.request("Echo", bomb, headers=GZIP, flag=1))
+        assert status == 8, (status, message)
+        assert message == f"received message after decompression larger than max (more than {MAX_MSG} bytes)"
+    peak = _vm_mib("VmHWM") - before
+    assert peak < 16, f"the peak RSS rose by {peak:.0f} MiB"
+    assert handler.messages == []
+    assert client.call("Echo", b"after")[:3:2] == (0, b"after")
+    exact, over = _gzip_of_zeros(MAX_MSG), _gzip_of_zeros(MAX_MSG + 1)
+    assert client.response(client.request("Size", exact, headers=GZIP, flag=1))[:3:2] == (0, b"%d" % MAX_MSG)
+    assert client.response(client.request("Size", over, headers=GZIP, flag=1))[0] == 8
+
+
+@pytest.mark.parametrize(
+    "headers, message, status, words",
+    [
+        (GZIP, b"\x1f\x8bnot gzip at all", 13, "Decompression failed due to unknown compression method"),
+        (GZIP, gzip.compress(b"hello world" * 100)[:-10], 13, "Decompression failed due to truncated data"),
+        (GZIP, zlib.compress(b"a zlib stream"), 13, "Decompression failed due to incorrect header check"),
+        (GZIP, gzip.compress(b"one") + gzip.compress(b"two"), 13, "Decompression failed due to not all input consumed"),
+        ([(b"grpc-encoding", b"deflate")], gzip.compress(b"gzip as deflate"), 13, "Decompression failed due to"),
+        ([], gzip.compress(b"no grpc-encoding"), 13, "Compression bit set but no encoding configured"),
+        ([(b"grpc-encoding", b"identity")], b"x", 13, "Compression bit set but no encoding configured"),
+        ([(b"grpc-encoding", b"br")], b"x", 12, "Compression algorithm 'br' (grpc-encoding) is not supported"),
+        ([(b"grpc-encoding", b"GZIP")], b"x", 12, "Compression algorithm 'GZIP' (grpc-encoding) is not supported"),
+    ],
+    ids=["corrupt", "truncated", "zlib-as-gzip", "two-members", "gzip-as-deflate", "no-encoding", "identity", "br",
+         "uppercase"],
+)  # fmt: skip
+def test_bad_compressed_messages(start, handler, headers, message, status, words):
+    """A compressed message that does not decompress fails its call with INTERNAL, as does the compressed flag
+    without a grpc-encoding; an encoding the server does not know is UNIMPLEMENTED, naming it and, in
+    grpc-accept-encoding, those it takes. Nothing reaches the application; the connection goes on."""
+    client = Raw(start().port)
+    sid = client.request("Echo", message, headers=headers, flag=1)
+    got, text, _ = client.response(sid)
+    assert got == status and text.startswith(words), (got, text)
+    accept = [dict(e.headers).get(b"grpc-accept-encoding") for e in client.events if hasattr(e, "headers")]
+    assert accept == ([b"identity, deflate, gzip"] if status == 12 else [None])
+    assert handler.messages == []
+    assert client.call("Echo", b"after")[:3:2] == (0, b"after")
+
+
+def test_unknown_encoding_is_refused_before_any_message(start, handler):
+    """An unknown grpc-encoding is refused at the request's headers, even when no message is compressed."""
+    client = Raw(start().port)
+    status, text, _ = client.response(client.request("Echo", b"plain", headers=[(b"grpc-encoding", b"snappy")]))
+    assert status == 12 and "'snappy'" in text
+    assert handler.messages == [] and handler.half_closes == []
+    assert client.call("Echo", b"after")[:3:2] == (0, b"after")

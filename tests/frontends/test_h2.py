@@ -28,6 +28,7 @@ class Handler:
         self.cancelled = []
         self.cancel_event = threading.Event()
         self.calls_seen = 0
+        self.refused_compression = []  # what set_compression() raised for a Zip call, in order
 
     def on_message(self, call, data):
         method = call.method.rsplit("/", 1)[-1]
@@ -60,6 +61,17 @@ class Handler:
             call.finish(0)
         elif method == "Bidi":
             call.finish(0, "bidi done")
+        elif method == "Zip":  # echo, the reply compressed with the algorithm x-compress names
+            algorithm = dict(call.metadata)["x-compress"]
+            call.set_compression(algorithm)
+            call.send(data)
+            call.set_compression(algorithm)  # no change: still fine
+            for late in ("identity" if algorithm != "identity" else "gzip", "br", b"gzip"):
+                try:
+                    call.set_compression(late)
+                except (RuntimeError, ValueError, TypeError) as exc:
+                    self.refused_compression.append(type(exc).__name__)
+            call.finish(0)
         elif method == "Later":  # answer from another thread after a delay
 
             def later():
@@ -169,12 +181,35 @@ def test_trailers_only_without_message(channel):
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_compressed_request_is_unimplemented(server):
-    with grpc.insecure_channel(f"127.0.0.1:{server.port}", compression=grpc.Compression.Gzip) as ch:
-        with pytest.raises(grpc.RpcError) as err:
-            unary(ch, "Echo")(b"x" * 1000, timeout=5)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert err.value.details() == "compression is not supported"
+COMPRESSION = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}
+
+
+def compressible_or_not(size):
+    return os.urandom(size) if size < 1 << 20 else b"embedtriton " * (size // 12)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("size", [0, 10, 200_000, 8 << 20])
+def test_compressed_requests(server, algorithm, size):
+    """grpcio's compressed requests reach the handler decompressed (grpcio sends those that compression does not
+    make smaller as they are)."""
+    data = compressible_or_not(size)
+    options = [("grpc.max_receive_message_length", MAX)]
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}", options, compression=COMPRESSION[algorithm]) as ch:
+        assert unary(ch, "Echo")(data, timeout=30) == data
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("size", [0, 10, 200_000, 8 << 20])
+def test_compressed_replies(server, handler, algorithm, size):
+    """set_compression() compresses the replies, which grpcio decodes: empty, small or random ones (not smaller
+    compressed: sent as they are) and large ones (deflated without the GIL). It is refused after the first send()
+    (for another algorithm) and for what it does not know."""
+    data = compressible_or_not(size)
+    handler.refused_compression.clear()
+    with make_channel(server.port) as ch:
+        assert unary(ch, "Zip")(data, metadata=[("x-compress", algorithm)], timeout=30) == data
+    assert handler.refused_compression == ["RuntimeError", "ValueError", "TypeError"]
 
 
 def test_bidi_interleaved(channel):

@@ -63,6 +63,7 @@ def test_grpc_options_defaults():
     assert options.address == "127.0.0.1:8001"  # loopback unless told otherwise
     assert options.max_message_bytes == 64 * 1024 * 1024
     assert options.transport == "native" and options.shared_memory is True
+    assert options.infer_response_compression_level == "none"  # as Triton's default
     assert options.limits == GrpcLimits()
     assert options.tls is None
 
@@ -91,12 +92,25 @@ def test_grpc_options_tls():
         ),
         ({"transport": "h3"}, "transport must be 'native' or 'grpcio', not 'h3'"),
         ({"limits": {"max_connections": 1}}, "limits must be a GrpcLimits, not dict"),
+        (
+            {"infer_response_compression_level": "gzip"},
+            "infer_response_compression_level must be 'none', 'low', 'medium' or 'high', not 'gzip'",
+        ),
+        (
+            {"infer_response_compression_level": ["low"]},
+            "infer_response_compression_level must be 'none', 'low', 'medium' or 'high', not ['low']",
+        ),
     ],
 )
 def test_grpc_options_refusals(kwargs, message):
     with pytest.raises(InvalidArgumentError) as info:
         GrpcOptions(**kwargs)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("level", ["none", "low", "medium", "high"])
+def test_grpc_options_compression_levels(level):
+    assert GrpcOptions(infer_response_compression_level=level).infer_response_compression_level == level
 
 
 def test_grpc_options_are_frozen():

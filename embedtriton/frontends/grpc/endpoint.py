@@ -11,7 +11,7 @@ from typing import Any
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError, UnavailableError
 from ...triton.runtime import find_runtime
-from .options import GrpcLimits, GrpcOptions
+from .options import COMPRESSION_LEVELS, GrpcLimits, GrpcOptions
 
 try:
     import grpc
@@ -39,13 +39,15 @@ class GrpcEndpoint:
         options = options or GrpcOptions()
         self.options = options
         self.address = options.address
-        self.service = Service(server, options.shared_memory)
+        self.service = Service(server, options.shared_memory, options.infer_response_compression_level)
         self._native: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         if options.transport == "native":
             self._start_native(options.address, options.max_message_bytes, options.tls, options.limits)
         else:
-            self._start_grpcio(options.address, options.max_message_bytes, options.tls)
+            self._start_grpcio(
+                options.address, options.max_message_bytes, options.tls, options.infer_response_compression_level
+            )
 
     def _start_native(self, address: str, max_message_bytes: int, tls: Any, limits: GrpcLimits) -> None:
         from ... import _h2
@@ -70,7 +72,7 @@ class GrpcEndpoint:
             f" (without {', '.join(missing)}: an old copy; set EMBEDTRITON_NGHTTP2 to a newer one)" if missing else "",
         )
 
-    def _start_grpcio(self, address: str, max_message_bytes: int, tls: Any) -> None:
+    def _start_grpcio(self, address: str, max_message_bytes: int, tls: Any, compression_level: str) -> None:
         loop = self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=loop.run_forever, name="embedtriton-grpc", daemon=True)
         self._thread.start()
@@ -78,6 +80,10 @@ class GrpcEndpoint:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
+        if compression_level != "none":
+            # grpc-core keeps the client's grpc-accept-encoding from the application (the service's
+            # per-call choice never sees it), so grpc-core picks the algorithm itself, for every method.
+            options.append(("grpc.default_compression_level", COMPRESSION_LEVELS[compression_level]))
         credentials = grpcio_credentials(tls) if tls else None
 
         async def start() -> tuple[Any, int]:

@@ -7,6 +7,9 @@ from typing import Any
 
 from ...errors import InvalidArgumentError
 
+# Triton's --grpc-infer-response-compression-level values, as grpc-core numbers them (grpc_compression_level).
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
 
 @dataclass(frozen=True)
 class GrpcLimits:
@@ -63,6 +66,15 @@ class GrpcOptions:
     cost (:class:`GrpcLimits`; native transport). ``shared_memory=False`` refuses
     SystemSharedMemoryRegister: shared memory is for same-host clients trusted with the
     server's ``/dev/shm`` objects.
+
+    Compressed requests (gzip, deflate: ``compression_algorithm=`` in tritonclient) are accepted
+    on both transports. ``infer_response_compression_level`` (Triton's
+    ``--grpc-infer-response-compression-level``): ``"none"``, ``"low"``, ``"medium"`` or
+    ``"high"``; compresses ModelInfer and ModelStreamInfer responses with the algorithm
+    grpc-core picks for that level among those the client accepts (its
+    ``grpc-accept-encoding``): gzip for low, deflate for medium and high when it accepts both,
+    none when it accepts neither. On the grpcio transport grpc-core applies the level itself, to
+    the responses of every method, as it hides the client's list from the application.
     """
 
     address: str | int = "127.0.0.1:8001"
@@ -73,6 +85,7 @@ class GrpcOptions:
     transport: str = "native"
     limits: GrpcLimits = field(default_factory=GrpcLimits)
     shared_memory: bool = True
+    infer_response_compression_level: str = "none"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", normalize_address(self.address, "gRPC"))
@@ -85,6 +98,11 @@ class GrpcOptions:
             raise InvalidArgumentError(f"max_message_bytes must be > 0, not {self.max_message_bytes}")
         if self.transport not in ("native", "grpcio"):
             raise InvalidArgumentError(f"transport must be 'native' or 'grpcio', not {self.transport!r}")
+        level = self.infer_response_compression_level
+        if not isinstance(level, str) or level not in COMPRESSION_LEVELS:
+            raise InvalidArgumentError(
+                f"infer_response_compression_level must be 'none', 'low', 'medium' or 'high', not {level!r}"
+            )
         if not isinstance(self.limits, GrpcLimits):
             raise InvalidArgumentError(f"limits must be a GrpcLimits, not {type(self.limits).__name__}")
 

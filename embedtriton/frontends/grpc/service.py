@@ -32,7 +32,7 @@ from .. import kserve
 from ..config_override import parse_override
 from ..shared_memory import SystemSharedMemory
 from .infer import STOPPING, Inference, InFlight, Stream
-from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of
+from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of, response_compression
 
 log = logging.getLogger("embedtriton")
 
@@ -54,7 +54,9 @@ _REFUSED_WHILE_DRAINING = {
 class Service:
     """KServe-v2 inference service plus ``grpc.health.v1`` for one server (a transport :class:`Handler`)."""
 
-    def __init__(self, server: CoreServer, shared_memory: bool = True) -> None:
+    def __init__(
+        self, server: CoreServer, shared_memory: bool = True, infer_response_compression_level: str = "none"
+    ) -> None:
         self.server = server
         self.shm = SystemSharedMemory()
         self.inference = Inference(server, self.shm)
@@ -83,6 +85,9 @@ class Service:
             _HEALTH + "Check": (health_pb2.HealthCheckRequest, self.health_check),
             _HEALTH + "Watch": (health_pb2.HealthCheckRequest, self.health_watch),
         }
+        self._stream_message = self.inference.stream_message
+        if infer_response_compression_level != "none":
+            self._compress_inference(infer_response_compression_level)
         self.draining = False  # stop() began: new requests are refused, those in flight finish
         self._watch_lock = threading.Lock()
         self._watchers: dict[Any, tuple[str, int]] = {}  # Watch calls -> (service, last status sent)
@@ -94,7 +99,7 @@ class Service:
     def on_message(self, call: Call, data: bytes) -> None:
         """One request message of ``call``."""
         if call.method == _STREAM_INFER:
-            self.inference.stream_message(call, data)
+            self._stream_message(call, data)
             return
         entry = self._unary_entry(call)
         if entry is None or call.user is _REFUSED:
@@ -141,6 +146,29 @@ class Service:
         if response is not None:  # None: the call completes later (ModelInfer, Watch)
             call.send(response.SerializeToString())
             call.finish(OK)
+
+    def _compress_inference(self, level: str) -> None:
+        """As Triton's --grpc-infer-response-compression-level: ModelInfer and ModelStreamInfer (only)
+        compress their responses with the algorithm grpc-core picks for ``level`` and the client."""
+
+        def choose(call: Call) -> None:
+            algorithm = response_compression(level, call.metadata)
+            if algorithm != "identity":
+                call.set_compression(algorithm)
+
+        request, model_infer = self._unary[_KSERVE + "ModelInfer"]
+
+        def infer(request: Any, call: Call) -> Any:
+            choose(call)
+            return model_infer(request, call)
+
+        def stream_message(call: Call, data: bytes) -> None:
+            if call.user is None:  # the stream's first request
+                choose(call)
+            self.inference.stream_message(call, data)
+
+        self._unary[_KSERVE + "ModelInfer"] = (request, infer)
+        self._stream_message = stream_message
 
     def _unary_entry(self, call: Call) -> tuple[Any, Callable[[Any, Any], Any]] | None:
         """(request class, handler) of a unary method; UNIMPLEMENTED for unknown ones."""

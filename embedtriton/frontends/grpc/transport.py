@@ -3,7 +3,8 @@ grpcio adapter (the native transport, ``embedtriton._h2``, implements the same i
 
 A transport calls a :class:`Handler` with ``on_message(call, bytes)``, ``on_half_close(call)``
 and ``on_cancel(call)``; a :class:`Call` has ``method``, ``metadata``, ``peer``, a free
-``user`` slot, ``send(bytes)`` and ``finish(code, message)``.
+``user`` slot, ``send(bytes)``, ``finish(code, message)`` and ``set_compression(algorithm)``.
+Both transports hand the handler request messages decompressed.
 """
 
 from __future__ import annotations
@@ -57,6 +58,23 @@ class Call(Protocol):
 
     def send(self, data: bytes) -> None: ...
     def finish(self, code: int, message: str = "") -> None: ...
+    def set_compression(self, algorithm: str) -> None:
+        """Compress the response messages: "identity", "deflate" or "gzip"; before the first send()."""
+
+
+def response_compression(level: str, metadata: list[tuple[str, str]]) -> str:
+    """The algorithm grpc-core compresses a server's responses with at a compression level
+    (Triton's --grpc-infer-response-compression-level): of gzip and deflate, in that order, those
+    the client lists in its grpc-accept-encoding; "low" takes the first, "medium" the middle one,
+    "high" the last; "identity" for "none", or when the client accepts neither."""
+    accepted: set[str] = set()
+    for key, value in metadata:
+        if key == "grpc-accept-encoding":
+            accepted.update(name.strip() for name in value.split(","))
+    algorithms = [name for name in ("gzip", "deflate") if name in accepted]
+    if level == "none" or not algorithms:
+        return "identity"
+    return algorithms[{"low": 0, "medium": len(algorithms) // 2, "high": -1}[level]]
 
 
 class Handler(Protocol):
@@ -70,13 +88,14 @@ class Handler(Protocol):
 class _GrpcioCall:
     """The transport interface's call, over one grpcio asyncio RPC."""
 
-    __slots__ = ("method", "metadata", "peer", "user", "_loop", "_queue", "_finished")
+    __slots__ = ("method", "metadata", "peer", "user", "_context", "_loop", "_queue", "_finished")
 
-    def __init__(self, method: str, metadata: Any, peer: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, method: str, context: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.method = method
-        self.metadata = [(m.key, m.value) for m in metadata or ()]
-        self.peer = peer
+        self.metadata = [(m.key, m.value) for m in context.invocation_metadata() or ()]
+        self.peer = context.peer()
         self.user: Any = None
+        self._context = context
         self._loop = loop
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._finished = False
@@ -96,6 +115,21 @@ class _GrpcioCall:
             self._finished = True
             self._put((code, message))
 
+    def set_compression(self, algorithm: str) -> None:
+        compression = _COMPRESSION.get(algorithm)
+        if compression is None:
+            raise ValueError(f"compression must be 'identity', 'deflate' or 'gzip', not {algorithm!r}")
+        try:  # on the loop, before the send()s that follow (call_soon_threadsafe keeps their order)
+            self._loop.call_soon_threadsafe(self._context.set_compression, compression)
+        except RuntimeError:  # the loop is closed: the endpoint stopped
+            pass
+
+
+_COMPRESSION = {
+    "identity": grpc.Compression.NoCompression,
+    "deflate": grpc.Compression.Deflate,
+    "gzip": grpc.Compression.Gzip,
+}
 
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -112,7 +146,7 @@ class GrpcioHandler(grpc.GenericRpcHandler):
         svc = self._handler
 
         async def behaviour(requests: Any, context: Any) -> Any:
-            call = _GrpcioCall(method, context.invocation_metadata(), context.peer(), asyncio.get_running_loop())
+            call = _GrpcioCall(method, context, asyncio.get_running_loop())
 
             async def pump() -> None:
                 try:

@@ -8,6 +8,10 @@
 /* ------------------------------------------------------------------------ */
 /* Call type                                                                 */
 
+/* send() deflates a message this large or larger with the GIL released; a smaller one takes less time than handing
+ * the GIL over and back could. */
+#define DEFLATE_WITHOUT_GIL (64 * 1024)
+
 static PyObject* Call_send(CallObject* self, PyObject* arg)
 {
   ServerObject* srv = self->srv;
@@ -27,20 +31,34 @@ static PyObject* Call_send(CallObject* self, PyObject* arg)
     if (w) wake(srv);
     Py_RETURN_FALSE;
   }
-  OutBuf* ob = malloc(sizeof *ob + 5 + len);
-  if (!ob) {
-    PyBuffer_Release(&b);
-    return PyErr_NoMemory();
+  int enc = self->comp;
+  self->sent = 1;
+  OutBuf* ob = NULL;
+  if (enc != ENC_IDENTITY && len) {
+    if (len >= DEFLATE_WITHOUT_GIL) {
+      Py_BEGIN_ALLOW_THREADS
+      ob = deflate_message(enc, b.buf, len);
+      Py_END_ALLOW_THREADS
+    } else {
+      ob = deflate_message(enc, b.buf, len);
+    }
   }
-  ob->next = NULL;
-  ob->len = 5 + len;
-  ob->off = 0;
-  ob->data[0] = 0;
-  ob->data[1] = (uint8_t)(len >> 24);
-  ob->data[2] = (uint8_t)(len >> 16);
-  ob->data[3] = (uint8_t)(len >> 8);
-  ob->data[4] = (uint8_t)len;
-  memcpy(ob->data + 5, b.buf, len);
+  if (!ob) { /* uncompressed: no compression asked for, or it did not make the message smaller */
+    ob = malloc(sizeof *ob + 5 + len);
+    if (!ob) {
+      PyBuffer_Release(&b);
+      return PyErr_NoMemory();
+    }
+    ob->next = NULL;
+    ob->len = 5 + len;
+    ob->off = 0;
+    ob->data[0] = 0;
+    ob->data[1] = (uint8_t)(len >> 24);
+    ob->data[2] = (uint8_t)(len >> 16);
+    ob->data[3] = (uint8_t)(len >> 8);
+    ob->data[4] = (uint8_t)len;
+    memcpy(ob->data + 5, b.buf, len);
+  }
   PyBuffer_Release(&b);
   int queued = 0, w = 0;
   pthread_mutex_lock(&srv->mu);
@@ -64,6 +82,9 @@ static PyObject* Call_send(CallObject* self, PyObject* arg)
       st->pq_tail = ob;
       st->queued += ob->len;
       c->queued += ob->len;
+      /* The response headers' grpc-encoding, whether or not this message was compressed; written once (enc is fixed
+       * from the first send()), before the IO thread can see a queued message and read it. */
+      if (st->resp_enc != enc) st->resp_enc = enc;
       w = mark_dirty_locked(srv, st);
       queued = 1;
     }
@@ -72,6 +93,28 @@ static PyObject* Call_send(CallObject* self, PyObject* arg)
   if (!queued) free(ob);
   if (w) wake(srv);
   return PyBool_FromLong(queued);
+}
+
+static PyObject* Call_set_compression(CallObject* self, PyObject* arg)
+{
+  Py_ssize_t n;
+  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8AndSize(arg, &n) : NULL;
+  if (!name) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_TypeError, "set_compression() takes a str, not %.100s", Py_TYPE(arg)->tp_name);
+    return NULL;
+  }
+  int enc = encoding_of(name, (size_t)n);
+  if (enc == ENC_UNKNOWN) {
+    PyErr_Format(PyExc_ValueError, "compression must be 'identity', 'deflate' or 'gzip', not %R", arg);
+    return NULL;
+  }
+  if (self->sent && enc != self->comp) { /* the response headers may already say another grpc-encoding */
+    PyErr_SetString(PyExc_RuntimeError, "set_compression() must come before the call's first send()");
+    return NULL;
+  }
+  self->comp = enc;
+  Py_RETURN_NONE;
 }
 
 static PyObject* Call_finish(CallObject* self, PyObject* args, PyObject* kw)
@@ -161,6 +204,9 @@ static void Call_dealloc(CallObject* self)
 static PyMethodDef Call_methods[] = {
     {"send", (PyCFunction)Call_send, METH_O,
      "send(data) -> bool: queue one response message (thread-safe); False if the call is over"},
+    {"set_compression", (PyCFunction)Call_set_compression, METH_O,
+     "set_compression(algorithm): compress the response messages ('identity', 'deflate' or 'gzip'); before the first "
+     "send()"},
     {"finish", (PyCFunction)(void (*)(void))Call_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(code, message='') -> bool: end the call with a gRPC status (thread-safe); False if already over"},
     {NULL, NULL, 0, NULL}};

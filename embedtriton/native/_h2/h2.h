@@ -17,7 +17,8 @@
  * idle_timeout, max_header_list_bytes (and MAX_HEADER_FIELDS),
  * max_buffered_bytes (queued response bytes per connection, half of it per
  * stream), the rapid-reset and CONTINUATION limits of nghttp2 (RESET_BURST,
- * RESET_RATE, MAX_CONTINUATIONS), and a reserve descriptor for EMFILE.
+ * RESET_RATE, MAX_CONTINUATIONS), a reserve descriptor for EMFILE, and
+ * max_message_bytes on compressed request messages once inflated too.
  *
  * Lifetimes: a Stream (C) exists from the request's HEADERS until its CLOSE
  * event has been dispatched; it owns one reference to its Call (Python),
@@ -38,6 +39,7 @@
  *   conn.c     connections: IO, accepting, timers
  *   loop.c     the IO thread: its loop, dispatch to Python, stopping
  *   call.c     the Call type
+ *   compress.c zlib: request messages inflated (bounded), responses deflated
  *   server.c   the Server type, TLS setup, the listener, the registry
  *   module.c   the module
  */
@@ -110,6 +112,8 @@ struct Stream {
   /* incoming message framing (IO thread) */
   uint8_t pfx[5];
   int pfx_have, in_msg, skipping, remote_closed;
+  int req_enc;  /* the request's grpc-encoding (ENC_*) */
+  int msg_comp; /* the message being received has the compressed flag */
   uint8_t* msg;
   size_t msg_len, msg_have, msg_cap; /* declared, received, allocated (grows with what arrives) */
 
@@ -124,6 +128,7 @@ struct Stream {
   char* fin_msg; /* percent-encoded, written once when finish_req is set */
   size_t queued; /* bytes in pq and oq, not yet handed to nghttp2 */
   int overflow;  /* send() found the stream or its connection over its buffer limit */
+  int resp_enc;  /* the responses' grpc-encoding (ENC_*), set by send() */
   int dirty;
   Stream *dprev, *dnext;
 };
@@ -213,6 +218,7 @@ struct CallObject {
   ServerObject* srv; /* strong */
   Stream* st;        /* guarded by srv->mu; NULL once the stream is gone */
   PyObject *method, *user, *metadata;
+  int comp, sent; /* (GIL) the responses' compression (ENC_*), fixed by the first send() */
   char** meta;
   size_t nmeta;
   char peer[PEER_LEN];
@@ -247,6 +253,19 @@ static inline double now_s(void)
   {                                                                         \
     (uint8_t*)(n), (uint8_t*)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE \
   }
+
+/* ---- compress.c: gRPC message compression (zlib) -------------------------- */
+
+enum { ENC_IDENTITY, ENC_DEFLATE, ENC_GZIP, ENC_UNKNOWN };
+#define ACCEPT_ENCODING "identity, deflate, gzip" /* what a grpc-accept-encoding header of ours says */
+int encoding_of(const char* v, size_t n);
+const char* encoding_name(int enc);
+/* Inflate a compressed request message into a new buffer of at most max bytes: 0 and *out, *outlen; or a gRPC status
+ * (RESOURCE_EXHAUSTED: larger than max; INTERNAL: corrupt) with its message in err. */
+int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** out, size_t* outlen, char* err,
+                    size_t errsize);
+/* A response message deflated, with its gRPC prefix (flag 1); NULL when compressing does not make it smaller. */
+OutBuf* deflate_message(int enc, const uint8_t* in, size_t n);
 
 /* ---- session.c: streams and the nghttp2 callbacks ------------------------ */
 

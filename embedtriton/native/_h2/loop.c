@@ -19,6 +19,8 @@ static CallObject* make_call(ServerObject* srv, Stream* st)
   call->st = NULL;
   call->user = Py_NewRef(Py_None);
   call->metadata = NULL;
+  call->comp = ENC_IDENTITY;
+  call->sent = 0;
   call->method = PyUnicode_DecodeLatin1(st->path, (Py_ssize_t)strlen(st->path), "replace");
   call->meta = st->meta;
   call->nmeta = st->nmeta;
@@ -167,9 +169,11 @@ static void apply_dirty(ServerObject* srv)
     if (st->headers_sent) {
       ng.session_resume_data(sess, st->id);
     } else if (st->oq_head) {
-      nghttp2_nv h[2] = {MAKE_NV(":status", "200", 3), MAKE_NV("content-type", "application/grpc", 16)};
+      const char* enc = encoding_name(st->resp_enc); /* set by send() before it queued (under mu) */
+      nghttp2_nv h[3] = {MAKE_NV(":status", "200", 3), MAKE_NV("content-type", "application/grpc", 16),
+                         MAKE_NV("grpc-encoding", enc, strlen(enc))};
       nghttp2_data_provider prd = {.source.ptr = st, .read_callback = data_read_cb};
-      if (ng.submit_response(sess, st->id, h, 2, &prd) == 0) st->headers_sent = 1;
+      if (ng.submit_response(sess, st->id, h, st->resp_enc ? 3 : 2, &prd) == 0) st->headers_sent = 1;
     } else if (st->fin_ready) { /* Trailers-Only */
       char code[16];
       int cl = snprintf(code, sizeof code, "%d", st->fin_code);

@@ -263,6 +263,7 @@ static int on_header(nghttp2_session* sess, const nghttp2_frame* f, const uint8_
   if (namelen == 12 && !memcmp(name, "content-type", 12))
     st->ctype_ok = valuelen >= 16 && !memcmp(value, "application/grpc", 16) &&
                    (valuelen == 16 || value[16] == '+' || value[16] == ';');
+  else if (namelen == 13 && !memcmp(name, "grpc-encoding", 13)) st->req_enc = encoding_of((const char*)value, valuelen);
   if (st->nmeta == st->capmeta) {
     st->capmeta = st->capmeta ? st->capmeta * 2 : 8;
     st->meta = xrealloc(st->meta, 2 * st->capmeta * sizeof(char*));
@@ -273,18 +274,34 @@ static int on_header(nghttp2_session* sess, const nghttp2_frame* f, const uint8_
   return 0;
 }
 
-static void reject(nghttp2_session* sess, Stream* st, const char* status, int code, const char* msg)
+/* Refuse a request at its headers (Trailers-Only); accept_enc adds grpc-accept-encoding, the encodings we take. */
+static void reject(nghttp2_session* sess, Stream* st, const char* status, int code, const char* msg, int accept_enc)
 {
   char* enc = percent_encode(msg, strlen(msg));
   char cs[16];
   int cl = snprintf(cs, sizeof cs, "%d", code);
-  nghttp2_nv h[4] = {MAKE_NV(":status", status, strlen(status)), MAKE_NV("content-type", "application/grpc", 16),
-                     MAKE_NV("grpc-status", cs, (size_t)cl), MAKE_NV("grpc-message", enc, strlen(enc))};
-  ng.submit_response(sess, st->id, h, 4, NULL);
+  nghttp2_nv h[5] = {MAKE_NV(":status", status, strlen(status)), MAKE_NV("content-type", "application/grpc", 16),
+                     MAKE_NV("grpc-status", cs, (size_t)cl), MAKE_NV("grpc-message", enc, strlen(enc)),
+                     MAKE_NV("grpc-accept-encoding", ACCEPT_ENCODING, sizeof ACCEPT_ENCODING - 1)};
+  ng.submit_response(sess, st->id, h, accept_enc ? 5 : 4, NULL);
   free(enc);
   st->rejected = 1;
   st->headers_sent = st->trailers_sent = 1;
   st->finish_req = st->finished_by_app = 1; /* nobody else can see this stream yet */
+}
+
+/* A grpc-encoding we cannot decompress: UNIMPLEMENTED, naming it and those we take (grpc-accept-encoding too), as
+ * gRPC's compression spec asks; refused at the headers, as grpc-java and grpc-go do, even if no message is compressed.
+ */
+static void reject_encoding(nghttp2_session* sess, Stream* st)
+{
+  const char* name = "";
+  for (size_t i = 0; i < st->nmeta; i++)
+    if (!strcmp(st->meta[2 * i], "grpc-encoding")) name = st->meta[2 * i + 1];
+  char m[200];
+  snprintf(m, sizeof m, "Compression algorithm '%.64s' (grpc-encoding) is not supported; supported: %s", name,
+           ACCEPT_ENCODING);
+  reject(sess, st, "200", 12, m, 1);
 }
 
 static void on_remote_end(Stream* st)
@@ -316,10 +333,11 @@ static int on_frame_recv(nghttp2_session* sess, const nghttp2_frame* f, void* ud
       if (st->hdr_over == 2)
         snprintf(m, sizeof m, "received metadata has too many entries (%zu vs. %d)", st->hdr_count, MAX_HEADER_FIELDS);
       else snprintf(m, sizeof m, "received metadata size exceeds limit (%zu vs. %zu bytes)", st->hdr_bytes, limit);
-      reject(sess, st, "200", 8, m);
-    } else if (!st->is_post) reject(sess, st, "405", 13, "gRPC requests must use POST");
-    else if (!st->ctype_ok) reject(sess, st, "415", 13, "content-type must be application/grpc");
-    else if (!st->path) reject(sess, st, "400", 13, "missing :path");
+      reject(sess, st, "200", 8, m, 0);
+    } else if (!st->is_post) reject(sess, st, "405", 13, "gRPC requests must use POST", 0);
+    else if (!st->ctype_ok) reject(sess, st, "415", 13, "content-type must be application/grpc", 0);
+    else if (!st->path) reject(sess, st, "400", 13, "missing :path", 0);
+    else if (st->req_enc == ENC_UNKNOWN) reject_encoding(sess, st);
   }
   if (f->hd.flags & NGHTTP2_FLAG_END_STREAM) on_remote_end(st);
   return 0;
@@ -359,6 +377,24 @@ static int grow_message(Conn* c, Stream* st, size_t cap)
   return 1;
 }
 
+/* Inflate a complete compressed message (taking it) and hand it on; or fail the call and return 0. Done here, on the IO
+ * thread without the GIL, bounded by max_message_bytes whatever the message inflates to. */
+static int deliver_compressed(Conn* c, Stream* st, uint8_t* msg, size_t n)
+{
+  uint8_t* out;
+  size_t outlen;
+  char m[200];
+  int code = inflate_message(st->req_enc, msg, n, c->srv->max_msg, &out, &outlen, m, sizeof m);
+  free(msg);
+  if (code) {
+    st->skipping = 1;
+    finish_internal(st, code, m);
+    return 0;
+  }
+  push_event(c->srv, EV_MSG, st, out, outlen);
+  return 1;
+}
+
 static int on_data_chunk(nghttp2_session* sess, uint8_t flags, int32_t id, const uint8_t* data, size_t len, void* ud)
 {
   (void)flags;
@@ -376,12 +412,13 @@ static int on_data_chunk(nghttp2_session* sess, uint8_t flags, int32_t id, const
       if (st->pfx_have < 5) break;
       st->pfx_have = 0;
       uint32_t mlen = (uint32_t)st->pfx[1] << 24 | (uint32_t)st->pfx[2] << 16 | (uint32_t)st->pfx[3] << 8 | st->pfx[4];
-      if (st->pfx[0] != 0) {
+      if (st->pfx[0] > 1 || (st->pfx[0] == 1 && st->req_enc == ENC_IDENTITY)) { /* grpc-core's words for the latter */
         st->skipping = 1;
-        finish_internal(st, st->pfx[0] == 1 ? 12 : 13,
-                        st->pfx[0] == 1 ? "compression is not supported" : "invalid message flags");
+        finish_internal(st, 13,
+                        st->pfx[0] == 1 ? "Compression bit set but no encoding configured" : "invalid message flags");
         return 0;
       }
+      st->msg_comp = st->pfx[0];
       if (mlen > c->srv->max_msg) {
         char m[160];
         snprintf(m, sizeof m, "received message larger than max (%u vs. %zu bytes)", mlen, c->srv->max_msg);
@@ -414,9 +451,11 @@ static int on_data_chunk(nghttp2_session* sess, uint8_t flags, int32_t id, const
       if (st->msg_have == st->msg_len) {
         c->partial -= st->msg_cap; /* complete: the app owns it from here */
         st->msg_cap = 0;
-        push_event(c->srv, EV_MSG, st, st->msg, st->msg_len);
+        uint8_t* msg = st->msg;
         st->msg = NULL;
         st->in_msg = 0;
+        if (!st->msg_comp) push_event(c->srv, EV_MSG, st, msg, st->msg_len);
+        else if (!deliver_compressed(c, st, msg, st->msg_len)) return 0;
       }
     }
   }
