@@ -20,7 +20,6 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ...core import CoreServer
 from ...errors import (
-    InternalError,
     InvalidArgumentError,
     NotFoundError,
     TritonError,
@@ -29,9 +28,9 @@ from ...errors import (
 )
 from ...triton.devices import cuda_devices
 from .. import kserve
-from ..config_override import parse_override
 from ..shared_memory import SystemSharedMemory
 from .infer import STOPPING, Inference, InFlight, Stream
+from .repository import Repository
 from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of, response_compression
 
 log = logging.getLogger("embedtriton")
@@ -60,6 +59,7 @@ class Service:
         self.server = server
         self.shm = SystemSharedMemory()
         self.inference = Inference(server, self.shm)
+        self.repository = Repository(server)
         self.shared_memory = shared_memory
         s = service_pb2
         self._unary: dict[str, tuple[Any, Callable[[Any, Any], Any]]] = {
@@ -70,9 +70,9 @@ class Service:
             _KSERVE + "ModelMetadata": (s.ModelMetadataRequest, self.model_metadata),
             _KSERVE + "ModelConfig": (s.ModelConfigRequest, self.model_config),
             _KSERVE + "ModelStatistics": (s.ModelStatisticsRequest, self.model_statistics),
-            _KSERVE + "RepositoryIndex": (s.RepositoryIndexRequest, self.repository_index),
-            _KSERVE + "RepositoryModelLoad": (s.RepositoryModelLoadRequest, self.model_load),
-            _KSERVE + "RepositoryModelUnload": (s.RepositoryModelUnloadRequest, self.model_unload),
+            _KSERVE + "RepositoryIndex": (s.RepositoryIndexRequest, self.repository.index),
+            _KSERVE + "RepositoryModelLoad": (s.RepositoryModelLoadRequest, self.repository.load),
+            _KSERVE + "RepositoryModelUnload": (s.RepositoryModelUnloadRequest, self.repository.unload),
             _KSERVE + "SystemSharedMemoryStatus": (s.SystemSharedMemoryStatusRequest, self.shm_status),
             _KSERVE + "SystemSharedMemoryRegister": (s.SystemSharedMemoryRegisterRequest, self.shm_register),
             _KSERVE + "SystemSharedMemoryUnregister": (s.SystemSharedMemoryUnregisterRequest, self.shm_unregister),
@@ -256,71 +256,6 @@ class Service:
         return json_format.ParseDict(
             {"model_stats": stats}, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
         )
-
-    def repository_index(self, request: Any, call: Call) -> Any:
-        entries = []
-        for model in self.server.models():
-            ready = model.ready
-            if request.ready and not ready:
-                continue
-            entries.append(
-                service_pb2.RepositoryIndexResponse.ModelIndex(
-                    name=model.name, version="1", state="READY" if ready else "UNAVAILABLE"
-                )
-            )
-        return service_pb2.RepositoryIndexResponse(models=entries)
-
-    def model_load(self, request: Any, call: Call) -> Any:
-        name = request.model_name
-        if request.repository_name:
-            raise InvalidArgumentError("'repository_name' specification is not supported")
-        config_text = None
-        for key, value in request.parameters.items():  # as Triton reads them, in Triton's words
-            which = value.WhichOneof("parameter_choice")
-            if key == "config":
-                if which != "string_param":
-                    raise InvalidArgumentError(f"invalid value type for load parameter '{key}', expected string_param.")
-                config_text = value.string_param
-            elif key.startswith("file:"):
-                raise InvalidArgumentError(
-                    f"failed to load '{name}': load parameter '{key}' uploads model files, which a server of bound "
-                    "Python callables does not take; send a 'config' override, or bind the model in the application"
-                )
-            else:
-                raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
-        binding = self.server.binding(name)
-        if binding is None:  # Triton: a name its repository does not have
-            raise InternalError(f"failed to load '{name}', failed to poll from model repository")
-        config = None
-        if config_text is not None:
-            config = parse_override(config_text, name, binding.inputs, binding.outputs, binding.config)
-        self._run_blocking(call, lambda: self.server.load(name, config), service_pb2.RepositoryModelLoadResponse)
-
-    def model_unload(self, request: Any, call: Call) -> Any:
-        if self.server.binding(request.model_name) is None:  # Triton: nothing to unload is success
-            return service_pb2.RepositoryModelUnloadResponse()
-        self._run_blocking(
-            call, lambda: self.server.unload(request.model_name), service_pb2.RepositoryModelUnloadResponse
-        )
-
-    @staticmethod
-    def _run_blocking(call: Call, work: Callable[[], Any], response: Any) -> None:
-        """Run slow work (model load/unload) off the transport's thread; answer when done."""
-
-        def run() -> None:
-            try:
-                work()
-            except TritonError as exc:
-                call.finish(code_of(exc), str(exc))
-                return
-            except Exception as exc:
-                log.exception("gRPC %s failed", call.method)
-                call.finish(INTERNAL, f"{type(exc).__name__}: {exc}")
-                return
-            call.send(response().SerializeToString())
-            call.finish(OK)
-
-        threading.Thread(target=run, name="embedtriton-grpc-admin", daemon=True).start()
 
     # -- settings -----------------------------------------------------------------
 
