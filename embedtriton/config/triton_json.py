@@ -149,6 +149,7 @@ def warmup_json(stage: ModelWarmup, inputs: Sequence[Tensor]) -> dict[str, Any]:
         )
     out_inputs = {}
     for name, spec in stage.inputs.items():
+        _check_warmup_input(stage, name, spec, declared[name])
         entry: dict[str, Any] = {
             "data_type": _config_type(as_numpy_dtype(spec.dtype)),
             "dims": [int(d) for d in spec.shape],
@@ -161,6 +162,26 @@ def warmup_json(stage: ModelWarmup, inputs: Sequence[Tensor]) -> dict[str, Any]:
             entry["input_data_file"] = warmup_file_name(stage, name)
         out_inputs[name] = entry
     return {"name": stage.name, "batch_size": stage.batch_size, "inputs": out_inputs, "count": stage.count}
+
+
+def _check_warmup_input(stage: ModelWarmup, name: str, spec: WarmupInput, tensor: Tensor) -> None:
+    """A warm-up input must be a valid request for the input it feeds (Triton fails the load
+    otherwise, and Triton 2.51 crashes the process when a warm-up request fails)."""
+    where = f"ModelWarmup {stage.name!r}, input {name!r}"
+    dtype = as_numpy_dtype(spec.dtype)
+    if triton_dtype(dtype) != triton_dtype(tensor.dtype):
+        raise InvalidArgumentError(
+            f"{where}: dtype {triton_dtype(dtype)} but the input is {triton_dtype(tensor.dtype)}; give the input's dtype"
+        )
+    dims = tuple(int(d) for d in spec.shape)
+    fits = len(dims) == len(tensor.shape) and all(
+        d > 0 and t in (-1, d) for d, t in zip(dims, tensor.shape, strict=True)
+    )
+    if not fits:
+        raise InvalidArgumentError(
+            f"{where}: shape {list(dims)} does not fit the input's shape {list(tensor.shape)} (without the batch "
+            "axis; every -1 needs a size)"
+        )
 
 
 def warmup_file_bytes(spec: WarmupInput) -> bytes:

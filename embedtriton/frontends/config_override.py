@@ -21,12 +21,10 @@ from ..config import (
     DynamicBatcher,
     InstanceGroup,
     ModelConfig,
-    ModelWarmup,
     QueuePolicy,
     SequenceBatcher,
     Tensor,
     TimeoutAction,
-    WarmupInput,
 )
 from ..config.triton_json import model_config_json
 from ..errors import InvalidArgumentError
@@ -83,13 +81,21 @@ def parse_override(
     batching = message.max_batch_size > 0
     sequence = _sequence(message.sequence_batching) if message.HasField("sequence_batching") else None
     keep_rule = batching and sequence is None
+    bound_warmup = [json_format.ParseDict(w, pb.ModelWarmup()) for w in expected.get("model_warmup", [])]
+    if list(message.model_warmup) not in ([], bound_warmup):
+        # A warm-up request the callable fails takes Triton 2.51 down with it (a crash in
+        # TritonModelInstance's teardown): a network client must not be able to choose one.
+        raise InvalidArgumentError(
+            f"failed to load '{name}': model_warmup cannot be changed over the network; "
+            "bind the model with ModelConfig(model_warmup=...) in the application"
+        )
     return ModelConfig(
         batching=batching,
         max_batch_size=message.max_batch_size if batching else current.max_batch_size,
         batcher=_dynamic(message.dynamic_batching) if message.HasField("dynamic_batching") else DynamicBatcher(),
         response_cache=message.response_cache.enable,
         decoupled=message.model_transaction_policy.decoupled,
-        model_warmup=[_warmup(name, w) for w in message.model_warmup] or None,
+        model_warmup=current.model_warmup,
         instance_group=[_group(g) for g in message.instance_group] or None,
         sequence_batcher=sequence,
         batch_rule=current.batch_rule if keep_rule else None,
@@ -142,22 +148,3 @@ def _sequence(batcher: Any) -> SequenceBatcher:
         max_queue_delay_microseconds=batcher.oldest.max_queue_delay_microseconds if oldest else 0,
         iterative=batcher.iterative_sequence,
     )
-
-
-def _warmup(name: str, stage: Any) -> ModelWarmup:
-    inputs = {}
-    for input_name, spec in stage.inputs.items():
-        source = spec.WhichOneof("input_data_type")
-        if source not in ("zero_data", "random_data"):
-            raise InvalidArgumentError(
-                f"failed to load '{name}': warm-up '{stage.name}' reads a file; over the network a bound "
-                "model takes zero_data or random_data warm-up inputs (files: bind with ModelConfig(model_warmup=...))"
-            )
-        dtype = pb.DataType.Name(spec.data_type).removeprefix("TYPE_")
-        inputs[input_name] = WarmupInput(
-            dtype="BYTES" if dtype == "STRING" else dtype,
-            shape=list(spec.dims),
-            zero_data=source == "zero_data",
-            random_data=source == "random_data",
-        )
-    return ModelWarmup(name=stage.name, batch_size=stage.batch_size, inputs=inputs, count=stage.count or 1)

@@ -13,13 +13,16 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from embedtriton import ModelConfig, Server  # noqa: E402
+from embedtriton import ModelConfig, ModelWarmup, Server, WarmupInput  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def endpoint(add_sub, add_sub_tensors):
     server = Server()
     server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
+    zeros = {n: WarmupInput(dtype=np.float32, shape=(1,), zero_data=True) for n in "ab"}
+    warm = ModelConfig(max_batch_size=8, model_warmup=[ModelWarmup(name="zeros", batch_size=2, inputs=zeros)])
+    server.bind("Warm", add_sub, *add_sub_tensors, config=warm)
     with server:
         port = server.serve_grpc("127.0.0.1:0")
         yield server, grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
@@ -91,6 +94,21 @@ def test_a_fetched_config_changed_and_loaded_back_applies_live(endpoint):
         (json.dumps({"max_batch_size": 8, "response_cache": {"enable": True}}), "the server has no cache"),
         (json.dumps({"max_batch_size": 8, "version_policy": {"all": {}}}), "a bound model has one version"),
         (json.dumps({"max_batch_size": 8, "parameters": {"x": {"string_value": "1"}}}), "takes no config parameters"),
+        (  # a warm-up the callable fails would crash Triton 2.51: not a network client's choice
+            json.dumps(
+                {
+                    "max_batch_size": 8,
+                    "model_warmup": [
+                        {
+                            "name": "w",
+                            "batch_size": 1,
+                            "inputs": {n: {"data_type": "TYPE_FP32", "dims": [1], "zero_data": True} for n in "ab"},
+                        }
+                    ],
+                }
+            ),
+            "model_warmup cannot be changed over the network",
+        ),
     ],
 )
 def test_bad_overrides_are_refused_and_the_model_keeps_serving(endpoint, config, message):
@@ -108,3 +126,15 @@ def test_file_parameters_and_unknown_names(endpoint):
     with pytest.raises(InferenceServerException, match="failed to load 'Nope', failed to poll from model repository"):
         client.load_model("Nope", config=json.dumps({"max_batch_size": 8}))
     assert infer(client).shape == (1, 1)
+
+
+def test_a_model_with_warmup_round_trips(endpoint):
+    """Its own warm-up, as get_model_config shows it, may come back in an override."""
+    _, client = endpoint
+    config = client.get_model_config("Warm", as_json=True)["config"]
+    assert config["model_warmup"][0]["name"] == "zeros"
+    config["max_batch_size"] = 4
+    config["dynamic_batching"]["preferred_batch_size"] = [4]  # Triton filled in [8]; it must fit, as in Triton
+    client.load_model("Warm", config=json.dumps(config))
+    applied = client.get_model_config("Warm").config
+    assert applied.max_batch_size == 4 and applied.model_warmup[0].batch_size == 2

@@ -380,3 +380,27 @@ def test_preferred_batch_sizes_must_fit_max_batch_size(config):
     """Triton refuses these only at load ("preferred size must be <= max batch size")."""
     with pytest.raises(InvalidArgumentError, match="not between 1 and max_batch_size"):
         config()
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (WarmupInput(np.float64, (1,), zero_data=True), "dtype FP64 but the input is FP32"),
+        (WarmupInput(F32, (2,), zero_data=True), r"shape \[2\] does not fit the input's shape \[1\]"),
+        (WarmupInput(F32, (1, 1), zero_data=True), r"shape \[1, 1\] does not fit"),
+    ],
+)
+def test_warmup_inputs_must_fit_the_declared_tensors(spec, message):
+    """Checked here: a warm-up request Triton refuses fails the load (and crashes Triton 2.51)."""
+    stage = ModelWarmup(name="w", batch_size=1, inputs={"a": spec, "b": WarmupInput(F32, (1,), zero_data=True)})
+    with pytest.raises(InvalidArgumentError, match=f"ModelWarmup 'w', input 'a': {message}"):
+        warmup_json(stage, AB)
+
+
+def test_warmup_gives_sizes_to_variable_dimensions():
+    variable = [Tensor(name="v", dtype=np.float32, shape=(-1, 3))]
+    fits = ModelWarmup(name="w", batch_size=1, inputs={"v": WarmupInput(F32, (5, 3), random_data=True)})
+    assert warmup_json(fits, variable)["inputs"]["v"]["dims"] == [5, 3]
+    unsized = ModelWarmup(name="w", batch_size=1, inputs={"v": WarmupInput(F32, (-1, 3), random_data=True)})
+    with pytest.raises(InvalidArgumentError, match="every -1 needs a size"):
+        warmup_json(unsized, variable)
