@@ -29,6 +29,8 @@ from ..config import (
 from ..config.triton_json import model_config_json
 from ..errors import InvalidArgumentError
 
+MAX_INSTANCES = 64  # model instances a network client may ask for
+
 # Fields that do not change how a bound model is served, accepted as get_model_config returns
 # them (Triton fills them in); anything else must be one of the fields read below.
 _ACCEPTED = {"name", "backend", "input", "output", "optimization", "version_policy"}
@@ -88,6 +90,12 @@ def parse_override(
         raise InvalidArgumentError(
             f"failed to load '{name}': model_warmup cannot be changed over the network; "
             "bind the model with ModelConfig(model_warmup=...) in the application"
+        )
+    instances = sum(g.count or 1 for g in message.instance_group)
+    if instances > MAX_INSTANCES:  # each instance is a Triton thread running the callable
+        raise InvalidArgumentError(
+            f"failed to load '{name}': {instances} model instances asked over the network; at most "
+            f"{MAX_INSTANCES} (more: bind the model with ModelConfig(instance_group=...) in the application)"
         )
     return ModelConfig(
         batching=batching,

@@ -94,6 +94,7 @@ def test_a_fetched_config_changed_and_loaded_back_applies_live(endpoint):
         (json.dumps({"max_batch_size": 8, "response_cache": {"enable": True}}), "the server has no cache"),
         (json.dumps({"max_batch_size": 8, "version_policy": {"all": {}}}), "a bound model has one version"),
         (json.dumps({"max_batch_size": 8, "parameters": {"x": {"string_value": "1"}}}), "takes no config parameters"),
+        (json.dumps({"max_batch_size": 8, "instance_group": [{"count": 100000}]}), "100000 model instances asked"),
         (  # a warm-up the callable fails would crash Triton 2.51: not a network client's choice
             json.dumps(
                 {
