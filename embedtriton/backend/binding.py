@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config import ModelConfig, Tensor
+from ..config import InstanceGroup, ModelConfig, Tensor
 from ..tensors import BY_NAME, triton_dtype
+from ..triton.devices import cuda_devices
 from . import runners
 from .batch import InferFunc
 from .request import Request
@@ -47,6 +48,11 @@ class Binding:
         # (name, TRITONSERVER_DataType value, dims) per output, read by the backend.
         self.output_specs = [(t.name, BY_NAME[triton_dtype(t.dtype)].value, t.shape) for t in outputs]
         self.loaded_at = 0.0  # time.monotonic() when Triton last finished loading it
+        # Warm-up (see ModelState.warmup_left in the backend): Triton runs each stage `count`
+        # times on each instance before the model serves; a failure is recorded, not sent.
+        self.warmup_runs = warmup_runs(config)
+        self.warming = False  # True while the server loads this model
+        self.warmup_error: str | None = None
         self._alive = 0  # loaded copies of the model in Triton (the backend counts them)
         self._alive_changed = threading.Condition()
         self.runner = self._runner()
@@ -103,3 +109,16 @@ class Binding:
         if accepted:
             batch.append(candidate)
         return accepted
+
+
+def warmup_runs(config: ModelConfig) -> int:
+    """How many times Triton executes warm-up requests, over all instances, when it loads a
+    model with ``config`` (one execution per stage and iteration, on every instance)."""
+    runs = sum(stage.count for stage in config.model_warmup or [] if stage.batch_size > 0)
+    if not runs:
+        return 0
+    instances = 0
+    for group in config.instance_group or [InstanceGroup()]:
+        devices = len(group.gpus) if group.gpus else cuda_devices()[0] if group.kind == "GPU" else 1
+        instances += group.count * devices
+    return runs * instances

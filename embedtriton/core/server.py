@@ -15,7 +15,7 @@ from ..backend.batch import InferFunc
 from ..backend.binding import Binding
 from ..config import ModelConfig, ServerConfig, Tensor, name_tensors
 from ..config.triton_json import model_config_json
-from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
+from ..errors import InternalError, InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..tracing import Tracer
 from ..triton import control
 from ..triton.options import apply_log_settings, server_options
@@ -278,6 +278,8 @@ class CoreServer:
             except BaseException:
                 self._bound[model_name] = binding
                 library.bindings[str(self._repository.model_dir(model_name))] = binding
+                if changed.warmup_error is not None:  # it was unloaded: serve the previous config again
+                    self._load(binding)
                 raise
 
     def _running_binding(self, model_name: str) -> Binding:
@@ -353,6 +355,7 @@ class CoreServer:
         library.bindings[str(directory)] = binding
         started = time.perf_counter()
         log_offset = self._log_size()
+        binding.warming, binding.warmup_error = True, None
         try:
             control.load_model(self._require_handle(), binding.name, config)
         except TritonError as exc:
@@ -361,7 +364,14 @@ class CoreServer:
             if details:
                 raise type(exc)(f"{exc}: {details}") from None
             raise
+        finally:
+            binding.warming = False
         binding.loaded_at = time.monotonic()
+        if binding.warmup_error is not None:  # Triton saw a success (see Binding.warmup_runs): unload
+            self._unload(self._require_handle(), binding.name)
+            binding.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
+            library.bindings.pop(str(directory), None)
+            raise InternalError(f"failed to load '{binding.name}': its warm-up failed: {binding.warmup_error}")
         log.info("model '%s' ready in %.3f s", binding.name, time.perf_counter() - started)
 
     def _log_size(self) -> int:

@@ -268,3 +268,41 @@ def test_non_contiguous_numpy_inputs_are_copied_once(counted):
     wide = np.arange(8, dtype=np.float32).reshape(4, 2)
     out = model.infer({"a": wide[:, :1], "b": np.ascontiguousarray(wide[:, 1:])})  # a is a strided view
     np.testing.assert_array_equal(out["add"][:, 0], wide[:, 0] + wide[:, 1])
+
+
+def test_a_callable_failing_its_warm_up_fails_the_load_not_the_process(add_sub, add_sub_tensors):
+    """Triton 2.51 crashes (TritonModelInstance teardown) when a warm-up request fails: the
+    backend records the failure instead and the server fails the load with its reason."""
+    from embedtriton import InstanceGroup, ModelWarmup, WarmupInput
+
+    @batch
+    def refuses_zeros(a, b):
+        if not a.any():
+            raise ValueError("all-zero input")
+        return {"add": a + b, "sub": a - b}
+
+    zeros = {n: WarmupInput(dtype=np.float32, shape=(1,), zero_data=True) for n in "ab"}
+    ones = {n: WarmupInput(dtype=np.float32, shape=(1,), random_data=True) for n in "ab"}
+    inputs, outputs = add_sub_tensors
+    srv = Server()
+    with srv:
+        for groups in (None, [InstanceGroup(count=2)]):
+            warm = ModelConfig(
+                model_warmup=[ModelWarmup(name="zeros", batch_size=2, inputs=zeros, count=2)], instance_group=groups
+            )
+            with pytest.raises(
+                InternalError,
+                match=r"failed to load 'Cold': its warm-up failed: model 'Cold' raised ValueError: all-zero input",
+            ):
+                srv.bind("Cold", refuses_zeros, inputs, outputs, warm)
+            assert "Cold" not in [m.name for m in srv.models()]
+        good = ModelConfig(model_warmup=[ModelWarmup(name="random", batch_size=1, inputs=ones, count=3)])
+        model = srv.bind("Warm", refuses_zeros, inputs, outputs, good)  # warm-ups pass: errors count again
+        with pytest.raises(InternalError, match="all-zero input"):
+            model.infer({"a": np.zeros((1, 1), np.float32), "b": ONE})
+        assert model.infer({"a": ONE, "b": ONE})["add"][0, 0] == 2
+        bad = ModelConfig(model_warmup=[ModelWarmup(name="zeros", batch_size=1, inputs=zeros)])
+        with pytest.raises(InternalError, match="its warm-up failed"):
+            srv.load("Warm", config=bad)  # a reload whose warm-up fails: the previous config serves again
+        assert srv.binding("Warm").config == good
+        assert model.infer({"a": ONE, "b": ONE})["add"][0, 0] == 2

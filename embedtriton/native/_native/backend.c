@@ -87,6 +87,11 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   PyObject* sequence = PyObject_GetAttrString(binding, "sequence");
   ms->sequence = sequence != NULL && PyObject_IsTrue(sequence) == 1;
   Py_XDECREF(sequence);
+  PyObject* warmups = PyObject_GetAttrString(binding, "warmup_runs");
+  atomic_init(&ms->warmup_left, warmups ? (int)PyLong_AsLong(warmups) : 0);
+  atomic_init(&ms->warmup_failed, 0);
+  Py_XDECREF(warmups);
+  PyErr_Clear();
   ms->name = strdup(name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "?");
   Py_XDECREF(mbs);
   Py_XDECREF(name);
@@ -122,6 +127,9 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
                                          TRITONBACKEND_Request** requests, const uint32_t count,
                                          uint64_t exec_start);
 
+static TRITONSERVER_Error* execute_requests(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                                            TRITONBACKEND_Request** requests, const uint32_t count);
+
 EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                               TRITONBACKEND_Request** requests,
                                                               const uint32_t count)
@@ -132,6 +140,28 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
   if (err == NULL) err = api.TRITONBACKEND_ModelState(model, &state);
   if (err != NULL) return err;
   ModelState* ms = (ModelState*)state;
+  if (atomic_load(&ms->warmup_left) > 0) { /* one of Triton's warm-up runs, while binding.warming */
+    int entered = gil_enter();
+    PyObject* warming = PyObject_GetAttrString(ms->binding, "warming");
+    int still = warming != NULL && PyObject_IsTrue(warming) == 1;
+    Py_XDECREF(warming);
+    PyErr_Clear();
+    gil_leave(entered);
+    if (still && atomic_fetch_sub(&ms->warmup_left, 1) > 0) {
+      t_warmup = ms;
+      TRITONSERVER_Error* result = execute_requests(ms, instance, requests, count);
+      t_warmup = NULL;
+      return result;
+    }
+    atomic_store(&ms->warmup_left, 0);
+  }
+  return execute_requests(ms, instance, requests, count);
+}
+
+/* Run a batch Triton scheduled: the iterative path, or the live requests through the callable. */
+static TRITONSERVER_Error* execute_requests(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                                            TRITONBACKEND_Request** requests, const uint32_t count)
+{
   uint64_t exec_start = now_ns();
   if (ms->iterate != NULL) {
     t_in_execute = 1;

@@ -338,8 +338,27 @@ TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request, 
   return response;
 }
 
+__thread ModelState* t_warmup;
+
+/* With the GIL: a failed warm-up request, recorded on the binding (the first one only). */
+static void record_warmup_failure(ModelState* ms, TRITONSERVER_Error* err)
+{
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&ms->warmup_failed, &expected, 1)) return;
+  PyObject* message = PyUnicode_FromString(api.TRITONSERVER_ErrorMessage(err));
+  if (message == NULL || PyObject_SetAttrString(ms->binding, "warmup_error", message) < 0)
+    PyErr_WriteUnraisable(ms->binding);
+  Py_XDECREF(message);
+}
+
 void send_final(TRITONBACKEND_Response* response, TRITONSERVER_Error* err)
 {
+  if (err != NULL && t_warmup != NULL) { /* see ModelState.warmup_left */
+    int entered = gil_enter();
+    record_warmup_failure(t_warmup, err);
+    gil_leave(entered);
+    err = NULL;
+  }
   TRITONSERVER_Error* send_err =
       api.TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);
   if (send_err != NULL) {

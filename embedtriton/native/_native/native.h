@@ -277,7 +277,15 @@ typedef struct {
   PyObject* iterate; /* iterative sequences: binding._iterate(step), or NULL */
   Py_ssize_t n_outputs;
   OutputSpec* outputs;
+  /* Warm-up: the executions left before the model serves (binding.warmup_runs), and whether one
+   * failed. Triton 2.51 crashes when a warm-up request fails, so a warm-up failure is recorded
+   * (binding.warmup_error) and answered as a success; the server then fails the load itself. */
+  atomic_int warmup_left;
+  atomic_int warmup_failed;
 } ModelState;
+
+/* The model whose warm-up this thread is running, or NULL (send_final records its errors). */
+extern __thread ModelState* t_warmup;
 
 PyObject* read_parameters(TRITONBACKEND_Request* request, TRITONSERVER_Error** err);
 PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject** views,
