@@ -85,8 +85,8 @@ def parse_override(
     keep_rule = batching and sequence is None
     bound_warmup = [json_format.ParseDict(w, pb.ModelWarmup()) for w in expected.get("model_warmup", [])]
     if list(message.model_warmup) not in ([], bound_warmup):
-        # A warm-up request the callable fails takes Triton 2.51 down with it (a crash in
-        # TritonModelInstance's teardown): a network client must not be able to choose one.
+        # Warm-up data runs through the callable at load (and file-based warm-ups name files):
+        # the application chooses it, not a network client.
         raise InvalidArgumentError(
             f"failed to load '{name}': model_warmup cannot be changed over the network; "
             "bind the model with ModelConfig(model_warmup=...) in the application"

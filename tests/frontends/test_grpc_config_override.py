@@ -95,7 +95,7 @@ def test_a_fetched_config_changed_and_loaded_back_applies_live(endpoint):
         (json.dumps({"max_batch_size": 8, "version_policy": {"all": {}}}), "a bound model has one version"),
         (json.dumps({"max_batch_size": 8, "parameters": {"x": {"string_value": "1"}}}), "takes no config parameters"),
         (json.dumps({"max_batch_size": 8, "instance_group": [{"count": 100000}]}), "100000 model instances asked"),
-        (  # a warm-up the callable fails would crash Triton 2.51: not a network client's choice
+        (  # warm-up data runs through the callable at load: the application's choice, not a client's
             json.dumps(
                 {
                     "max_batch_size": 8,
