@@ -136,8 +136,8 @@ class SequenceBatcher:
     correlation id) reaches the same model instance, in order.
 
     ``strategy``: "direct" (one batch slot per sequence) or "oldest" (dynamic batching
-    across the oldest sequences; ``max_candidate_sequences``, ``preferred_batch_size`` and
-    ``max_queue_delay_microseconds`` apply to it). A sequence idle for longer than
+    across the oldest sequences; ``max_candidate_sequences`` and ``preferred_batch_size``
+    apply to it). ``max_queue_delay_microseconds``: how long a batch may wait to fill (both). A sequence idle for longer than
     ``max_sequence_idle_microseconds`` is ended by Triton.
     """
 
@@ -196,6 +196,11 @@ class ModelConfig:
         if self.sequence_batcher is not None and self.sequence_batcher.iterative and not self.decoupled:
             raise InvalidArgumentError(
                 "SequenceBatcher(iterative=True) streams each step: the model needs decoupled=True"
+            )
+        if not self.batching and self.batcher.preferred_batch_size:
+            raise InvalidArgumentError(
+                "DynamicBatcher.preferred_batch_size needs batching=True (without batching the "
+                "batcher only queues: priorities and queue policies)"
             )
         if self.batching:  # Triton would refuse these only when it loads the model
             for what, sizes in (

@@ -40,7 +40,8 @@ def model_config_json(
     }
     if config.sequence_batcher is not None:
         out["sequence_batching"] = _sequence_batching(config.sequence_batcher)
-    elif config.batching:
+    elif config.batching or config.batcher != DynamicBatcher():
+        # without batching Triton's dynamic batcher still queues: priorities, queue policies
         out["dynamic_batching"] = _dynamic_batching(config.batcher)
     if config.response_cache:
         out["response_cache"] = {"enable": True}
@@ -124,7 +125,8 @@ def _sequence_batching(batcher: SequenceBatcher) -> dict[str, Any]:
     if batcher.iterative:
         out["iterative_sequence"] = True
     if batcher.strategy == "direct":
-        out["direct"] = {}
+        delay = batcher.max_queue_delay_microseconds  # how long a slot's batch may wait to fill
+        out["direct"] = {"max_queue_delay_microseconds": delay} if delay else {}
     else:
         oldest: dict[str, Any] = {"max_queue_delay_microseconds": batcher.max_queue_delay_microseconds}
         if batcher.max_candidate_sequences:

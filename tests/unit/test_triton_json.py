@@ -404,3 +404,20 @@ def test_warmup_gives_sizes_to_variable_dimensions():
     unsized = ModelWarmup(name="w", batch_size=1, inputs={"v": WarmupInput(F32, (-1, 3), random_data=True)})
     with pytest.raises(InvalidArgumentError, match="every -1 needs a size"):
         warmup_json(unsized, variable)
+
+
+def test_batching_off_keeps_an_explicit_batcher_for_its_queue():
+    """Without batching Triton's dynamic batcher still queues (priorities, queue policies)."""
+    queued = ModelConfig(batching=False, batcher=DynamicBatcher(priority_levels=2))
+    config = model_config_json("M", X, X, queued, BACKEND)
+    assert config["max_batch_size"] == 0 and config["dynamic_batching"]["priority_levels"] == 2
+    assert "dynamic_batching" not in model_config_json("M", X, X, ModelConfig(batching=False), BACKEND)
+    with pytest.raises(InvalidArgumentError, match="preferred_batch_size needs batching=True"):
+        ModelConfig(batching=False, batcher=DynamicBatcher(preferred_batch_size=[2]))
+
+
+def test_direct_sequence_batcher_keeps_its_queue_delay():
+    config = model_config_json(
+        "M", X, X, ModelConfig(sequence_batcher=SequenceBatcher(max_queue_delay_microseconds=250)), BACKEND
+    )
+    assert config["sequence_batching"]["direct"] == {"max_queue_delay_microseconds": 250}
