@@ -15,6 +15,7 @@ import sys
 import threading
 
 from . import __version__
+from .backend import library
 from .config import ServerConfig
 from .errors import TritonError
 from .frontends.grpc import GrpcLimits
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             "    def bind(server):\n        server.bind('Name', infer_func, inputs=[...], outputs=[...])"
         )
 
+    try:  # the native module and Triton's runtime, before anything is bound
+        library.native()
+    except (ImportError, TritonError) as exc:
+        print(f"embedtriton serve: {exc}", file=sys.stderr)
+        return 1
     server = Server(ServerConfig(exit_timeout_secs=args.exit_timeout))
     try:
         bind(server)

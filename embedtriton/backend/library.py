@@ -52,7 +52,15 @@ def native() -> Any:
     """The native module, wired to the process's Triton runtime and its hooks (once)."""
     global _native
     if _native is None:
-        from .. import _native as module
+        try:
+            from .. import _native as module
+        except ImportError as exc:  # e.g. `python -m embedtriton` run inside a source checkout
+            package = Path(__file__).resolve().parents[1]
+            raise ImportError(
+                f"embedtriton's native module is not built in {package}: this is a source folder (the "
+                "current directory comes first on sys.path). Run from another folder so that the installed "
+                "package is imported, or build in place with `pip install -e .`"
+            ) from exc
 
         module.load(capi.api().handle)
         module.set_hooks(bindings, Request, error_for_code, decode_bytes, encode_bytes, request_done)

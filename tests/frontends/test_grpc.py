@@ -352,3 +352,22 @@ def test_serve_command_errors_are_one_line(tmp_path):
         done = run("serve", "targets:good", "--grpc", f"127.0.0.1:{port}", "--metrics", "")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"embedtriton serve: cannot serve gRPC on 127.0.0.1:{port}" in done.stderr
+
+
+def test_serve_from_a_source_checkout_says_so(tmp_path):
+    """`python -m embedtriton` inside a source folder imports the unbuilt package: one line
+    that says why and what to do, not an ImportError traceback."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[2] / "embedtriton"
+    shutil.copytree(source, tmp_path / "embedtriton", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    (tmp_path / "targets.py").write_text("def bind(server):\n    pass\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "embedtriton", "serve", "targets:bind"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "native module is not built in" in done.stderr and "Run from another folder" in done.stderr
