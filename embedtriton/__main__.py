@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         help="refuse system shared memory (clients could name any /dev/shm object the server can open)",
     )
     serve.add_argument(
+        "--grpc-infer-response-compression-level",
+        choices=["none", "low", "medium", "high"],
+        default="none",
+        help="compress inference responses for clients that accept gzip/deflate (as Triton's option)",
+    )
+    serve.add_argument(
         "--exit-timeout",
         type=int,
         default=30,
@@ -132,6 +138,7 @@ def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log:
                 tls_client_ca=args.tls_client_ca,
                 limits=GrpcLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
                 shared_memory=not args.no_shared_memory,
+                infer_response_compression_level=args.grpc_infer_response_compression_level,
             )
         if args.metrics and not stop.is_set():
             port = server.serve_metrics(args.metrics)

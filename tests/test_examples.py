@@ -104,7 +104,7 @@ def test_triton_example_models_serve():
     grpcclient = pytest.importorskip("tritonclient.grpc")
     serve = subprocess.Popen(
         [sys.executable, "-m", "embedtriton", "serve", "triton_example_models:bind", "--grpc", "127.0.0.1:0"]
-        + ["--metrics", ""],
+        + ["--metrics", "", "--grpc-infer-response-compression-level", "low"],  # tritonclient decodes gzip
         cwd=EXAMPLES,  # where the module is; not the repository root, whose source tree would shadow the package
         stderr=subprocess.PIPE,
         text=True,
