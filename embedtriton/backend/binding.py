@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import InstanceGroup, ModelConfig, Tensor
+from ..config.triton_json import model_config_json
 from ..tensors import BY_NAME, triton_dtype
 from ..triton.devices import cuda_devices
 from . import runners
@@ -22,6 +23,8 @@ from .batch import InferFunc
 from .request import Request
 
 log = logging.getLogger("embedtriton")
+
+BACKEND_NAME = "embedtriton"  # the backend Triton knows our native module as
 
 
 class Binding:
@@ -75,6 +78,10 @@ class Binding:
         if config.decoupled:
             return runners.Decoupled(self.name, func)
         return runners.Plain(self.name, func)
+
+    def triton_config(self, library_path: str) -> dict[str, Any]:
+        """Triton's config for this model; ``library_path``: the backend library (also the batch strategy)."""
+        return model_config_json(self.name, self.inputs, self.outputs, self.config, BACKEND_NAME, library_path)
 
     def _loaded(self, delta: int) -> None:
         """Called by the backend when Triton initializes (+1) or finalizes (-1) the model."""

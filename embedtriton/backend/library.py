@@ -16,11 +16,10 @@ from typing import Any, Protocol
 from ..errors import error_for_code
 from ..tensors import decode_bytes, encode_bytes
 from ..triton import capi
-from .binding import Binding
+from .binding import BACKEND_NAME, Binding
 from .request import Request
 from .runners import request_done
 
-BACKEND_NAME = "embedtriton"
 STREAM_ITEM, STREAM_EMPTY, STREAM_END = 0, 1, 2  # statuses of _native.stream_next
 
 bindings: dict[str, Binding] = {}  # model directory -> binding, read by the native backend at model load

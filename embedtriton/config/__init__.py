@@ -1,5 +1,6 @@
 """Declarations (what the user writes), validated, and the one Triton-JSON writer."""
 
+from .ensemble import Step
 from .model import (
     DynamicBatcher,
     InstanceGroup,
@@ -22,6 +23,7 @@ __all__ = [
     "QueuePolicy",
     "SequenceBatcher",
     "ServerConfig",
+    "Step",
     "Tensor",
     "TimeoutAction",
     "WarmupInput",

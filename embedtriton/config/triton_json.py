@@ -34,7 +34,7 @@ def model_config_json(
         "name": name,
         "backend": backend,
         "max_batch_size": config.max_batch_size if config.batching else 0,
-        "input": [_tensor(t) for t in inputs],
+        "input": [tensor_json(t) for t in inputs],
         "output": [_output(i, t) for i, t in enumerate(outputs)],
         "instance_group": [_instance_group(g) for g in config.instance_group or [InstanceGroup()]],
     }
@@ -58,7 +58,8 @@ def _config_type(dtype: Any) -> str:
     return BY_NAME[triton_dtype(dtype)].config_type
 
 
-def _tensor(t: Tensor) -> dict[str, Any]:
+def tensor_json(t: Tensor) -> dict[str, Any]:
+    """A tensor's entry in a model config's ``input`` or ``output``."""
     return {"name": t.name, "data_type": _config_type(t.dtype), "dims": list(t.shape)}
 
 
@@ -68,7 +69,7 @@ def labels_file_name(index: int) -> str:
 
 
 def _output(index: int, t: Tensor) -> dict[str, Any]:
-    out = _tensor(t)
+    out = tensor_json(t)
     if t.labels is not None:
         out["label_filename"] = labels_file_name(index)
     return out

@@ -13,10 +13,8 @@ from ..triton.devices import require_gpu
 NAME_MAX = 255  # bytes of a file name: a model's name is its folder in the model repository
 
 
-def check_declarations(
-    model_name: str, infer_func: InferFunc, inputs: Sequence[Tensor], outputs: Sequence[Tensor]
-) -> None:
-    """A model's name, callable and tensors, as ``bind`` takes them."""
+def check_name(model_name: str) -> None:
+    """A model's name: it names its folder in the model repository."""
     if not isinstance(model_name, str) or not model_name or "/" in model_name or model_name.startswith("."):
         raise InvalidArgumentError(f"model_name must be a plain non-empty name, not {model_name!r}")
     if "\0" in model_name or len(model_name.encode()) > NAME_MAX:
@@ -25,6 +23,13 @@ def check_declarations(
             f"of the model repository ({model_name[:40]!r}{'...' if len(model_name) > 40 else ''} has "
             f"{len(model_name.encode())})"
         )
+
+
+def check_declarations(
+    model_name: str, infer_func: InferFunc, inputs: Sequence[Tensor], outputs: Sequence[Tensor]
+) -> None:
+    """A model's name, callable and tensors, as ``bind`` takes them."""
+    check_name(model_name)
     if not callable(infer_func):
         raise InvalidArgumentError(f"infer_func of model '{model_name}' must be callable")
     problem = signature_problem(infer_func)

@@ -133,25 +133,41 @@ class Model:
         release_gil = binding is not None and binding.batch_rule is not None
         native = library._native or library.native()
         r = request
-        tracer = server._tracer
-        if tracer is not None:
-            parent = r.trace_parent
-            span, sink, traced = tracer.begin(
-                self.name, self.version, r.inputs, r.request_id, r.parameters, parent, parent is not None
-            )
-            if span is not None:
-                try:
-                    return native.submit(
-                        server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
-                        r.timeout_us, traced, loop, target, stream, r.sequence, release_gil, sink, cancellable,
-                    )  # fmt: skip
-                except Exception as exc:
-                    tracer.abandon(span, traced, exc)
-                    raise
-        return native.submit(
-            server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
-            r.timeout_us, r.parameters, loop, target, stream, r.sequence, release_gil, None, cancellable,
-        )  # fmt: skip
+        try:
+            tracer = server._tracer
+            if tracer is not None:
+                parent = r.trace_parent
+                span, sink, traced = tracer.begin(
+                    self.name, self.version, r.inputs, r.request_id, r.parameters, parent, parent is not None
+                )
+                if span is not None:
+                    try:
+                        return native.submit(
+                            server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
+                            r.timeout_us, traced, loop, target, stream, r.sequence, release_gil, sink, cancellable,
+                        )  # fmt: skip
+                    except Exception as exc:
+                        tracer.abandon(span, traced, exc)
+                        raise
+            return native.submit(
+                server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
+                r.timeout_us, r.parameters, loop, target, stream, r.sequence, release_gil, None, cancellable,
+            )  # fmt: skip
+        except (NotFoundError, UnavailableError) as exc:
+            if binding is None or not hasattr(binding, "step_models"):
+                raise
+            raise self._ensemble_error(binding, exc) from None  # an ensemble: name the step that is down
+
+    def _ensemble_error(self, ensemble: Any, error: TritonError) -> TritonError:
+        """Triton's "no available versions" for an ensemble, with the step models that are down."""
+        server = self._server
+        down = sorted(n for n in ensemble.step_models if not Model(server, n).ready)
+        if not down:
+            return error
+        return UnavailableError(
+            f"ensemble '{self.name}' is unavailable: its step model {down} is not loaded "
+            f"(load it again: server.load({down[0]!r}))"
+        )
 
     def _explained(self, inputs: Mapping[str, Any], error: InvalidArgumentError) -> InvalidArgumentError:
         """Triton's refusal of a Python caller's inputs, retold in numpy terms."""

@@ -14,13 +14,16 @@ from ..backend import library
 from ..backend.batch import InferFunc
 from ..backend.binding import Binding
 from ..config import ModelConfig, ServerConfig, Tensor, name_tensors
+from ..config.ensemble import Step, StepModel
 from ..config.triton_json import model_config_json
 from ..errors import InternalError, InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..tracing import Tracer
 from ..triton import control
+from ..triton.log import log_size, logged_errors, updated_log_settings
 from ..triton.options import apply_log_settings, server_options
 from ..triton.runtime import load_runtime
-from .declarations import check_config, check_declarations
+from .declarations import check_config, check_declarations, check_name
+from .ensembles import Ensemble
 from .lifecycle import live_servers, new_server, retire
 from .model import Model
 from .repository import Repository
@@ -130,7 +133,7 @@ class CoreServer:
             # 4. Models unload, Triton stops, within what is left.
             self._handle = None
             live_servers.discard(self)
-            for name in list(self._bound):
+            for name in reversed(list(self._bound)):  # ensembles before the models they use
                 self._unload(handle, name, deadline)
             for binding in self._bound.values():
                 left = max(deadline - time.monotonic(), 0.0)
@@ -235,11 +238,52 @@ class CoreServer:
                     raise
         return Model(self, model_name)
 
+    def bind_ensemble(
+        self,
+        model_name: str,
+        steps: Sequence[Step],
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        config: ModelConfig | None = None,
+    ) -> Model:
+        """Serve a pipeline of bound models as one model ``model_name``, run by Triton's
+        ensemble scheduler: each :class:`Step` runs a model on ensemble tensors (the
+        ensemble's ``inputs``, other steps' outputs) and names the tensors it produces; the
+        steps form a DAG. Bind the step models first. ``config`` takes ``batching``,
+        ``max_batch_size``, ``decoupled`` (needed when a step streams) and ``response_cache``.
+        """
+        check_name(model_name)
+        for what, tensors in (("inputs", inputs), ("outputs", outputs)):
+            if not tensors or not all(isinstance(t, Tensor) and t.name for t in tensors):
+                raise InvalidArgumentError(f"{what} of ensemble '{model_name}' must be a list of named Tensors")
+        config = config if config is not None else ModelConfig()
+        check_config(model_name, config, self.config)
+        with self._lock:
+            if model_name in self._bound:
+                raise InvalidArgumentError(f"model '{model_name}' is already bound; unbind() it first")
+            models = {n: StepModel(b.inputs, b.outputs, b.max_batch_size, b.decoupled) for n, b in self._bound.items()}
+            ensemble = Ensemble(
+                model_name, steps, name_tensors(inputs, "INPUT"), name_tensors(outputs, "OUTPUT"), config, models
+            )
+            self._bound[model_name] = ensemble  # type: ignore[assignment]
+            if self._handle is not None:
+                try:
+                    self._load(ensemble)  # type: ignore[arg-type]
+                except BaseException:
+                    del self._bound[model_name]
+                    raise
+        return Model(self, model_name)
+
     def unbind(self, model_name: str) -> None:
         """Unload a bound model and forget it (waits until Triton has let go of it)."""
         with self._lock:
             if model_name not in self._bound:
                 raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
+            users = sorted(n for n, b in self._bound.items() if model_name in getattr(b, "step_models", ()))
+            if users:
+                raise InvalidArgumentError(
+                    f"model '{model_name}' is a step of ensemble {users}: unbind the ensemble first"
+                )
             binding = self._bound[model_name]
             if self._handle is not None:
                 self._unload(self._handle, model_name)
@@ -308,24 +352,7 @@ class CoreServer:
         """Triton's log settings, after applying ``changes`` (``log_info``, ``log_warning``,
         ``log_error``: bool; ``log_verbose_level``: int; ``log_format``: "default" or
         "ISO8601"). Triton's logger is process-wide: this affects every server."""
-        known = {"log_info", "log_warning", "log_error", "log_verbose_level", "log_format"}
-        unknown = set(changes) - known
-        if unknown:
-            raise InvalidArgumentError(
-                f"unknown log setting(s) {sorted(unknown)}; known: {sorted(known)} "
-                "(log_file is fixed: the server reads its own log to report load errors)"
-            )
-        current = self._log_state
-        fmt = changes.get("log_format", current["log_format"])
-        if fmt not in ("default", "ISO8601"):
-            raise InvalidArgumentError(f"log_format must be 'default' or 'ISO8601', not {fmt!r}")
-        verbose = changes.get("log_verbose_level", current["log_verbose_level"])
-        if not isinstance(verbose, int) or isinstance(verbose, bool) or verbose < 0:
-            raise InvalidArgumentError(f"log_verbose_level must be an integer >= 0, not {verbose!r}")
-        for flag in ("log_info", "log_warning", "log_error"):
-            if not isinstance(changes.get(flag, False), bool):
-                raise InvalidArgumentError(f"{flag} must be a bool, not {changes[flag]!r}")
-        new = {**current, **changes}
+        new = updated_log_settings(self._log_state, changes)
         apply_log_settings(
             new["log_info"],
             new["log_warning"],
@@ -348,19 +375,16 @@ class CoreServer:
 
     def _load(self, binding: Binding) -> None:
         directory = self._repository.write(binding)
-        path = library.library_path()
-        config = model_config_json(
-            binding.name, binding.inputs, binding.outputs, binding.config, library.BACKEND_NAME, path
-        )
+        config = binding.triton_config(library.library_path())
         library.bindings[str(directory)] = binding
         started = time.perf_counter()
-        log_offset = self._log_size()
+        log_offset = log_size(self._log)
         binding.warming, binding.warmup_error = True, None
         try:
             control.load_model(self._require_handle(), binding.name, config)
         except TritonError as exc:
             library.bindings.pop(str(directory), None)
-            details = self._logged_errors(log_offset)
+            details = logged_errors(self._log, log_offset)
             if details:
                 raise type(exc)(f"{exc}: {details}") from None
             raise
@@ -373,27 +397,6 @@ class CoreServer:
             library.bindings.pop(str(directory), None)
             raise InternalError(f"failed to load '{binding.name}': its warm-up failed: {binding.warmup_error}")
         log.info("model '%s' ready in %.3f s", binding.name, time.perf_counter() - started)
-
-    def _log_size(self) -> int:
-        try:
-            return self._log.stat().st_size if self._log else 0
-        except OSError:
-            return 0
-
-    def _logged_errors(self, offset: int) -> str:
-        """The error lines Triton logged since ``offset`` (its load errors say more than its return codes)."""
-        try:
-            with open(self._log, "rb") as f:  # type: ignore[arg-type]
-                f.seek(offset)
-                text = f.read().decode("utf-8", "replace")
-        except (OSError, TypeError):
-            return ""
-        found = []
-        for line in text.splitlines():
-            if line.startswith("E") and "CudaDriverHelper" not in line and "modification time" not in line:
-                message = line.split("] ", 1)[-1].strip().strip('"')
-                found.append(message)
-        return "; ".join(found)
 
     def _unload(self, handle: int, name: str, deadline: float | None = None) -> None:
         # Triton 2.51 crashes when a model is deleted while its instance thread is still
