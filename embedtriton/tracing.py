@@ -143,21 +143,40 @@ class Tracer:
         params = dict(parameters or {})
         params[SPAN_PARAMETER] = key
 
-        def sink(trace_id: int, stamps: tuple[int, ...]) -> None:
+        def sink(trace_id: int, stamps: tuple[int, ...], children: list[tuple[str, int, int, tuple[int, ...]]]) -> None:
             live_spans.pop(key, None)
-            self._finish(span, trace_id, stamps)
+            self._finish(span, trace_id, stamps, children)
 
         return span, sink, params
 
-    def _finish(self, span: Any, trace_id: int, stamps: tuple[int, ...]) -> None:
+    def _finish(
+        self, span: Any, trace_id: int, stamps: tuple[int, ...], children: list[tuple[str, int, int, tuple[int, ...]]]
+    ) -> None:
+        span.set_attribute("triton.trace.id", trace_id)
+        if not any(stamps):
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, "Triton did not run the request"))
+        self._phases(span, stamps)
+        # An ensemble's step requests (children of its trace; nested ensembles nest): a span each.
+        spans = {trace_id: span}
+        for model, child_id, parent_id, child_stamps in sorted(children, key=lambda c: c[3][_REQUEST_START]):
+            parent = self._trace.set_span_in_context(spans.get(parent_id, span))
+            start = child_stamps[_REQUEST_START] or child_stamps[_QUEUE_START]
+            child = self._tracer.start_span(model, context=parent, start_time=start + self._offset if start else None)
+            child.set_attribute("triton.model.name", model)
+            child.set_attribute("triton.trace.id", child_id)
+            self._phases(child, child_stamps)
+            spans[child_id] = child
+            end = child_stamps[_REQUEST_END] or child_stamps[_COMPUTE_END]
+            child.end(end_time=end + self._offset if end else None)
+        span.end(end_time=stamps[_REQUEST_END] + self._offset if stamps[_REQUEST_END] else time.time_ns())
+
+    def _phases(self, span: Any, stamps: tuple[int, ...]) -> None:
+        """The ``queue`` and ``compute`` children of a request's span, timed by Triton's clock."""
         offset = self._offset
 
         def at(i: int) -> int | None:
             return stamps[i] + offset if stamps[i] else None
 
-        span.set_attribute("triton.trace.id", trace_id)
-        if not any(stamps):
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, "Triton did not run the request"))
         parent = self._trace.set_span_in_context(span)
         queue, start, end = at(_QUEUE_START), at(_COMPUTE_START), at(_COMPUTE_END)
         if queue and start:
@@ -168,7 +187,6 @@ class Tracer:
                 if at(index):
                     compute.add_event(name, timestamp=at(index))
             compute.end(end_time=end)
-        span.end(end_time=at(_REQUEST_END) or time.time_ns())
 
     def abandon(self, span: Any, params: Mapping[str, Any] | None, exc: BaseException) -> None:
         """A request refused before Triton saw it (no timestamps will come): fail and end its span."""

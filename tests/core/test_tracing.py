@@ -165,3 +165,40 @@ def test_no_tracing_no_spans(bind_double):
     with server, provider.get_tracer("app").start_as_current_span("handler"):
         server.model("Double").infer({"x": np.ones((1, 1), np.float32)})
     assert [s.name for s in exporter.get_finished_spans()] == ["handler"] and trace_seen == [None]
+
+
+def test_an_ensemble_has_one_span_per_step_under_its_own(traced):
+    """Triton spawns a child trace per step request; each becomes a span under the
+    ensemble's (this crashed the process before: child traces reuse the root's callbacks)."""
+    from embedtriton import ModelConfig, Step, Tensor
+
+    server, provider, exporter, _ = traced
+    steps = [Step("Double", {"x": "IN"}, {"y": "mid"}), Step("Double", {"x": "mid"}, {"y": "OUT"})]
+    ensemble = server.bind_ensemble(
+        "Quadruple",
+        steps,
+        [Tensor(name="IN", dtype=np.float32, shape=(-1,))],
+        [Tensor(name="OUT", dtype=np.float32, shape=(-1,))],
+        ModelConfig(max_batch_size=4),
+    )
+    try:
+        exporter.clear()
+        for _ in range(3):
+            assert ensemble.infer({"IN": np.ones((1, 3), np.float32)})["OUT"][0, 0] == 4.0
+        roots = _wait_for(exporter, "Quadruple", 3)
+        steps_seen = _wait_for(exporter, "Double", 6)
+        for root in roots:
+            children = [s for s in steps_seen if s.parent.span_id == root.context.span_id]
+            assert len(children) == 2  # one per step
+            for child in children:
+                assert child.context.trace_id == root.context.trace_id
+                assert root.start_time <= child.start_time <= child.end_time <= root.end_time
+                assert child.attributes["triton.model.name"] == "Double" and child.attributes["triton.trace.id"] > 0
+                phases = [
+                    s.name
+                    for s in exporter.get_finished_spans()
+                    if s.parent and s.parent.span_id == child.context.span_id
+                ]
+                assert sorted(phases) == ["compute", "queue"]
+    finally:
+        server.unbind("Quadruple")

@@ -163,6 +163,10 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceDelete, (TRITONSERVER_InferenceTrace * trace)) \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceId,                                            \
     (TRITONSERVER_InferenceTrace * trace, uint64_t * id))                                          \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceParentId,                                      \
+    (TRITONSERVER_InferenceTrace * trace, uint64_t * parent_id))                                   \
+  X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceModelName,                                     \
+    (TRITONSERVER_InferenceTrace * trace, const char** model_name))                                \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceResponseDelete,                                     \
     (TRITONSERVER_InferenceResponse * inference_response))                                         \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceResponseError,                                      \
