@@ -82,10 +82,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Speed benchmarks: in-process data path (table, JSON and plot) and continuous batching."""
+    """Speed benchmarks: in-process data path (table, JSON and plot), continuous batching, pipelines."""
     install(session, "matplotlib")
     session.run("python", "benchmarks/bench_inprocess.py", *session.posargs)
     session.run("python", "benchmarks/bench_continuous.py")
+    session.run("python", "benchmarks/bench_pipeline.py", *session.posargs)
 
 
 @nox.session

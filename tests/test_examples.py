@@ -126,3 +126,16 @@ def test_triton_example_models_serve():
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=60) == 0
         serve.stderr.close()
+
+
+def test_pipeline_example(tmp_path):
+    out = run_example("pipeline.py", tmp_path)
+    ensemble = out.split("PipelineEnsemble: ")[1].splitlines()[0]
+    bls = out.split("PipelineBLS: ")[1].splitlines()[0]
+    assert ensemble == bls and ensemble.startswith("triton->")  # the same answers both ways
+    counts = {
+        line.split(":")[0].strip(): int(line.split(":")[1].split()[0])
+        for line in out.splitlines()
+        if " requests in " in line
+    }
+    assert counts["Preprocess"] == counts["Model"] == counts["Postprocess"] == 2 * counts["PipelineEnsemble"]
