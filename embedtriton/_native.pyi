@@ -96,6 +96,9 @@ def abort_pending(server: _ServerHandle, /) -> int:
 def open_server(server: _ServerHandle, /) -> None:
     """Accept requests for a server."""
 
+def in_model() -> bool:
+    """Whether this thread is running a model's callable (its calls are model-to-model calls)."""
+
 def close_server(server: _ServerHandle, /) -> None:
     """Stop accepting requests for a server (waits for submissions under way)."""
 

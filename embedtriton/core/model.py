@@ -124,7 +124,7 @@ class Model:
         ``cancellable`` (with a loop): returns a handle for ``_native.cancel``.
         """
         server = self._server
-        if server._stopping:
+        if server._stopping and not (library._native or library.native()).in_model():  # see CoreServer.stop
             raise UnavailableError("the server is stopping: it takes no new requests")
         binding = server._bound.get(self.name)
         if not stream and binding is not None and binding.decoupled:

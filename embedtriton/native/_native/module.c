@@ -64,6 +64,12 @@ static PyObject* py_set_hooks(PyObject* self, PyObject* args)
   Py_RETURN_NONE;
 }
 
+static PyObject* py_in_model(PyObject* self, PyObject* unused)
+{
+  (void)self, (void)unused;
+  return PyBool_FromLong(t_in_execute);
+}
+
 static PyMethodDef methods[] = {
     {"load", py_load, METH_O, "Resolve the Triton C API from a dlopen handle."},
     {"set_hooks", py_set_hooks, METH_VARARGS, "Install the Python hooks."},
@@ -82,7 +88,9 @@ static PyMethodDef methods[] = {
     {"abort_pending", py_abort_pending, METH_O,
      "Fail every call of a deleted server that Triton never completed."},
     {"open_server", py_open_server, METH_O, "Accept requests for a server."},
-    {"close_server", py_close_server, METH_O, "Stop accepting requests for a server."},
+    {"close_server", py_close_server, METH_O,
+     "Stop accepting requests for a server (but model-to-model calls, until fail_pending)."},
+    {"in_model", py_in_model, METH_NOARGS, "Whether this thread is running a model's callable."},
     {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
     {"map_shared", py_map_shared, METH_VARARGS,
      "map_shared(fd, length) -> Mapping: map a shared-memory file, guarded against SIGBUS."},

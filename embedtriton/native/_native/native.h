@@ -217,6 +217,7 @@ PyObject* py_complete(PyObject* self, PyObject* calls);
 extern pthread_rwlock_t servers_lock;
 
 int server_is_open(TRITONSERVER_Server* s);
+void end_drain(TRITONSERVER_Server* server);
 void held_add(Call* c);
 void held_release(Call* c);
 void call_cancel(Call* c);

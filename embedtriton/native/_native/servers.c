@@ -8,11 +8,17 @@
 #define MAX_SERVERS 64
 pthread_rwlock_t servers_lock = PTHREAD_RWLOCK_INITIALIZER;
 static TRITONSERVER_Server* servers[MAX_SERVERS];
+/* Servers that stop() drains: they take only requests made by a model's callable (a
+ * model-to-model call of a request in flight), until stop()'s deadline fails what is left. */
+static TRITONSERVER_Server* draining[MAX_SERVERS];
 
 int server_is_open(TRITONSERVER_Server* s)
 {
   for (int i = 0; i < MAX_SERVERS; i++)
     if (servers[i] == s) return 1;
+  if (t_in_execute)
+    for (int i = 0; i < MAX_SERVERS; i++)
+      if (draining[i] == s) return 1;
   return 0;
 }
 
@@ -144,6 +150,9 @@ PyObject* py_fail_pending(PyObject* self, PyObject* arg)
   (void)self;
   TRITONSERVER_Server* server = server_arg(arg);
   if (PyErr_Occurred()) return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  end_drain(server); /* no new model-to-model calls: they would not be failed here */
+  Py_END_ALLOW_THREADS
   long n = 0;
   Call* batch[256];
   size_t got;
@@ -212,8 +221,20 @@ PyObject* py_close_server(PyObject* self, PyObject* arg)
   Py_BEGIN_ALLOW_THREADS
   pthread_rwlock_wrlock(&servers_lock);
   for (int i = 0; i < MAX_SERVERS; i++)
-    if (servers[i] == server) servers[i] = NULL;
+    if (servers[i] == server) {
+      servers[i] = NULL;
+      draining[i] = server;
+    }
   pthread_rwlock_unlock(&servers_lock);
   Py_END_ALLOW_THREADS
   Py_RETURN_NONE;
+}
+
+/* End a server's drain (stop()'s deadline): from now on nothing is accepted for it. */
+void end_drain(TRITONSERVER_Server* server)
+{
+  pthread_rwlock_wrlock(&servers_lock);
+  for (int i = 0; i < MAX_SERVERS; i++)
+    if (draining[i] == server) draining[i] = NULL;
+  pthread_rwlock_unlock(&servers_lock);
 }
