@@ -96,6 +96,12 @@ def abort_pending(server: _ServerHandle, /) -> int:
 def open_server(server: _ServerHandle, /) -> None:
     """Accept requests for a server."""
 
+def mark_model_thread() -> None:
+    """This thread runs async callables (the library's event loop)."""
+
+def finish_batch(batch: object, result: object, /) -> None:
+    """Answer an async callable's batch (event loop side)."""
+
 def in_model() -> bool:
     """Whether this thread is running a model's callable (its calls are model-to-model calls)."""
 

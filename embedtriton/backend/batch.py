@@ -68,6 +68,16 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
         run_async_stream.batched = True  # type: ignore[attr-defined]
         return run_async_stream
 
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def run_async(requests: list[Request]) -> list[dict[str, Any] | None]:
+            kwargs, bounds = gather(requests)
+            return split(await func(**kwargs), len(requests), bounds)
+
+        run_async.batched = True  # type: ignore[attr-defined]
+        return run_async
+
     @functools.wraps(func)
     def run(requests: list[Request]) -> list[dict[str, Any] | None]:
         kwargs, bounds = gather(requests)

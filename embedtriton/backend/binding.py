@@ -16,9 +16,10 @@ from typing import Any
 
 from ..config import InstanceGroup, ModelConfig, Tensor
 from ..config.triton_json import model_config_json
+from ..errors import InvalidArgumentError
 from ..tensors import BY_NAME, triton_dtype
 from ..triton.devices import cuda_devices
-from . import runners
+from . import aio, runners
 from .batch import InferFunc
 from .request import Request
 
@@ -68,6 +69,14 @@ class Binding:
     def _runner(self) -> Any:
         """The runner of this model's execution mode."""
         func, config = self.infer_func, self.config
+        if inspect.iscoroutinefunction(func):
+            if config.sequence_batcher is not None or config.decoupled:
+                raise InvalidArgumentError(
+                    f"model '{self.name}': an async def callable answers each request once; for a decoupled "
+                    "(streaming) model write an async generator (async def with yield), and sequence "
+                    "models take plain callables"
+                )
+            return runners.Async(self.name, func)
         if config.sequence_batcher is not None:
             if config.sequence_batcher.iterative:
                 if inspect.isgeneratorfunction(func):
@@ -78,6 +87,10 @@ class Binding:
         if config.decoupled:
             return runners.Decoupled(self.name, func)
         return runners.Plain(self.name, func)
+
+    def schedule(self, coroutine: Any, batch: Any) -> None:
+        """The backend hands over an async callable's batch: run it on the library's loop."""
+        aio.schedule(coroutine, batch)
 
     def triton_config(self, library_path: str) -> dict[str, Any]:
         """Triton's config for this model; ``library_path``: the backend library (also the batch strategy)."""

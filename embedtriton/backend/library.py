@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from ..errors import error_for_code
 from ..tensors import decode_bytes, encode_bytes
 from ..triton import capi
+from . import aio
 from .binding import BACKEND_NAME, Binding
 from .request import Request
 from .runners import request_done
@@ -63,6 +64,7 @@ def native() -> Any:
 
         module.load(capi.api().handle)
         module.set_hooks(bindings, Request, error_for_code, decode_bytes, encode_bytes, request_done)
+        aio.native = module
         _native = module
     return _native
 

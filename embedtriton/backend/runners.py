@@ -276,6 +276,30 @@ class IterativeBatch(Iterative):
         return results
 
 
+class Async(Plain):
+    """An ``async def`` callable (plain or ``@batch``): ``execute`` hands the backend a
+    coroutine, which runs on the library's event loop (:mod:`.aio`) and answers its batch
+    there; the model's instance is free for other batches meanwhile, so the callable can await
+    other models, its own included."""
+
+    def execute(self, requests: list[Request]) -> Any:
+        return self._run(requests)
+
+    async def _run(self, requests: list[Request]) -> list[Any] | Iterator[Any] | str:
+        traced = tracing.spans_of(requests) if tracing.live_spans else None
+        try:
+            if traced is None:
+                result = await self.func(requests)
+            else:
+                with traced:
+                    result = await self.func(requests)
+        except Exception as exc:
+            if traced is not None:
+                tracing.mark_failed(requests, exc)
+            return self.failed(exc)
+        return self.reply(result, len(requests))
+
+
 def _sync_iterator(agen: Any) -> Iterator[Any]:
     """An async generator as a plain one, driven by a private event loop."""
     loop = asyncio.new_event_loop()

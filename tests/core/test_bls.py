@@ -130,3 +130,108 @@ def test_stop_drains_requests_whose_callable_is_calling_another_model():
         assert call.result(timeout=10)["y"][0, 0] == 6  # the request in flight finished, inner call and all
         stopping.join(10)
     assert not stopping.is_alive()
+
+
+# -- async def callables ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def async_server():
+    server = Server()
+
+    @batch
+    def inner(x):
+        return {"y": x * 2}
+
+    @batch
+    async def outer(x):  # one instance; its batches overlap while they await
+        return {"y": (await server.model("Inner").infer_async({"x": x}))["y"] + 1}
+
+    async def factorial(requests):  # calls itself: depth n on one instance
+        out = []
+        for r in requests:
+            n = float(r["n"][0, 0])
+            if n > 20:
+                raise ValueError("n is limited to 20")
+            below = (
+                np.ones((1, 1), F32)
+                if n <= 1
+                else (await server.model("Factorial").infer_async({"n": one(n - 1)}))["f"]
+            )
+            out.append({"f": below * max(n, 1)})
+        return out
+
+    async def blocking(requests):
+        return [server.model("Inner").infer({"x": r["x"]}) for r in requests]
+
+    server.bind("Inner", inner, [t("x")], [t("y")], ModelConfig(max_batch_size=64))
+    server.bind("AsyncOuter", outer, [t("x")], [t("y")], ModelConfig(max_batch_size=64))
+    server.bind("Factorial", factorial, [t("n")], [t("f")], ModelConfig(max_batch_size=8))
+    server.bind("Blocking", blocking, [t("x")], [t("y")], ModelConfig(max_batch_size=8))
+    with server:
+        yield server
+
+
+def test_async_callables_await_other_models_under_64_callers(async_server):
+    before = async_server.model("Inner").statistics()
+    with ThreadPoolExecutor(64) as pool:
+        got = list(pool.map(lambda i: async_server.model("AsyncOuter").infer({"x": one(i)})["y"][0, 0], range(640)))
+    assert got == [2 * i + 1 for i in range(640)]
+    after = async_server.model("Inner").statistics()
+    assert after["inference_count"] - before["inference_count"] == 640
+    assert after["execution_count"] - before["execution_count"] < 640  # batched with the other callers
+
+
+def test_a_callable_calling_itself_recursively_on_one_instance(async_server):
+    model = async_server.model("Factorial")
+    assert model.infer({"n": one(6)})["f"][0, 0] == 720  # 6 nested requests on one instance, no deadlock
+    with pytest.raises(InternalError, match=r"model 'Factorial' raised ValueError: n is limited to 20"):
+        model.infer({"n": one(21)})
+
+
+def test_a_blocking_call_inside_an_async_callable_says_what_to_use(async_server):
+    with pytest.raises(
+        InternalError, match=r"model 'Blocking' raised InvalidArgumentError: a blocking call from an async def callable"
+    ):
+        async_server.model("Blocking").infer({"x": one()})
+    assert async_server.model("AsyncOuter").infer({"x": one(1)})["y"][0, 0] == 3  # the loop still runs
+
+
+def test_async_callables_are_plain_models():
+    async def f(requests):
+        return requests
+
+    from embedtriton import InvalidArgumentError, SequenceBatcher
+
+    for config in (ModelConfig(decoupled=True), ModelConfig(max_batch_size=1, sequence_batcher=SequenceBatcher())):
+        with pytest.raises(InvalidArgumentError, match="an async def callable answers each request once"):
+            Server().bind("A", f, [t("x")], [t("y")], config)
+
+
+def test_stop_drains_an_async_callable_mid_call():
+    server = Server(ServerConfig(exit_timeout_secs=10))
+    started = threading.Event()
+
+    @batch
+    def inner(x):
+        return {"y": x * 2}
+
+    @batch
+    async def outer(x):
+        import asyncio
+
+        started.set()
+        await asyncio.sleep(0.3)  # stop() begins meanwhile
+        return {"y": (await server.model("Inner").infer_async({"x": x}))["y"]}
+
+    server.bind("Inner", inner, [t("x")], [t("y")], ModelConfig(max_batch_size=8))
+    server.bind("Outer", outer, [t("x")], [t("y")], ModelConfig(max_batch_size=8))
+    server.start()
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(server.model("Outer").infer, {"x": one(3)})
+        assert started.wait(5)
+        stopping = threading.Thread(target=server.stop)
+        stopping.start()
+        assert call.result(timeout=10)["y"][0, 0] == 6
+        stopping.join(10)
+    assert not stopping.is_alive()

@@ -202,3 +202,31 @@ def test_an_ensemble_has_one_span_per_step_under_its_own(traced):
                 assert sorted(phases) == ["compute", "queue"]
     finally:
         server.unbind("Quadruple")
+
+
+def test_a_model_to_model_call_is_a_child_of_the_calling_request(traced):
+    """BLS: the inner request's span is a child of the outer request's span (sync and async)."""
+    from embedtriton import ModelConfig, Tensor, batch
+
+    server, _, exporter, _ = traced
+
+    @batch
+    def outer_sync(x):
+        return {"y": server.model("Double").infer({"x": x})["y"]}
+
+    @batch
+    async def outer_async(x):
+        return {"y": (await server.model("Double").infer_async({"x": x}))["y"]}
+
+    tensors = ([Tensor(name="x", dtype=np.float32, shape=(-1,))], [Tensor(name="y", dtype=np.float32, shape=(-1,))])
+    for name, func in (("OuterSync", outer_sync), ("OuterAsync", outer_async)):
+        server.bind(name, func, *tensors, ModelConfig(max_batch_size=4))
+        try:
+            exporter.clear()
+            assert server.model(name).infer({"x": np.ones((1, 2), np.float32)})["y"][0, 0] == 2.0
+            (outer,) = _wait_for(exporter, name)
+            (inner,) = _wait_for(exporter, "Double")
+            assert inner.parent.span_id == outer.context.span_id, name
+            assert inner.context.trace_id == outer.context.trace_id
+        finally:
+            server.unbind(name)

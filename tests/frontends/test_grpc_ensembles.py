@@ -62,3 +62,40 @@ def test_a_pipeline_in_one_grpc_call(add_sub, add_sub_tensors):
             client.infer("Pipeline", [text])
         client.load_model("Embed")
         assert client.infer("Pipeline", [text]).as_numpy("VEC").shape == (2, 4)
+
+
+def test_a_model_calling_models_over_grpc():
+    """BLS behind the endpoint: one network call; the async callable awaits the two models."""
+    server = Server()
+    server.bind(
+        "Tokenize",
+        tokenize,
+        [Tensor(name="text", dtype=np.bytes_, shape=(1,))],
+        [Tensor(name="ids", dtype=np.int64, shape=(1,))],
+        ModelConfig(max_batch_size=8),
+    )
+    server.bind(
+        "Embed",
+        embed,
+        [Tensor(name="ids", dtype=np.int64, shape=(1,))],
+        [Tensor(name="vec", dtype=np.float32, shape=(4,))],
+        ModelConfig(max_batch_size=8),
+    )
+
+    @batch
+    async def pipeline(TEXT):
+        ids = (await server.model("Tokenize").infer_async({"text": TEXT}))["ids"]
+        return {"VEC": (await server.model("Embed").infer_async({"ids": ids}))["vec"]}
+
+    server.bind(
+        "PipelineBLS",
+        pipeline,
+        [Tensor(name="TEXT", dtype=np.bytes_, shape=(1,))],
+        [Tensor(name="VEC", dtype=np.float32, shape=(4,))],
+        ModelConfig(max_batch_size=8),
+    )
+    with server:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.serve_grpc('127.0.0.1:0')}")
+        text = grpcclient.InferInput("TEXT", [2, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"hello"], [b"hi"]], dtype=np.object_))
+        np.testing.assert_array_equal(client.infer("PipelineBLS", [text]).as_numpy("VEC"), [[5.0] * 4, [2.0] * 4])

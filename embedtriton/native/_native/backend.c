@@ -207,61 +207,41 @@ static TRITONSERVER_Error* execute_requests(ModelState* ms, TRITONBACKEND_ModelI
   return status;
 }
 
-/* Run one batch of live requests through the callable and answer each. */
-static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
-                                         TRITONBACKEND_Request** requests, const uint32_t count,
-                                         uint64_t exec_start)
-{
-  TRITONSERVER_Error** errors = calloc(count, sizeof(TRITONSERVER_Error*));
-  uint64_t* sizes = calloc(count, sizeof(uint64_t));
-  PyObject** views = NULL;
-  Py_ssize_t n_views = 0;
-  uint64_t batch_size = 0, compute_start = 0, compute_end = 0;
+/* A batch between the callable's call and its answers: on the stack for a
+ * plain callable; on the heap for an async one, whose coroutine finishes on
+ * the library's event loop after execute returned (Triton keeps the requests
+ * until they are released, and schedules other batches on the instance
+ * meanwhile). */
+typedef struct {
+  ModelState* ms;
+  TRITONBACKEND_ModelInstance* instance;
+  TRITONBACKEND_Request** requests;
+  uint32_t count;
+  uint64_t* sizes;
+  TRITONSERVER_Error** errors;
+  PyObject** views; /* the input views handed to the callable, detached at the end */
+  Py_ssize_t n_views;
+  PyObject* list; /* the Request objects */
+  uint64_t exec_start, compute_start, batch_size;
+  TRITONBACKEND_Request* inline_requests[1];
+} Batch;
 
-  if (t_wake_cap < count) {
-    atomic_int** grown = realloc(t_wake, count * sizeof(atomic_int*));
-    if (grown != NULL) t_wake = grown, t_wake_cap = count;
-  }
-  t_in_execute = 1;
-  int entered = gil_enter();
-  PyObject* list = PyList_New(count);
-  if (list == NULL) {
-    PyErr_Clear();
-    gil_leave(entered);
-    t_in_execute = 0;
-    free(errors);
-    free(sizes);
-    return new_error(TRITONSERVER_ERROR_UNAVAILABLE, "out of memory");
-  }
-  size_t view_cap = 0;
-  for (uint32_t i = 0; i < count; i++) {
-    uint32_t n_inputs = 0;
-    api.TRITONBACKEND_RequestInputCount(requests[i], &n_inputs);
-    view_cap += n_inputs;
-  }
-  views = calloc(view_cap + 1, sizeof(PyObject*));
-  TRITONSERVER_Error* batch_err = NULL;
-  for (uint32_t i = 0; i < count && batch_err == NULL; i++) {
-    PyObject* req = build_request(requests[i], ms, views, &n_views, &sizes[i], &batch_err);
-    if (req != NULL) PyList_SET_ITEM(list, i, req);
-    batch_size += sizes[i];
-  }
-  PyObject* result = NULL;
-  if (batch_err == NULL) {
-    compute_start = now_ns();
-    result = PyObject_CallOneArg(ms->execute, list);
-    compute_end = now_ns();
-    if (result == NULL) batch_err = error_from_python("model binding failed");
-    else if (PyUnicode_Check(result)) /* the callable raised: its message */
-      batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
-    else if (ms->decoupled) {
-      run_decoupled(ms, requests, count, result, sizes, errors);
-      compute_end = now_ns();
-    } else if (!PyList_Check(result) || PyList_GET_SIZE(result) != (Py_ssize_t)count)
-      batch_err = new_error(TRITONSERVER_ERROR_INTERNAL,
-                            "model '%s' must return a list with one dict per request (%u)",
-                            ms->name, count);
-  }
+/* With the GIL: answer every request of a batch from the callable's result
+ * (or batch_err), report statistics, release the requests, free the batch's
+ * parts (not the Batch itself). */
+static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_err,
+                         uint64_t compute_end)
+{
+  ModelState* ms = b->ms;
+  uint32_t count = b->count;
+  TRITONBACKEND_Request** requests = b->requests;
+  TRITONSERVER_Error** errors = b->errors;
+  if (batch_err == NULL && result != NULL && !ms->decoupled &&
+      (!PyList_Check(result) || PyList_GET_SIZE(result) != (Py_ssize_t)count))
+    batch_err =
+        new_error(TRITONSERVER_ERROR_INTERNAL,
+                  "model '%s' must return a list with one dict per request (%u)", ms->name, count);
+  uint64_t compute_start = b->compute_start;
   if (compute_start == 0) compute_start = compute_end = now_ns();
   /* Build every response (outputs copied into Triton's buffers) ... */
   TRITONBACKEND_Response** responses = calloc(count, sizeof(TRITONBACKEND_Response*));
@@ -271,18 +251,18 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
       errors[i] = api.TRITONSERVER_ErrorNew(api.TRITONSERVER_ErrorCode(batch_err),
                                             api.TRITONSERVER_ErrorMessage(batch_err));
     } else if (!ms->decoupled) { /* decoupled: all sent already */
-      responses[i] = respond(ms, requests[i], PyList_GET_ITEM(result, i), sizes[i], i, &errors[i]);
+      responses[i] =
+          respond(ms, requests[i], PyList_GET_ITEM(result, i), b->sizes[i], i, &errors[i]);
     }
   }
-  Py_XDECREF(result);
-  Py_DECREF(list);
+  Py_CLEAR(b->list);
   /* ... detach the input views the callable kept (they still point at the
    * callers' memory) ... */
-  for (Py_ssize_t v = 0; v < n_views; v++) {
-    detach_view((PyArrayObject*)views[v]);
-    Py_DECREF(views[v]);
+  for (Py_ssize_t v = 0; v < b->n_views; v++) {
+    detach_view((PyArrayObject*)b->views[v]);
+    Py_DECREF(b->views[v]);
   }
-  free(views);
+  free(b->views);
   if (batch_err != NULL) api.TRITONSERVER_ErrorDelete(batch_err);
   /* ... and only then send: a response lets its caller go on and reuse its
    * inputs. Still holding the GIL: async completions are collected and handed
@@ -291,6 +271,7 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
   /* With a batch rule, Triton's batcher thread takes the GIL while it holds its
    * queue lock: never wait on Triton holding the GIL then. */
   PyThreadState* saved = NULL;
+  int depth = t_gil_depth;
   if (ms->include != NULL) {
     saved = PyEval_SaveThread();
     t_gil_depth = 0;
@@ -301,23 +282,156 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
 
   uint64_t exec_end = now_ns();
   for (uint32_t i = 0; i < count; i++) {
-    api.TRITONBACKEND_ModelInstanceReportStatistics(
-        instance, requests[i], errors[i] == NULL, exec_start, compute_start, compute_end, exec_end);
+    api.TRITONBACKEND_ModelInstanceReportStatistics(b->instance, requests[i], errors[i] == NULL,
+                                                    b->exec_start, compute_start, compute_end,
+                                                    exec_end);
     if (errors[i] != NULL) api.TRITONSERVER_ErrorDelete(errors[i]);
     api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
   }
-  if (batch_size == 0) batch_size = count;
-  api.TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, batch_size, exec_start,
+  uint64_t batch_size = b->batch_size ? b->batch_size : count;
+  api.TRITONBACKEND_ModelInstanceReportBatchStatistics(b->instance, batch_size, b->exec_start,
                                                        compute_start, compute_end, exec_end);
   if (saved != NULL) {
     PyEval_RestoreThread(saved);
-    t_gil_depth = 1;
+    t_gil_depth = depth;
   }
   flush_deferred();
+  free(b->errors);
+  free(b->sizes);
+}
+
+static void batch_capsule_free(PyObject* capsule)
+{
+  Batch* b = PyCapsule_GetPointer(capsule, "embedtriton.batch");
+  if (b != NULL &&
+      b->list != NULL) { /* never finished (a bug): fail the requests, never leak them */
+    finish_batch(b, NULL,
+                 new_error(TRITONSERVER_ERROR_INTERNAL, "the async model's result was lost"),
+                 now_ns());
+  }
+  free(b);
+}
+
+/* finish_batch(capsule, result): the event loop's end of an async callable's batch. */
+PyObject* py_finish_batch(PyObject* self, PyObject* args)
+{
+  (void)self;
+  PyObject *capsule, *result;
+  if (!PyArg_ParseTuple(args, "OO", &capsule, &result)) return NULL;
+  Batch* b = PyCapsule_GetPointer(capsule, "embedtriton.batch");
+  if (b == NULL) return NULL;
+  if (b->list == NULL)
+    return raise_triton(TRITONSERVER_ERROR_INTERNAL, "the batch is already answered");
+  uint64_t compute_end = now_ns();
+  TRITONSERVER_Error* batch_err = NULL;
+  if (PyUnicode_Check(result)) /* the callable raised: its message */
+    batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
+  finish_batch(b, result, batch_err, compute_end);
+  Py_RETURN_NONE;
+}
+
+/* Run one batch of live requests through the callable and answer each. */
+static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                                         TRITONBACKEND_Request** requests, const uint32_t count,
+                                         uint64_t exec_start)
+{
+  Batch local = {ms,
+                 instance,
+                 requests,
+                 count,
+                 calloc(count, sizeof(uint64_t)),
+                 calloc(count, sizeof(TRITONSERVER_Error*)),
+                 NULL,
+                 0,
+                 NULL,
+                 exec_start,
+                 0,
+                 0,
+                 {NULL}};
+  Batch* b = &local;
+  uint64_t compute_end = 0;
+
+  if (t_wake_cap < count) {
+    atomic_int** grown = realloc(t_wake, count * sizeof(atomic_int*));
+    if (grown != NULL) t_wake = grown, t_wake_cap = count;
+  }
+  t_in_execute = 1;
+  int entered = gil_enter();
+  b->list = PyList_New(count);
+  if (b->list == NULL || b->sizes == NULL || b->errors == NULL) {
+    PyErr_Clear();
+    Py_CLEAR(b->list);
+    gil_leave(entered);
+    t_in_execute = 0;
+    free(b->errors);
+    free(b->sizes);
+    return new_error(TRITONSERVER_ERROR_UNAVAILABLE, "out of memory");
+  }
+  size_t view_cap = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    uint32_t n_inputs = 0;
+    api.TRITONBACKEND_RequestInputCount(requests[i], &n_inputs);
+    view_cap += n_inputs;
+  }
+  b->views = calloc(view_cap + 1, sizeof(PyObject*));
+  TRITONSERVER_Error* batch_err = NULL;
+  for (uint32_t i = 0; i < count && batch_err == NULL; i++) {
+    PyObject* req = build_request(requests[i], ms, b->views, &b->n_views, &b->sizes[i], &batch_err);
+    if (req != NULL) PyList_SET_ITEM(b->list, i, req);
+    b->batch_size += b->sizes[i];
+  }
+  PyObject* result = NULL;
+  if (batch_err == NULL) {
+    b->compute_start = now_ns();
+    result = PyObject_CallOneArg(ms->execute, b->list);
+    compute_end = now_ns();
+    if (result == NULL) batch_err = error_from_python("model binding failed");
+    else if (PyUnicode_Check(result)) /* the callable raised: its message */
+      batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
+    else if (PyCoro_CheckExact(result) && !ms->decoupled) {
+      /* an async callable: its coroutine runs on the library's event loop and finishes the
+       * batch there (finish_batch); this instance is free for other batches meanwhile */
+      Batch* held = malloc(sizeof(Batch) + count * sizeof(TRITONBACKEND_Request*));
+      PyObject* capsule = NULL;
+      if (held != NULL) {
+        *held = local;
+        held->requests = (TRITONBACKEND_Request**)(held + 1);
+        memcpy(held->requests, requests, count * sizeof(TRITONBACKEND_Request*));
+        capsule = PyCapsule_New(held, "embedtriton.batch", batch_capsule_free);
+      }
+      PyObject* r =
+          capsule ? PyObject_CallMethod(ms->binding, "schedule", "OO", result, capsule) : NULL;
+      Py_DECREF(result);
+      if (r != NULL) {
+        Py_DECREF(r);
+        Py_DECREF(capsule); /* the loop holds it now */
+        gil_leave(entered);
+        t_in_execute = 0;
+        flush_wakes();
+        return NULL;
+      }
+      /* not scheduled: answer here with the error (held's parts are local's) */
+      TRITONSERVER_Error* err = error_from_python("cannot schedule the async model");
+      if (capsule != NULL) {
+        held->list = NULL; /* finished below, through local */
+        Py_DECREF(capsule);
+      } else {
+        free(held);
+      }
+      finish_batch(b, NULL, err, now_ns());
+      gil_leave(entered);
+      t_in_execute = 0;
+      flush_wakes();
+      return NULL;
+    } else if (ms->decoupled) {
+      run_decoupled(ms, requests, count, result, b->sizes, b->errors);
+      compute_end = now_ns();
+    }
+  }
+  finish_batch(b, result, batch_err, compute_end);
+  Py_XDECREF(result);
   gil_leave(entered);
   t_in_execute = 0;
   flush_wakes();
-  free(errors);
-  free(sizes);
   return NULL;
 }

@@ -67,7 +67,14 @@ static PyObject* py_set_hooks(PyObject* self, PyObject* args)
 static PyObject* py_in_model(PyObject* self, PyObject* unused)
 {
   (void)self, (void)unused;
-  return PyBool_FromLong(t_in_execute);
+  return PyBool_FromLong(t_in_execute || t_model_thread);
+}
+
+static PyObject* py_mark_model_thread(PyObject* self, PyObject* unused)
+{
+  (void)self, (void)unused;
+  t_model_thread = 1;
+  Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
@@ -91,6 +98,10 @@ static PyMethodDef methods[] = {
     {"close_server", py_close_server, METH_O,
      "Stop accepting requests for a server (but model-to-model calls, until fail_pending)."},
     {"in_model", py_in_model, METH_NOARGS, "Whether this thread is running a model's callable."},
+    {"mark_model_thread", py_mark_model_thread, METH_NOARGS,
+     "This thread runs async callables (the library's event loop)."},
+    {"finish_batch", py_finish_batch, METH_VARARGS,
+     "finish_batch(batch, result): answer an async callable's batch (event loop side)."},
     {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
     {"map_shared", py_map_shared, METH_VARARGS,
      "map_shared(fd, length) -> Mapping: map a shared-memory file, guarded against SIGBUS."},

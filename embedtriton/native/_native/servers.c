@@ -16,7 +16,7 @@ int server_is_open(TRITONSERVER_Server* s)
 {
   for (int i = 0; i < MAX_SERVERS; i++)
     if (servers[i] == s) return 1;
-  if (t_in_execute)
+  if (t_in_execute || t_model_thread)
     for (int i = 0; i < MAX_SERVERS; i++)
       if (draining[i] == s) return 1;
   return 0;

@@ -69,6 +69,11 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   unsigned long long priority = args[6] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[6]);
   unsigned long long timeout_us = args[7] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[7]);
   PyObject* loop = args[9];
+  if (t_model_thread && loop == Py_None && !PyErr_Occurred()) /* it would wait on its own loop */
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                        "a blocking call from an async def callable would stop the event loop that "
+                        "runs it: use await model.infer_async(...) (or async for ... in "
+                        "model.stream_async(...))");
   if (PyErr_Occurred()) {
     PyErr_Clear();
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,

@@ -165,6 +165,7 @@ void flush_deferred(void)
 __thread atomic_int** t_wake = NULL;
 __thread size_t t_wake_len = 0, t_wake_cap = 0;
 __thread int t_in_execute = 0;
+__thread int t_model_thread = 0;
 
 void flush_wakes(void)
 {
