@@ -4,7 +4,31 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
+
+# Model-to-model calls inherit what is left of the calling request's timeout: a request
+# submitted with timeout_us carries its deadline (monotonic ns) in this parameter; the
+# runner takes it out and sets `deadline` while the callable runs; Model.submit reads it.
+DEADLINE_PARAMETER = "embedtriton.deadline_ns"
+deadline: ContextVar[int | None] = ContextVar("embedtriton_deadline", default=None)
+
+
+class _Deadlines:
+    used = False  # a request carried a deadline: from then on, runners look for them
+
+
+deadlines = _Deadlines()
+
+
+def take_deadline(requests: list[Any]) -> int | None:
+    """Take the deadlines out of a batch's requests' parameters: the earliest one, or None."""
+    found = None
+    for r in requests:
+        d = r.parameters.pop(DEADLINE_PARAMETER, None) if r.parameters else None
+        if d is not None and (found is None or d < found):
+            found = d
+    return found
 
 
 class Final:

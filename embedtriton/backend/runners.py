@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import tracing
-from .request import Final, Request
+from .request import Final, Request, deadline, deadlines, take_deadline
 
 log = logging.getLogger("embedtriton")
 
@@ -69,6 +69,7 @@ class Plain(Runner):
     def execute(self, requests: list[Request]) -> list[Any] | Iterator[Any] | str:
         """Run the callable on one batch; an error message (str) when it raised."""
         traced = tracing.spans_of(requests) if tracing.live_spans else None
+        token = deadline.set(take_deadline(requests)) if deadlines.used else None
         try:
             if traced is None:
                 result = self.func(requests)
@@ -79,6 +80,9 @@ class Plain(Runner):
             if traced is not None:
                 tracing.mark_failed(requests, exc)
             return self.failed(exc)
+        finally:
+            if token is not None:
+                deadline.reset(token)
         return self.reply(result, len(requests))
 
     def reply(self, result: Any, n: int) -> list[Any] | Iterator[Any] | str:
@@ -145,11 +149,14 @@ class Sequence(Runner):
                 self._states[cid] = {}
             r.state = self._states[cid]
             self._last_seen[cid] = now
+        token = deadline.set(take_deadline(requests)) if deadlines.used else None
         try:
             result = self.func(live) if live else []
         except Exception as exc:
             return self.failed(exc)
         finally:
+            if token is not None:
+                deadline.reset(token)
             for r in live:
                 if r.sequence_end:
                     self._states.pop(r.correlation_id, None)
@@ -287,6 +294,8 @@ class Async(Plain):
 
     async def _run(self, requests: list[Request]) -> list[Any] | Iterator[Any] | str:
         traced = tracing.spans_of(requests) if tracing.live_spans else None
+        if deadlines.used:  # (this task's own context)
+            deadline.set(take_deadline(requests))
         try:
             if traced is None:
                 result = await self.func(requests)

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..backend import library
+from ..backend.request import DEADLINE_PARAMETER, deadline, deadlines
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..triton import control
 from .fixits import explain_inputs
@@ -129,6 +131,8 @@ class Model:
         binding = server._bound.get(self.name)
         if not stream and binding is not None and binding.decoupled:
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
+        if request.timeout_us or deadlines.used:
+            self._with_deadline(request)
         # With a batch rule, Triton's batcher calls Python: hand requests over without the GIL.
         release_gil = binding is not None and binding.batch_rule is not None
         native = library._native or library.native()
@@ -157,6 +161,20 @@ class Model:
             if binding is None or not hasattr(binding, "step_models"):
                 raise
             raise self._ensemble_error(binding, exc) from None  # an ensemble: name the step that is down
+
+    def _with_deadline(self, request: InferRequest) -> None:
+        """A model-to-model call without its own timeout gets what is left of the calling
+        request's; a request with a timeout carries its deadline to the model's callable."""
+        now = time.monotonic_ns()
+        if not request.timeout_us:  # (0: no timeout, as in Triton)
+            ends = deadline.get()
+            if ends is None:
+                return
+            if ends <= now:
+                raise UnavailableError(f"the calling request's timeout expired before it called model '{self.name}'")
+            request.timeout_us = max(1, (ends - now) // 1000)
+        deadlines.used = True
+        request.parameters = {**(request.parameters or {}), DEADLINE_PARAMETER: now + request.timeout_us * 1000}
 
     def _ensemble_error(self, ensemble: Any, error: TritonError) -> TritonError:
         """Triton's "no available versions" for an ensemble, with the step models that are down."""

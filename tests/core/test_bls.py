@@ -235,3 +235,40 @@ def test_stop_drains_an_async_callable_mid_call():
         assert call.result(timeout=10)["y"][0, 0] == 6
         stopping.join(10)
     assert not stopping.is_alive()
+
+
+def test_the_calling_requests_timeout_bounds_its_model_to_model_calls():
+    server = Server()
+    gate = threading.Event()
+
+    @batch
+    def slow(x):
+        gate.wait(5)
+        return {"y": x}
+
+    @batch
+    def outer(x):
+        return {"y": server.model("Slow").infer({"x": x})["y"]}
+
+    @batch
+    def late(x):
+        time.sleep(0.1)  # longer than its request's timeout
+        return {"y": server.model("Slow").infer({"x": x})["y"]}
+
+    policy = QueuePolicy(default_timeout_microseconds=10_000_000, allow_timeout_override=True)
+    queued = ModelConfig(max_batch_size=1, batcher=DynamicBatcher(default_queue_policy=policy))
+    server.bind("Slow", slow, [t("x")], [t("y")], queued)
+    server.bind("Outer", outer, [t("x")], [t("y")], ModelConfig(max_batch_size=1))
+    server.bind("Late", late, [t("x")], [t("y")], ModelConfig(max_batch_size=1))
+    with server, ThreadPoolExecutor(2) as pool:
+        blocker = pool.submit(server.model("Slow").infer, {"x": one()})  # holds Slow's one instance
+        time.sleep(0.1)
+        started = time.monotonic()
+        with pytest.raises(InternalError, match=r"model 'Outer' raised UnavailableError: .*[Tt]imeout"):
+            server.model("Outer").infer({"x": one()}, timeout_us=300_000)  # its inner call queues behind
+        assert time.monotonic() - started < 2  # bounded by the outer timeout, not Slow's 10 s default
+        with pytest.raises(InternalError, match="the calling request's timeout expired before it called model 'Slow'"):
+            server.model("Late").infer({"x": one()}, timeout_us=50_000)
+        gate.set()
+        assert blocker.result(timeout=10)["y"][0, 0] == 1
+        assert server.model("Outer").infer({"x": one(4)}, timeout_us=5_000_000)["y"][0, 0] == 4
