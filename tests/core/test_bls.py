@@ -272,3 +272,19 @@ def test_the_calling_requests_timeout_bounds_its_model_to_model_calls():
         gate.set()
         assert blocker.result(timeout=10)["y"][0, 0] == 1
         assert server.model("Outer").infer({"x": one(4)}, timeout_us=5_000_000)["y"][0, 0] == 4
+
+
+def test_a_sync_callable_calling_its_own_model_is_refused_not_deadlocked():
+    server = Server()
+
+    @batch
+    def recurse(x):
+        if (x > 0).any():
+            return {"y": server.model("Recurse").infer({"x": x - 1})["y"] + 1}
+        return {"y": x}
+
+    server.bind("Recurse", recurse, [t("x")], [t("y")], ModelConfig(max_batch_size=4))
+    with server:
+        with pytest.raises(InternalError, match="a sync callable cannot call its own model: .* async def"):
+            server.model("Recurse").infer({"x": one(3)})
+        assert server.model("Recurse").infer({"x": one(0)})["y"][0, 0] == 0  # still serving

@@ -356,6 +356,7 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
     if (grown != NULL) t_wake = grown, t_wake_cap = count;
   }
   t_in_execute = 1;
+  t_model_name = ms->name;
   int entered = gil_enter();
   b->list = PyList_New(count);
   if (b->list == NULL || b->sizes == NULL || b->errors == NULL) {

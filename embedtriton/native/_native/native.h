@@ -105,7 +105,10 @@ extern __thread PyObject* t_deferred;
 extern __thread atomic_int** t_wake;
 extern __thread size_t t_wake_len, t_wake_cap;
 extern __thread int t_in_execute;
-extern __thread int t_model_thread; /* the library's event loop: it runs async callables */
+extern __thread int t_model_thread;
+extern __thread const char* t_model_name;
+    /* the model whose sync callable this thread runs */ /* the library's event loop: it runs async
+                                                            callables */
 PyObject* py_finish_batch(PyObject* self, PyObject* args);
 
 int gil_enter(void);

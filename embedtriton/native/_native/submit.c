@@ -74,6 +74,12 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
                         "a blocking call from an async def callable would stop the event loop that "
                         "runs it: use await model.infer_async(...) (or async for ... in "
                         "model.stream_async(...))");
+  if (t_in_execute && loop == Py_None && t_model_name != NULL && model != NULL &&
+      strcmp(model, t_model_name) == 0) /* its instance would wait for itself */
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                        "a sync callable cannot call its own model: the instance running it would "
+                        "wait for itself; write it as an async def callable and await "
+                        "model.infer_async(...) to recurse");
   if (PyErr_Occurred()) {
     PyErr_Clear();
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,

@@ -166,6 +166,7 @@ __thread atomic_int** t_wake = NULL;
 __thread size_t t_wake_len = 0, t_wake_cap = 0;
 __thread int t_in_execute = 0;
 __thread int t_model_thread = 0;
+__thread const char* t_model_name = NULL;
 
 void flush_wakes(void)
 {
