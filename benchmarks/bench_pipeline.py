@@ -2,7 +2,8 @@
 composed four ways, measured in the same run, in interleaved rounds (medians):
 
 - (a) an ensemble (``bind_ensemble``: Triton's ensemble scheduler, one call);
-- (b) BLS: one bound callable calling the three models with ``server.model(...).infer``;
+- (b) BLS: one bound callable calling the three models with ``server.model(...).infer``, and
+  an ``async def`` one awaiting ``infer_async``;
 - (c) the client calling the three models one after another (three ``infer`` calls);
 - (d) the floor: the three Python functions composed directly (no Triton).
 
@@ -50,6 +51,13 @@ def bls(x):
     f = server.model("Pre").infer({"x": x})["f"]
     g = server.model("Model").infer({"f": f})["g"]
     return server.model("Post").infer({"g": g})
+
+
+@batch
+async def bls_async(x):
+    f = (await server.model("Pre").infer_async({"x": x}))["f"]
+    g = (await server.model("Model").infer_async({"f": f}))["g"]
+    return await server.model("Post").infer_async({"g": g})
 
 
 def t(name: str) -> Tensor:
@@ -121,9 +129,11 @@ def main() -> None:
         batched,
     )
     server.bind("BLS", bls, [t("x")], [t("y")], batched)
+    server.bind("BLSAsync", bls_async, [t("x")], [t("y")], batched)
     ways = {
         "(a) ensemble": lambda: server.model("Ensemble").infer({"x": ONE}),
-        "(b) BLS": lambda: server.model("BLS").infer({"x": ONE}),
+        "(b) BLS, sync callable": lambda: server.model("BLS").infer({"x": ONE}),
+        "(b) BLS, async callable": lambda: server.model("BLSAsync").infer({"x": ONE}),
         "(c) three client calls": client_side,
         "(d) floor: Python composition": floor,
     }
