@@ -288,3 +288,30 @@ def test_a_sync_callable_calling_its_own_model_is_refused_not_deadlocked():
         with pytest.raises(InternalError, match="a sync callable cannot call its own model: .* async def"):
             server.model("Recurse").infer({"x": one(3)})
         assert server.model("Recurse").infer({"x": one(0)})["y"][0, 0] == 0  # still serving
+
+
+def test_callables_stream_from_decoupled_models():
+    """stream() from a sync callable, stream_async() from an async one."""
+    server = Server()
+
+    def count(requests):  # decoupled: n responses
+        for i in range(int(requests[0]["x"][0, 0])):
+            yield [{"y": one(i)}]
+
+    @batch
+    def collect(x):
+        return {"y": one(sum(float(part["y"][0, 0]) for part in server.model("Count").stream({"x": x})))}
+
+    @batch
+    async def collect_async(x):
+        total = 0.0
+        async for part in server.model("Count").stream_async({"x": x}):
+            total += float(part["y"][0, 0])
+        return {"y": one(total)}
+
+    server.bind("Count", count, [t("x")], [t("y")], ModelConfig(max_batch_size=1, decoupled=True))
+    server.bind("Collect", collect, [t("x")], [t("y")], ModelConfig(max_batch_size=1))
+    server.bind("CollectAsync", collect_async, [t("x")], [t("y")], ModelConfig(max_batch_size=1))
+    with server:
+        assert server.model("Collect").infer({"x": one(4)})["y"][0, 0] == 6  # 0+1+2+3
+        assert server.model("CollectAsync").infer({"x": one(5)})["y"][0, 0] == 10
