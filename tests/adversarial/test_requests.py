@@ -17,7 +17,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc = pytest.importorskip("grpc")
 from tritonclient.grpc import service_pb2  # noqa: E402
 
-from embedtriton import ModelConfig, Server, Tensor, batch  # noqa: E402
+from embedtriton import InvalidArgumentError, ModelConfig, Server, Tensor, batch  # noqa: E402
 
 F32 = np.float32
 
@@ -306,4 +306,18 @@ def test_mixed_input_data_and_versions_fail_alone(endpoint, inputs, raw, version
         assert error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), error.details()
     finally:
         channel.close()
+    double_works(address)
+
+
+def test_an_empty_batch_is_refused_not_handed_to_the_model(endpoint):
+    """A batched model's input with batch size 0 (found by the property test above): Triton
+    passes [0, 0] on without a shape; it is refused as the client's mistake, in process too."""
+    server, address, _ = endpoint
+    request = service_pb2.ModelInferRequest(model_name="Double")
+    request.inputs.add(name="x", datatype="FP32", shape=[0, 0])
+    error = raw_infer(address, request)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == "input 'x' has batch size 0 for model 'Double'; send at least one row"
+    with pytest.raises(InvalidArgumentError, match="input 'x' has batch size 0 for model 'Double'"):
+        server.model("Double").infer({"x": np.zeros((0, 0), F32)})
     double_works(address)

@@ -249,6 +249,10 @@ class Inference:
         """One input's array, and how many raw contents it took (as Triton reads them)."""
         name, shape, datatype = tensor.name, tuple(tensor.shape), tensor.datatype
         kserve.check_shape(name, shape)
+        if shape and shape[0] == 0 and decoded.model.batched:  # Triton mishandles an empty batch
+            raise InvalidArgumentError(
+                f"input '{name}' has batch size 0 for model '{request.model_name}'; send at least one row"
+            )
         typed = tensor.HasField("contents")
         where = f"input tensor '{name}' for model '{request.model_name}'"
         if "shared_memory_region" in tensor.parameters:

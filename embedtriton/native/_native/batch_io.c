@@ -80,6 +80,13 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject
       continue;
     }
     if (ms->max_batch_size > 0 && ndim > 0) *batch_size = (uint64_t)shape[0];
+    if (ms->max_batch_size > 0 &&
+        (ndim == 0 || shape[0] == 0)) { /* Triton passes these on, shapeless */
+      *err = new_error(TRITONSERVER_ERROR_INVALID_ARG,
+                       "input '%s' has batch size 0 for model '%s'; send at least one row", name,
+                       ms->name);
+      goto fail;
+    }
     npy_intp dims[MAX_DIMS];
     for (uint32_t d = 0; d < ndim; d++) dims[d] = (npy_intp)shape[d];
     const void* data = NULL;
