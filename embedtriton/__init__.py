@@ -20,6 +20,7 @@ from .config import (
     Step,
     Tensor,
     TimeoutAction,
+    VersionPolicy,
     WarmupInput,
 )
 from .core import Model, RequestOptions
@@ -68,6 +69,7 @@ __all__ = [
     "UnavailableError",
     "UnknownError",
     "UnsupportedError",
+    "VersionPolicy",
     "WarmupInput",
     "batch",
 ]

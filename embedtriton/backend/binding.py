@@ -38,8 +38,10 @@ class Binding:
         inputs: list[Tensor],
         outputs: list[Tensor],
         config: ModelConfig,
+        version: int = 1,
     ) -> None:
         self.name = name
+        self.version = version
         self.infer_func = infer_func
         self.inputs = inputs
         self.outputs = outputs

@@ -9,6 +9,7 @@ from .model import (
     QueuePolicy,
     SequenceBatcher,
     TimeoutAction,
+    VersionPolicy,
     WarmupInput,
 )
 from .server import ServerConfig
@@ -26,6 +27,7 @@ __all__ = [
     "Step",
     "Tensor",
     "TimeoutAction",
+    "VersionPolicy",
     "WarmupInput",
     "name_tensors",
 ]

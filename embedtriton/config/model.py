@@ -160,6 +160,48 @@ class SequenceBatcher:
 
 
 @dataclass(frozen=True)
+class VersionPolicy:
+    """Which of a model's bound versions Triton serves (Triton's ``version_policy``):
+    ``VersionPolicy.latest(n)`` the n highest (the default, n=1), ``VersionPolicy.all()``,
+    ``VersionPolicy.specific(1, 3)`` those listed."""
+
+    kind: str = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("latest", "all", "specific"):
+            raise InvalidArgumentError(
+                "VersionPolicy: use VersionPolicy.latest(n), VersionPolicy.all() or VersionPolicy.specific(*versions)"
+            )
+        if self.kind == "latest" and (not isinstance(self.num_versions, int) or self.num_versions < 1):
+            raise InvalidArgumentError(f"VersionPolicy.latest(n) needs n >= 1, not {self.num_versions!r}")
+        if self.kind == "specific" and (
+            not self.versions
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in self.versions)
+        ):
+            raise InvalidArgumentError(f"VersionPolicy.specific(...) needs versions >= 1, not {self.versions!r}")
+
+    @classmethod
+    def latest(cls, num_versions: int = 1) -> VersionPolicy:
+        return cls("latest", num_versions)
+
+    @classmethod
+    def all(cls) -> VersionPolicy:
+        return cls("all")
+
+    @classmethod
+    def specific(cls, *versions: int) -> VersionPolicy:
+        return cls("specific", versions=tuple(versions))
+
+    def serves_one(self) -> bool:
+        """Whether at most one version is loaded at a time."""
+        return (self.kind == "latest" and self.num_versions == 1) or (
+            self.kind == "specific" and len(self.versions) == 1
+        )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """How Triton serves a bound callable. Fields and defaults follow PyTriton's ModelConfig."""
 
@@ -172,8 +214,13 @@ class ModelConfig:
     instance_group: list[InstanceGroup] | None = None
     sequence_batcher: SequenceBatcher | None = None
     batch_rule: Callable[[Any, list[Any]], bool] | None = None
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.version_policy, VersionPolicy):
+            raise InvalidArgumentError(
+                f"ModelConfig.version_policy must be a VersionPolicy (e.g. VersionPolicy.all()), not {self.version_policy!r}"
+            )
         if self.batching and (not isinstance(self.max_batch_size, int) or self.max_batch_size < 1):
             raise InvalidArgumentError(
                 f"ModelConfig.max_batch_size must be >= 1 when batching (got {self.max_batch_size!r}); "

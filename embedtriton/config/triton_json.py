@@ -14,7 +14,16 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..tensors import BY_NAME, as_numpy_dtype, encode_bytes, triton_dtype
-from .model import DynamicBatcher, InstanceGroup, ModelConfig, ModelWarmup, QueuePolicy, SequenceBatcher, WarmupInput
+from .model import (
+    DynamicBatcher,
+    InstanceGroup,
+    ModelConfig,
+    ModelWarmup,
+    QueuePolicy,
+    SequenceBatcher,
+    VersionPolicy,
+    WarmupInput,
+)
 from .tensor import Tensor
 
 CONTROL_PREFIX = "_embedtriton_"  # the backend turns these control inputs into Request attributes
@@ -51,6 +60,14 @@ def model_config_json(
         out["parameters"] = {"TRITON_BATCH_STRATEGY_PATH": {"string_value": batch_strategy}}
     if config.model_warmup:
         out["model_warmup"] = [warmup_json(stage, inputs) for stage in config.model_warmup]
+    policy = config.version_policy
+    if policy != VersionPolicy():  # Triton's default: latest(1)
+        if policy.kind == "latest":
+            out["version_policy"] = {"latest": {"num_versions": policy.num_versions}}
+        elif policy.kind == "all":
+            out["version_policy"] = {"all": {}}
+        else:
+            out["version_policy"] = {"specific": {"versions": list(policy.versions)}}
     return out
 
 

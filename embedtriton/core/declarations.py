@@ -4,6 +4,7 @@ validation: names that become folders, tensors, and the server-dependent parts o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..backend.batch import InferFunc, signature_problem
 from ..config import ModelConfig, ServerConfig, Tensor
@@ -64,3 +65,26 @@ def check_config(model_name: str, config: ModelConfig, server: ServerConfig) -> 
         if group.kind == "GPU":
             for gpu in group.gpus or [0]:
                 require_gpu(f"model '{model_name}': InstanceGroup(kind='GPU')", gpu)
+
+
+def check_versions(model_name: str, versions: dict[int, Any]) -> None:
+    """Versions of one model share Triton's model config (the highest version's): those that may
+    be loaded together must declare the same tensors, batching and decoupled mode."""
+    latest = versions[max(versions)]
+    if latest.config.version_policy.serves_one():
+        return
+    for version, binding in versions.items():
+        same = (
+            [(t.name, t.dtype, t.shape) for t in binding.inputs] == [(t.name, t.dtype, t.shape) for t in latest.inputs]
+            and [(t.name, t.dtype, t.shape) for t in binding.outputs]
+            == [(t.name, t.dtype, t.shape) for t in latest.outputs]
+            and binding.max_batch_size == latest.max_batch_size
+            and binding.decoupled == latest.decoupled
+        )
+        if not same:
+            raise InvalidArgumentError(
+                f"model '{model_name}': versions {version} and {latest.version} may be served together "
+                f"({latest.config.version_policy}) but declare different tensors, batching or decoupled mode; "
+                "Triton gives all versions of a model one config: make them match, or serve one version at a "
+                "time (VersionPolicy.latest(1), the default)"
+            )

@@ -49,8 +49,15 @@ class Repository:
             ) from None
         return directory
 
+    def key(self, binding: Binding) -> str:
+        """Where the backend looks the binding up: its version's folder."""
+        return str(self.model_dir(binding.name) / str(binding.version))
+
+    def remove_version(self, name: str, version: int) -> None:
+        shutil.rmtree(self.model_dir(name) / str(version), ignore_errors=True)
+
     def _write(self, binding: Binding, directory: Path) -> None:
-        (directory / "1").mkdir(parents=True, exist_ok=True)
+        (directory / str(binding.version)).mkdir(parents=True, exist_ok=True)
         for index, output in enumerate(binding.outputs):  # Triton's label_filename: one label per line
             if output.labels is not None:
                 (directory / labels_file_name(index)).write_text("".join(f"{x}\n" for x in output.labels))

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from .options import apply_log_settings
 
 SETTINGS = ("log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
 
 
-def updated_log_settings(current: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """``current`` with ``changes`` applied, each checked."""
+def change_log_settings(current: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``current`` with ``changes`` applied to Triton's (process-wide) logger, each checked."""
     unknown = set(changes) - set(SETTINGS)
     if unknown:
         raise InvalidArgumentError(
@@ -28,7 +29,11 @@ def updated_log_settings(current: dict[str, Any], changes: dict[str, Any]) -> di
     for flag in ("log_info", "log_warning", "log_error"):
         if not isinstance(changes.get(flag, False), bool):
             raise InvalidArgumentError(f"{flag} must be a bool, not {changes[flag]!r}")
-    return {**current, **changes}
+    new = {**current, **changes}
+    apply_log_settings(
+        new["log_info"], new["log_warning"], new["log_error"], new["log_verbose_level"], new["log_format"] == "ISO8601"
+    )
+    return new
 
 
 def log_size(path: Path | None) -> int:

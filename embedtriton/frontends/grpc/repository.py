@@ -26,15 +26,16 @@ class Repository:
 
     def index(self, request: Any, call: Call) -> Any:
         entries = []
-        for model in self.server.models():
-            ready = model.ready
-            if request.ready and not ready:
-                continue
-            entries.append(
-                service_pb2.RepositoryIndexResponse.ModelIndex(
-                    name=model.name, version="1", state="READY" if ready else "UNAVAILABLE"
+        for model in self.server.models():  # one entry per bound version, as Triton lists them
+            for version in self.server.versions(model.name):
+                ready = self.server.model(model.name, version).ready
+                if request.ready and not ready:
+                    continue
+                entries.append(
+                    service_pb2.RepositoryIndexResponse.ModelIndex(
+                        name=model.name, version=str(version), state="READY" if ready else "UNAVAILABLE"
+                    )
                 )
-            )
         return service_pb2.RepositoryIndexResponse(models=entries)
 
     def load(self, request: Any, call: Call) -> Any:

@@ -59,12 +59,16 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   int artifact_type = 0;
   TRITONSERVER_Error* err = api.TRITONBACKEND_ModelRepository(model, &artifact_type, &location);
   if (err != NULL) return err;
+  uint64_t version = 1;
+  if ((err = api.TRITONBACKEND_ModelVersion(model, &version)) != NULL) return err;
+  char key[4096 + 32]; /* the version's folder: each version is its own binding */
+  snprintf(key, sizeof key, "%s/%llu", location, (unsigned long long)version);
   int entered = gil_enter();
-  PyObject* binding = g_bindings ? PyDict_GetItemString(g_bindings, location) : NULL;
+  PyObject* binding = g_bindings ? PyDict_GetItemString(g_bindings, key) : NULL;
   if (binding == NULL) {
     gil_leave(entered);
     return new_error(TRITONSERVER_ERROR_NOT_FOUND,
-                     "no Python callable is bound for the model at '%s'", location);
+                     "no Python callable is bound for the model at '%s'", key);
   }
   ModelState* ms = calloc(1, sizeof(ModelState));
   ms->binding = Py_NewRef(binding);

@@ -1,0 +1,269 @@
+"""Binding models on a server: callables (and their versions), ensembles; loading, reloading
+and unloading them in Triton. A part of :class:`CoreServer` (it reads the server's state)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..backend import library
+from ..backend.batch import InferFunc
+from ..backend.binding import Binding
+from ..config import ModelConfig, ServerConfig, Tensor, name_tensors
+from ..config.ensemble import Step
+from ..config.triton_json import model_config_json
+from ..errors import InternalError, InvalidArgumentError, NotFoundError, TritonError, UnavailableError
+from ..triton import control
+from ..triton.log import log_size, logged_errors
+from .declarations import check_config, check_declarations, check_versions
+from .ensembles import bind_ensemble
+from .model import Model
+from .repository import Repository
+
+log = logging.getLogger("embedtriton")
+
+
+class ModelsMixin:
+    """The model side of :class:`CoreServer`."""
+
+    config: ServerConfig
+    _lock: threading.RLock
+    _handle: int | None
+    _bound: dict[str, Binding]
+    _versions: dict[str, dict[int, Binding]]
+    _repository: Repository
+    _log: Any
+
+    def _require_handle(self) -> int: ...  # (CoreServer's)
+
+    def bind(
+        self,
+        model_name: str,
+        infer_func: InferFunc,
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        config: ModelConfig | None = None,
+        strict: bool = False,
+        version: int | None = None,
+    ) -> Model:
+        """Serve ``infer_func`` as model ``model_name`` (``version``: 1 for a new name; give
+        another number to bind another version of a bound model, see ``VersionPolicy``).
+
+        ``infer_func(requests)`` gets a list of requests (each a mapping input name ->
+        array, with ``.parameters``) and returns one dict of outputs per request; decorate a
+        function of batched arrays with :func:`embedtriton.batch`. Works before and after
+        :meth:`start`; after start the model is loaded (and warmed up) before ``bind``
+        returns. Outputs are always checked against ``outputs``; ``strict`` is accepted for
+        PyTriton compatibility.
+        """
+        check_declarations(model_name, infer_func, inputs, outputs)
+        config = config if config is not None else ModelConfig()
+        check_config(model_name, config, self.config)
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
+            raise InvalidArgumentError(f"version must be an integer >= 1, not {version!r}")
+        binding = Binding(
+            model_name, infer_func, name_tensors(inputs, "INPUT"), name_tensors(outputs, "OUTPUT"), config, version or 1
+        )
+        model_config_json(model_name, binding.inputs, binding.outputs, config, library.BACKEND_NAME)  # validates
+        with self._lock:
+            before = self._versions.get(model_name)
+            if model_name in self._bound and (before is None or version is None):
+                raise InvalidArgumentError(
+                    f"model '{model_name}' is already bound; unbind() it first"
+                    + (f", or bind another version with version=N (bound: {sorted(before)})" if before else "")
+                )
+            if before and binding.version in before:
+                raise InvalidArgumentError(
+                    f"version {binding.version} of model '{model_name}' is already bound; "
+                    f"unbind('{model_name}', version={binding.version}) first"
+                )
+            versions = {**(before or {}), binding.version: binding}
+            check_versions(model_name, versions)
+            self._set_versions(model_name, versions)
+            if self._handle is not None:
+                try:
+                    self._load(self._bound[model_name])
+                except BaseException:
+                    self._set_versions(model_name, before)
+                    if before and any(b.warmup_error for b in versions.values()):  # it was unloaded: serve
+                        self._load(self._bound[model_name])  # the versions bound before again
+                    raise
+        return Model(self, model_name, version if version is not None else -1)
+
+    def _set_versions(self, name: str, versions: dict[int, Binding] | None) -> None:
+        """A model's bound versions; the model-level binding (whose config Triton uses) is the highest."""
+        if versions:
+            self._versions[name] = versions
+            self._bound[name] = versions[max(versions)]
+        else:
+            self._versions.pop(name, None)
+            self._bound.pop(name, None)
+
+    def versions(self, name: str) -> list[int]:
+        """The versions bound for model ``name`` (Triton serves some of them, by its VersionPolicy)."""
+        return sorted(self._versions.get(name) or ([1] if name in self._bound else []))
+
+    def bind_ensemble(
+        self,
+        model_name: str,
+        steps: Sequence[Step],
+        inputs: Sequence[Tensor],
+        outputs: Sequence[Tensor],
+        config: ModelConfig | None = None,
+    ) -> Model:
+        """Serve a pipeline of bound models as one model ``model_name``, run by Triton's
+        ensemble scheduler: each :class:`Step` runs a model on ensemble tensors (the
+        ensemble's ``inputs``, other steps' outputs) and names the tensors it produces; the
+        steps form a DAG. Bind the step models first. ``config`` takes ``batching``,
+        ``max_batch_size``, ``decoupled`` (needed when a step streams) and ``response_cache``.
+        """
+        return bind_ensemble(self, model_name, steps, inputs, outputs, config)
+
+    def unbind(self, model_name: str, version: int | None = None) -> None:
+        """Unload a bound model and forget it (waits until Triton has let go of it); with
+        ``version``, only that version (the others keep serving)."""
+        with self._lock:
+            if model_name not in self._bound:
+                raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
+            versions = self._versions.get(model_name) or {}
+            if version is not None and version not in versions:
+                raise NotFoundError(
+                    f"version {version} of model '{model_name}' is not bound (bound: {sorted(versions)})"
+                )
+            if version is not None and len(versions) > 1:
+                self._unbind_version(model_name, versions[version])
+                return
+            users = sorted(n for n, b in self._bound.items() if model_name in getattr(b, "step_models", ()))
+            if users:
+                raise InvalidArgumentError(
+                    f"model '{model_name}' is a step of ensemble {users}: unbind the ensemble first"
+                )
+            bindings = list(versions.values()) or [self._bound[model_name]]
+            if self._handle is not None:
+                self._unload(self._handle, model_name)
+            self._set_versions(model_name, None)
+            for binding in bindings:
+                if self._handle is not None:
+                    binding.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
+                if self._repository.models is not None:
+                    library.bindings.pop(self._repository.key(binding), None)
+            if self._repository.models is not None:
+                self._repository.remove(model_name)
+
+    def _unbind_version(self, name: str, binding: Binding) -> None:
+        """Forget one of several versions: Triton unloads it (its requests finish) and serves the others."""
+        versions = dict(self._versions[name])
+        del versions[binding.version]
+        self._set_versions(name, versions)
+        if self._repository.models is not None:
+            self._repository.remove_version(name, binding.version)
+        if self._handle is not None:
+            self._load(self._bound[name])
+            binding.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
+        library.bindings.pop(self._repository.key(binding), None) if self._repository.models else None
+
+    def unload(self, model_name: str) -> None:
+        """Unload a bound model but keep it bound (its requests fail until :meth:`load`)."""
+        with self._lock:
+            binding = self._running_binding(model_name)
+            self._unload(self._handle, model_name)  # type: ignore[arg-type]
+            binding.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
+
+    def load(self, model_name: str, config: ModelConfig | None = None) -> None:
+        """Load a bound model again (after :meth:`unload`); loading a loaded model reloads it.
+
+        With ``config``, the model is reloaded with that configuration (same callable and
+        tensors; e.g. another ``max_batch_size`` or batcher), validated as :meth:`bind`
+        validates it; if Triton refuses it, the model keeps its previous configuration.
+        """
+        with self._lock:
+            binding = self._running_binding(model_name)
+            if config is None:
+                self._load(binding)
+                return
+            check_config(model_name, config, self.config)
+            changed = Binding(model_name, binding.infer_func, binding.inputs, binding.outputs, config, binding.version)
+            model_config_json(model_name, changed.inputs, changed.outputs, config, library.BACKEND_NAME)
+            before = self._versions[model_name]
+            check_versions(model_name, {**before, changed.version: changed})
+            self._set_versions(model_name, {**before, changed.version: changed})
+            try:
+                self._load(changed)
+            except BaseException:
+                self._set_versions(model_name, before)
+                library.bindings[self._repository.key(binding)] = binding
+                if any(b.warmup_error for b in before.values()) or changed.warmup_error:  # it was unloaded:
+                    self._load(binding)  # serve the previous config again
+                raise
+
+    def _running_binding(self, model_name: str) -> Binding:
+        binding = self._bound.get(model_name)
+        if binding is None:
+            raise NotFoundError(f"no model '{model_name}' is bound (bound: {sorted(self._bound)})")
+        if self._handle is None:
+            raise UnavailableError("the server is not running")
+        return binding
+
+    def binding(self, name: str) -> Binding | None:
+        """What ``bind`` was given for model ``name`` (callable, tensors, config), or None."""
+        return self._bound.get(name)
+
+    def model(self, name: str, version: int = -1) -> Model:
+        """A handle on model ``name`` (``version`` -1: the latest ready one, as Triton picks it)."""
+        if name not in self._bound:
+            raise NotFoundError(f"no model '{name}' (bound: {sorted(self._bound)})")
+        return Model(self, name, version)
+
+    def models(self) -> list[Model]:
+        """Handles on every bound model."""
+        return [Model(self, name) for name in self._bound]
+
+    def _load(self, binding: Binding) -> None:
+        """Load (or reload) a model: every bound version's folder, Triton's config from the
+        model-level binding; Triton loads the versions its version policy picks."""
+        versions = [b for b in (self._versions.get(binding.name) or {}).values() if b is not binding] + [binding]
+        for each in versions:  # the model-level binding last: its files win
+            self._repository.write(each)
+            library.bindings[self._repository.key(each)] = each
+        config = binding.triton_config(library.library_path())
+        started = time.perf_counter()
+        log_offset = log_size(self._log)
+        for each in versions:
+            each.warming, each.warmup_error = True, None
+        try:
+            control.load_model(self._require_handle(), binding.name, config)
+        except TritonError as exc:
+            library.bindings.pop(self._repository.key(binding), None)
+            details = logged_errors(self._log, log_offset)
+            if details:
+                raise type(exc)(f"{exc}: {details}") from None
+            raise
+        finally:
+            for each in versions:
+                each.warming = False
+        binding.loaded_at = time.monotonic()
+        failed = next((b for b in versions if b.warmup_error is not None), None)
+        if failed is not None:  # Triton saw a success (see Binding.warmup_runs): unload
+            self._unload(self._require_handle(), binding.name)
+            for each in versions:
+                each.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
+            library.bindings.pop(self._repository.key(binding), None)
+            raise InternalError(f"failed to load '{binding.name}': its warm-up failed: {failed.warmup_error}")
+        log.info("model '%s' ready in %.3f s", binding.name, time.perf_counter() - started)
+
+    def _unload(self, handle: int, name: str, deadline: float | None = None) -> None:
+        # Triton 2.51 crashes when a model is deleted while its instance thread is still
+        # finishing its last task (here: the load); give that thread a moment.
+        binding = self._bound.get(name)
+        settle = 0.02 - (time.monotonic() - binding.loaded_at) if binding and binding.loaded_at else 0
+        if settle > 0:
+            time.sleep(settle)
+        if deadline is None:
+            deadline = time.monotonic() + self.config.exit_timeout_secs
+        try:
+            control.unload_model(handle, name, deadline, library.native().drain)
+        except TritonError as exc:
+            log.warning("unloading model '%s': %s", name, exc)
