@@ -139,3 +139,12 @@ def test_pipeline_example(tmp_path):
         if " requests in " in line
     }
     assert counts["Preprocess"] == counts["Model"] == counts["Postprocess"] == 2 * counts["PipelineEnsemble"]
+
+
+def test_hot_swap_example(tmp_path):
+    out = run_example("hot_swap.py", tmp_path)
+    total = out.split("total: ")[1].splitlines()[0]
+    assert total.endswith("errors: 0")
+    v1, v2 = (int(part.split(": ")[1]) for part in total.split(", ")[:2])
+    assert v1 > 0 and v2 > 0
+    assert "version 1 ready: False, version 2 ready: True" in out
