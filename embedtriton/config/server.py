@@ -36,11 +36,27 @@ class ServerConfig:
     cuda_memory_pool_byte_size: dict[int, int] = field(default_factory=dict)
     min_supported_compute_capability: float = 6.0
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
-    model_repository: str | None = None  # a folder we may write to; a temporary one by default
+    # Triton model repositories served next to bound callables (see README "Model repositories")
+    model_repository: list[str] = field(default_factory=list)
+    model_control_mode: str = "explicit"  # "none": all at start; "explicit": load()/unload(); "poll": watched
+    repository_poll_secs: float = 15.0
     tracing: Tracing | None = None  # OpenTelemetry spans from Triton's trace timestamps; off by default
 
     def validate(self) -> None:
         """Raise :class:`InvalidArgumentError` for settings Triton would refuse or misread."""
+        if isinstance(self.model_repository, str):
+            self.model_repository = [self.model_repository]
+        if not isinstance(self.model_repository, list) or not all(isinstance(p, str) for p in self.model_repository):
+            raise InvalidArgumentError(
+                f"ServerConfig.model_repository must be a list of folders, not {self.model_repository!r}"
+            )
+        if self.model_control_mode not in ("none", "explicit", "poll"):
+            raise InvalidArgumentError(
+                f"ServerConfig.model_control_mode must be 'none', 'explicit' or 'poll', not {self.model_control_mode!r}"
+            )
+        poll = self.repository_poll_secs
+        if not isinstance(poll, (int, float)) or isinstance(poll, bool) or not poll > 0:
+            raise InvalidArgumentError(f"ServerConfig.repository_poll_secs must be > 0, not {poll!r}")
         self.cache_settings()
         for name, least in (("exit_timeout_secs", 0), ("metrics_interval_ms", 1)):
             value = getattr(self, name)

@@ -21,6 +21,7 @@ from ..triton.log import log_size, logged_errors
 from .declarations import check_config, check_declarations, check_versions
 from .ensembles import bind_ensemble
 from .model import Model
+from .repositories import Repositories
 from .repository import Repository
 
 log = logging.getLogger("embedtriton")
@@ -34,6 +35,8 @@ class ModelsMixin:
     _handle: int | None
     _bound: dict[str, Binding]
     _versions: dict[str, dict[int, Binding]]
+    _native: dict[str, Any]  # Triton models of the user's repositories that are loaded
+    _repositories: Repositories
     _repository: Repository
     _log: Any
 
@@ -104,6 +107,8 @@ class ModelsMixin:
 
     def versions(self, name: str) -> list[int]:
         """The versions bound for model ``name`` (Triton serves some of them, by its VersionPolicy)."""
+        if name in self._native:
+            return sorted(self._repositories.known[name].versions)
         return sorted(self._versions.get(name) or ([1] if name in self._bound else []))
 
     def bind_ensemble(
@@ -166,7 +171,12 @@ class ModelsMixin:
         library.bindings.pop(self._repository.key(binding), None) if self._repository.models else None
 
     def unload(self, model_name: str) -> None:
-        """Unload a bound model but keep it bound (its requests fail until :meth:`load`)."""
+        """Unload a bound model but keep it bound (its requests fail until :meth:`load`); a
+        repository model is unloaded (explicit control mode)."""
+        if self._repository_model(model_name):
+            self._model_control(model_name)
+            self._repositories.unload(model_name)
+            return
         with self._lock:
             binding = self._running_binding(model_name)
             self._unload(self._handle, model_name)  # type: ignore[arg-type]
@@ -179,6 +189,11 @@ class ModelsMixin:
         tensors; e.g. another ``max_batch_size`` or batcher), validated as :meth:`bind`
         validates it; if Triton refuses it, the model keeps its previous configuration.
         """
+        if self._repository_model(model_name) and config is None:
+            self._model_control(model_name)
+            self._require_handle()
+            self._repositories.load(model_name)  # as it is on disk now
+            return
         with self._lock:
             binding = self._running_binding(model_name)
             if config is None:
@@ -199,6 +214,11 @@ class ModelsMixin:
                     self._load(binding)  # serve the previous config again
                 raise
 
+    def _model_control(self, model_name: str) -> None:
+        """Repository models are loaded and unloaded on request in explicit mode only (Triton's rule)."""
+        if self.config.model_control_mode != "explicit":
+            raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")
+
     def _running_binding(self, model_name: str) -> Binding:
         binding = self._bound.get(model_name)
         if binding is None:
@@ -207,19 +227,83 @@ class ModelsMixin:
             raise UnavailableError("the server is not running")
         return binding
 
+    def _bind_versions(self, name: str, imported: dict[int, tuple[Any, Any, Any, ModelConfig]]) -> None:
+        """A repository's callable model: every version as on disk now, replacing what it had
+        (a changed model.py is a new binding, reloaded by Triton); on failure what served stays."""
+        with self._lock:
+            if name in self._bound and name not in self._repositories.known:
+                raise InvalidArgumentError(f"model '{name}' is bound by the application and in a model repository")
+            versions: dict[int, Binding] = {}
+            for version, (func, inputs, outputs, config) in imported.items():
+                check_declarations(name, func, inputs, outputs)
+                check_config(name, config, self.config)
+                binding = Binding(
+                    name, func, name_tensors(inputs, "INPUT"), name_tensors(outputs, "OUTPUT"), config, version
+                )
+                model_config_json(name, binding.inputs, binding.outputs, config, library.BACKEND_NAME)  # validates
+                versions[version] = binding
+            if not versions:
+                raise InvalidArgumentError(f"model '{name}': no version folder holds a model.py")
+            check_versions(name, versions)
+            before = self._versions.get(name)
+            self._set_versions(name, versions)
+            if self._handle is None:
+                return
+            for gone in set(before or ()) - set(versions):
+                self._repository.remove_version(name, gone)
+            try:
+                self._load(self._bound[name])
+            except BaseException:
+                self._set_versions(name, before)
+                if before:
+                    self._load(self._bound[name])  # serve what served before
+                raise
+
+    def _load_native(self, name: str, path: Any) -> None:
+        """A repository's Triton model (its own config.pbtxt), linked into the server's repository."""
+        with self._lock:
+            if name in self._bound:
+                raise InvalidArgumentError(f"model '{name}' is bound by the application and in a model repository")
+            link = self._repository.model_dir(name)
+            if not link.is_symlink():
+                link.symlink_to(path, target_is_directory=True)
+            log_offset = log_size(self._log)
+            try:
+                control.load_model(self._require_handle(), name, None)
+            except TritonError as exc:
+                details = logged_errors(self._log, log_offset)
+                raise type(exc)(f"{exc}: {details}" if details else str(exc)) from None
+            self._native[name] = path
+
+    def _unload_native(self, name: str) -> None:
+        with self._lock:
+            if self._native.pop(name, None) is not None and self._handle is not None:
+                self._unload(self._handle, name)
+            link = self._repository.model_dir(name)
+            if link.is_symlink():
+                link.unlink()
+
+    def _repository_model(self, name: str) -> bool:
+        """Whether ``name`` is a model of the user's repositories (not bound by the application)."""
+        return (
+            name in self._native
+            or name in self._repositories.known
+            or (name not in self._bound and self._repositories.holds(name))
+        )
+
     def binding(self, name: str) -> Binding | None:
         """What ``bind`` was given for model ``name`` (callable, tensors, config), or None."""
         return self._bound.get(name)
 
     def model(self, name: str, version: int = -1) -> Model:
         """A handle on model ``name`` (``version`` -1: the latest ready one, as Triton picks it)."""
-        if name not in self._bound:
+        if name not in self._bound and name not in self._native:
             raise NotFoundError(f"no model '{name}' (bound: {sorted(self._bound)})")
         return Model(self, name, version)
 
     def models(self) -> list[Model]:
-        """Handles on every bound model."""
-        return [Model(self, name) for name in self._bound]
+        """Handles on every bound model (and the repositories' loaded ones)."""
+        return [Model(self, name) for name in [*self._bound, *self._native]]
 
     def _load(self, binding: Binding) -> None:
         """Load (or reload) a model: every bound version's folder, Triton's config from the

@@ -57,7 +57,11 @@ class Repository:
         shutil.rmtree(self.model_dir(name) / str(version), ignore_errors=True)
 
     def _write(self, binding: Binding, directory: Path) -> None:
-        (directory / str(binding.version)).mkdir(parents=True, exist_ok=True)
+        folder = directory / str(binding.version)
+        folder.mkdir(parents=True, exist_ok=True)
+        # which binding the folder serves: a new one (a new callable for a version) is a change
+        # Triton sees, so loading the model again reloads that version
+        (folder / "binding").write_text(str(id(binding)))
         for index, output in enumerate(binding.outputs):  # Triton's label_filename: one label per line
             if output.labels is not None:
                 (directory / labels_file_name(index)).write_text("".join(f"{x}\n" for x in output.labels))

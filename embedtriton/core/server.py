@@ -20,6 +20,7 @@ from ..triton.options import server_options
 from ..triton.runtime import load_runtime
 from .lifecycle import live_servers, new_server, retire
 from .models import ModelsMixin
+from .repositories import Repositories
 from .repository import Repository
 
 log = logging.getLogger("embedtriton")
@@ -44,9 +45,11 @@ class CoreServer(ModelsMixin):
         self.config.validate()
         self._lock = threading.RLock()
         self._handle: int | None = None
-        self._repository = Repository(self.config.model_repository)
+        self._repository = Repository(None)  # where bound models are written: a temporary folder
         self._bound: dict[str, Binding] = {}  # name -> the model-level binding (its highest version)
         self._versions: dict[str, dict[int, Binding]] = {}  # name -> version -> binding (bound callables)
+        self._native: dict[str, Any] = {}  # the user's repositories' Triton models that are loaded
+        self._repositories = Repositories(self)
         self._log: Path | None = None
         self._endpoints: dict[str, Endpoint] = {}  # kind ("grpc", "metrics") -> endpoint
         self._tracer: Tracer | None = Tracer(self.config.tracing) if self.config.tracing else None
@@ -90,6 +93,7 @@ class CoreServer(ModelsMixin):
             try:
                 for binding in list(self._bound.values()):
                     self._load(binding)
+                self._repositories.start()
             except BaseException:
                 self.stop()
                 raise
@@ -128,8 +132,10 @@ class CoreServer(ModelsMixin):
             # 4. Models unload, Triton stops, within what is left.
             self._handle = None
             live_servers.discard(self)
-            for name in reversed(list(self._bound)):  # ensembles before the models they use
+            self._repositories.stop()
+            for name in [*self._native, *reversed(list(self._bound))]:  # ensembles before the models they use
                 self._unload(handle, name, deadline)
+            self._native.clear()
             everything = [
                 b for name in self._bound for b in (self._versions.get(name) or {0: self._bound[name]}).values()
             ]

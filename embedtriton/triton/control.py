@@ -90,9 +90,13 @@ def metrics(handle: int) -> str:
         api.MetricsDelete(found)
 
 
-def load_model(handle: int, name: str, config: dict[str, Any]) -> None:
-    """Load (or reload) a model in explicit mode with its config given as JSON."""
+def load_model(handle: int, name: str, config: dict[str, Any] | None) -> None:
+    """Load (or reload) a model in explicit mode with its config given as JSON (None: the
+    model folder's own ``config.pbtxt``)."""
     api = capi.api()
+    if config is None:
+        api.ServerLoadModelWithParameters(handle, name.encode(), None, 0)
+        return
     raw = ctypes.create_string_buffer(json.dumps(config).encode())  # alive for the whole call
     param = api.ParameterNew(b"config", capi.PARAMETER_STRING, ctypes.cast(raw, c_void_p))
     try:

@@ -187,7 +187,7 @@ def test_server_config_validate_accepts_the_bounds():
 def test_server_config_defaults():
     config = ServerConfig()
     assert config.exit_timeout_secs == 30 and config.metrics_interval_ms == 200
-    assert config.cache_config == [] and config.model_repository is None and config.tracing is None
+    assert config.cache_config == [] and config.model_repository == [] and config.tracing is None
     assert ServerConfig().cache_config is not config.cache_config  # no shared mutable default
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from tritonclient.grpc import service_pb2
 
 from ...core import CoreServer
-from ...errors import InternalError, InvalidArgumentError, TritonError
+from ...errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
 from ..config_override import parse_override
 from .transport import INTERNAL, OK, Call, code_of
 
@@ -56,20 +56,34 @@ class Repository:
                 )
             else:
                 raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
+        self._check_mode()
         binding = self.server.binding(name)
-        if binding is None:  # Triton: a name its repository does not have
+        in_repository = binding is None and self.server._repository_model(name)
+        if binding is None and not in_repository:  # Triton: a name its repository does not have
             raise InternalError(f"failed to load '{name}', failed to poll from model repository")
         config = None
         if config_text is not None:
+            if binding is None or in_repository:
+                raise InvalidArgumentError(
+                    f"failed to load '{name}': a config override applies to models bound by the application; "
+                    "a repository model takes its config from its folder"
+                )
             config = parse_override(config_text, name, binding.inputs, binding.outputs, binding.config)
         self._run_blocking(call, lambda: self.server.load(name, config), service_pb2.RepositoryModelLoadResponse)
 
     def unload(self, request: Any, call: Call) -> Any:
-        if self.server.binding(request.model_name) is None:  # Triton: nothing to unload is success
+        self._check_mode()
+        name = request.model_name
+        if self.server.binding(name) is None and not self.server._repository_model(name):  # Triton: success
             return service_pb2.RepositoryModelUnloadResponse()
         self._run_blocking(
             call, lambda: self.server.unload(request.model_name), service_pb2.RepositoryModelUnloadResponse
         )
+
+    def _check_mode(self) -> None:
+        """As Triton: load and unload requests only in explicit model control mode."""
+        if self.server.config.model_control_mode != "explicit":
+            raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")
 
     @staticmethod
     def _run_blocking(call: Call, work: Callable[[], Any], response: Any) -> None:
