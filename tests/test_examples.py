@@ -148,3 +148,11 @@ def test_hot_swap_example(tmp_path):
     v1, v2 = (int(part.split(": ")[1]) for part in total.split(", ")[:2])
     assert v1 > 0 and v2 > 0
     assert "version 1 ready: False, version 2 ready: True" in out
+
+
+def test_serve_repository_example(tmp_path):
+    out = run_example("serve_repository.py", tmp_path)
+    assert "models: Adder, Scale, Twice" in out
+    assert "Adder(1) = 3.0  Twice(1) = 5.0  Scale(1) = 10.0" in out
+    assert "a version 3 folder appeared: Adder(1) = 31.0" in out and "edited:     Adder(1) = 301.0" in out
+    assert "failed requests while the repository changed: 0" in out
