@@ -52,7 +52,7 @@ def tests(session: nox.Session) -> None:
     """Run the test suite through the real Triton runtime, on current releases (numpy 2,
     current tritonclient, protobuf and grpcio)."""
     # What `pip install "embedtriton[grpc,tracing]"` resolves to today (the extras' bounds together).
-    install(session, *TEST_TOOLS, "numpy>=2", extras="grpc,tracing")
+    install(session, *TEST_TOOLS, "onnx", "numpy>=2", extras="grpc,tracing,onnx")
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
 
@@ -67,7 +67,9 @@ def tests_oldest(session: nox.Session) -> None:
         "tritonclient[grpc]==2.51.0",
         "grpcio-health-checking==1.60.0",
         "setuptools<80",  # tritonclient.utils.shared_memory (2.51) still imports pkg_resources
-        extras="grpc,tracing",  # the extras' lower bounds, resolved together
+        "onnxruntime==1.17.0",
+        "onnx==1.15.0",  # (builds the tests' graphs)
+        extras="grpc,tracing,onnx",  # the extras' lower bounds, resolved together
     )
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 

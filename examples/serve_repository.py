@@ -1,8 +1,9 @@
 """Serve a Triton model repository next to a bound callable, then watch it change (POLL).
 
 `examples/model_repository/` holds two versions of a Python callable model (`Adder/1`, `Adder/2`,
-each a `model.py`) and a model in Triton's own format (`Twice/config.pbtxt`, an ensemble that
-runs Adder twice). The script copies it to a temporary folder, serves it in POLL mode, then
+each a `model.py`), a model in Triton's own format (`Twice/config.pbtxt`, an ensemble that
+runs Adder twice) and an ONNX model (`Doubler/1/model.onnx`, y = 2x, run by the onnxruntime
+package: `pip install "embedtriton[onnx]"`). The script copies it to a temporary folder, serves it in POLL mode, then
 adds a version 3 and edits it while a caller keeps calling: each change is picked up without a
 restart and without a failed request.
 
@@ -61,11 +62,11 @@ def main() -> None:
 
     with server:
         print("models:", ", ".join(sorted(m.name for m in server.models())))
+        served = {v: server.model("Adder", v).ready for v in server.versions("Adder")}
+        print(f"Adder versions bound: {server.versions('Adder')}; served: {served}")
         print(
-            f"Adder versions bound: {server.versions('Adder')}; served: 1 -> {server.model('Adder', 1).ready}, 2 -> {server.model('Adder', 2).ready}"
-        )
-        print(
-            f"Adder(1) = {answer(server)}  Twice(1) = {answer(server, 'Twice')}  Scale(1) = {answer(server, 'Scale')}"
+            f"Adder(1) = {answer(server)}  Twice(1) = {answer(server, 'Twice')}  "
+            f"Doubler(1) = {answer(server, 'Doubler')}  Scale(1) = {answer(server, 'Scale')}"
         )
         thread = threading.Thread(target=caller)
         thread.start()

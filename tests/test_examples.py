@@ -152,7 +152,7 @@ def test_hot_swap_example(tmp_path):
 
 def test_serve_repository_example(tmp_path):
     out = run_example("serve_repository.py", tmp_path)
-    assert "models: Adder, Scale, Twice" in out
-    assert "Adder(1) = 3.0  Twice(1) = 5.0  Scale(1) = 10.0" in out
+    assert "models: Adder, Doubler, Scale, Twice" in out
+    assert "Adder(1) = 3.0  Twice(1) = 5.0  Doubler(1) = 2.0  Scale(1) = 10.0" in out
     assert "a version 3 folder appeared: Adder(1) = 31.0" in out and "edited:     Adder(1) = 301.0" in out
     assert "failed requests while the repository changed: 0" in out

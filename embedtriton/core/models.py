@@ -21,6 +21,7 @@ from ..triton.log import log_size, logged_errors
 from .declarations import check_config, check_declarations, check_versions
 from .ensembles import bind_ensemble
 from .model import Model
+from .onnx import onnx_model
 from .repositories import Repositories
 from .repository import Repository
 
@@ -95,6 +96,15 @@ class ModelsMixin:
                         self._load(self._bound[model_name])  # the versions bound before again
                     raise
         return Model(self, model_name, version if version is not None else -1)
+
+    def bind_onnx(
+        self, model_name: str, path: str, config: ModelConfig | None = None, version: int | None = None
+    ) -> Model:
+        """Serve an ONNX file as a model, run by the onnxruntime package through our backend
+        (``pip install "embedtriton[onnx]"``): its tensors come from the graph, and a dynamic
+        first axis means batching (``config.max_batch_size`` caps it). Otherwise as :meth:`bind`."""
+        infer_func, inputs, outputs, config = onnx_model(path, config)
+        return self.bind(model_name, infer_func, inputs, outputs, config, version=version)
 
     def _set_versions(self, name: str, versions: dict[int, Binding] | None) -> None:
         """A model's bound versions; the model-level binding (whose config Triton uses) is the highest."""

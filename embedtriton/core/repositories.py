@@ -6,8 +6,11 @@ A model folder holds version folders (``1/``, ``2/``, ...). Two kinds:
   ``@batch``), ``inputs`` and ``outputs`` (lists of ``Tensor``) and optionally ``config`` (a
   ``ModelConfig``). Each version is imported and bound like ``server.bind(..., version=N)``.
 - **Triton models**: a folder with a ``config.pbtxt`` naming a ``backend`` or ``platform``
-  (an ensemble, a python-backend or onnxruntime model, ...): Triton loads it as it is (through
-  a link in the server's own repository folder).
+  (an ensemble, a python-backend model, ...): Triton loads it as it is (through a link in the
+  server's own repository folder).
+- **ONNX models**: version folders holding ``model.onnx`` (with no ``config.pbtxt``, or one
+  naming onnxruntime): run by the onnxruntime package through our backend, tensors read from
+  the graph (see :mod:`.onnx`).
 
 Control modes, as Triton's: ``"none"`` loads every model at start; ``"explicit"`` loads and
 unloads on ``server.load(name)`` / ``server.unload(name)`` (and gRPC RepositoryModelLoad /
@@ -31,6 +34,7 @@ from typing import Any
 
 from ..config import ModelConfig, Tensor
 from ..errors import InvalidArgumentError, NotFoundError, TritonError
+from .onnx import onnx_model
 
 log = logging.getLogger("embedtriton")
 _BACKEND_LINE = re.compile(r"^\s*(backend|platform)\s*:", re.MULTILINE)
@@ -64,13 +68,16 @@ def scan(repositories: list[str]) -> dict[str, Found]:
                 )
             versions = {int(v.name): v for v in folder.iterdir() if v.is_dir() and v.name.isdigit() and int(v.name) > 0}
             config = folder / "config.pbtxt"
-            native = config.is_file() and _BACKEND_LINE.search(config.read_text(errors="replace")) is not None
+            text = config.read_text(errors="replace") if config.is_file() else ""
+            native = _BACKEND_LINE.search(text) is not None
             callable_ = any((v / "model.py").is_file() for v in versions.values())
-            if not native and not callable_:
-                continue  # not a model (yet): no config naming a backend, no model.py
+            onnx = any((v / "model.onnx").is_file() for v in versions.values()) and (not native or "onnx" in text)
+            if not native and not callable_ and not onnx:
+                continue  # not a model (yet): no config naming a backend, no model.py or model.onnx
             files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
             stamp = tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-            found[folder.name] = Found(folder.name, folder, "triton" if native else "callable", versions, stamp)
+            kind = "onnx" if onnx else "triton" if native else "callable"  # (ONNX: see Repositories._load)
+            found[folder.name] = Found(folder.name, folder, kind, versions, stamp)
     return found
 
 
@@ -163,6 +170,13 @@ class Repositories:
         """Load (or reload) one model as it is on disk now; on failure what served stays."""
         if found.kind == "triton":
             self.server._load_native(found.name, found.path)
+        elif found.kind == "onnx":  # the runtime here has no onnxruntime backend: the package runs it
+            imported = {
+                v: onnx_model(found.versions[v] / "model.onnx", None)
+                for v in sorted(found.versions)
+                if (found.versions[v] / "model.onnx").is_file()
+            }
+            self.server._bind_versions(found.name, imported)
         else:
             imported = {
                 v: import_version(found, v)
