@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ModelConfig, Tensor
+from ..config import ModelConfig, Tensor, name_tensors
+from ..config.override import parse_pbtxt
 from ..errors import InvalidArgumentError, NotFoundError, TritonError
 from .onnx import onnx_model
 
@@ -108,7 +109,18 @@ def import_version(found: Found, version: int) -> tuple[Any, list[Tensor], list[
             "outputs (lists of Tensor) and optionally config (a ModelConfig)"
         )
     config = getattr(module, "config", None) or ModelConfig()
-    return module.infer_func, list(module.inputs), list(module.outputs), config
+    inputs, outputs = list(module.inputs), list(module.outputs)
+    pbtxt = found.path / "config.pbtxt"
+    if pbtxt.is_file():  # Triton's format beside model.py: it overrides the declared config
+        config = parse_pbtxt(
+            pbtxt.read_text(),
+            str(pbtxt),
+            found.name,
+            name_tensors(inputs, "INPUT"),
+            name_tensors(outputs, "OUTPUT"),
+            config,
+        )
+    return module.infer_func, inputs, outputs, config
 
 
 class Repositories:

@@ -191,3 +191,19 @@ def test_repository_settings_are_checked(tmp_path):
         ServerConfig(repository_poll_secs=0).validate()
     with pytest.raises(NotFoundError, match="is not a folder"):
         Server(ServerConfig(model_repository=[str(tmp_path / "missing")], model_control_mode="none")).start()
+
+
+def test_a_config_pbtxt_beside_model_py_overrides_its_config(tmp_path):
+    model_py(tmp_path / "Tuned" / "1", 5)
+    (tmp_path / "Tuned" / "config.pbtxt").write_text(
+        "max_batch_size: 2\ndynamic_batching { max_queue_delay_microseconds: 100 }\n"
+    )
+    server = Server(ServerConfig(model_repository=[str(tmp_path)], model_control_mode="none"))
+    with server:
+        config = server.model("Tuned").config()
+        assert config["max_batch_size"] == 2 and config["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+        assert y(server, "Tuned") == 6
+    (tmp_path / "Tuned" / "config.pbtxt").write_text("max_batch_size: two\n")
+    explicit = Server(ServerConfig(model_repository=[str(tmp_path)], model_control_mode="explicit"))
+    with explicit, pytest.raises(InvalidArgumentError, match=r"config.pbtxt: .*max_batch_size"):
+        explicit.load("Tuned")

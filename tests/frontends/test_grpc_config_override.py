@@ -92,7 +92,6 @@ def test_a_fetched_config_changed_and_loaded_back_applies_live(endpoint):
             r"preferred_batch_size \[8\]: \[8\] not between 1 and max_batch_size=4",
         ),
         (json.dumps({"max_batch_size": 8, "response_cache": {"enable": True}}), "the server has no cache"),
-        (json.dumps({"max_batch_size": 8, "version_policy": {"all": {}}}), "a bound model has one version"),
         (json.dumps({"max_batch_size": 8, "parameters": {"x": {"string_value": "1"}}}), "takes no config parameters"),
         (json.dumps({"max_batch_size": 8, "instance_group": [{"count": 100000}]}), "100000 model instances asked"),
         (  # warm-up data runs through the callable at load: the application's choice, not a client's

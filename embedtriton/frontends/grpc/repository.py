@@ -10,9 +10,9 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2
 
+from ...config.override import parse_override
 from ...core import CoreServer
 from ...errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
-from ..config_override import parse_override
 from .transport import INTERNAL, OK, Call, code_of
 
 log = logging.getLogger("embedtriton")
