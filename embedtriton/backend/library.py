@@ -10,12 +10,14 @@ a binding.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import error_for_code
 from ..tensors import decode_bytes, encode_bytes
 from ..triton import capi
+from ..triton.runtime import find_runtime
 from . import aio
 from .binding import BACKEND_NAME, Binding
 from .request import Request
@@ -74,8 +76,33 @@ def library_path() -> str:
     return native().__file__
 
 
-def install_backend(backends: Path) -> None:
-    """Make the native module Triton's backend ``embedtriton`` in the folder ``backends``."""
-    folder = backends / BACKEND_NAME
-    folder.mkdir()
-    (folder / f"libtriton_{BACKEND_NAME}.so").symlink_to(library_path())
+def install_backend(root: Path) -> Path:
+    """Lay out Triton's backend folder under ``root`` (returned): ours, ``embedtriton``, and
+    the runtime's own backends (python, onnxruntime, ... as the runtime has them).
+
+    The nvidia-pytriton wheel's backends find their libraries through RPATHs relative to the
+    wheel's layout (``$ORIGIN/../../../../nvidia_pytriton.libs``), so the folder mirrors that
+    layout with links; its python backend gets the stub built for this Python version. An NGC
+    install's backends (``$EMBEDTRITON_TRITON_HOME/backends``) are linked as they are."""
+    runtime = find_runtime()
+    wheel = runtime.lib_dir.parent / "pytriton" / "tritonserver"
+    if (wheel / "backends").is_dir():
+        (root / runtime.lib_dir.name).symlink_to(runtime.lib_dir, target_is_directory=True)
+        folder = root / "pytriton" / "tritonserver" / "backends"
+        folder.mkdir(parents=True)
+        python, stub = wheel / "backends" / "python", wheel / "python_backend_stubs" / "{}.{}".format(*sys.version_info)
+        if (python / "libtriton_python.so").is_file() and (stub / "triton_python_backend_stub").is_file():
+            (folder / "python").mkdir()
+            for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+                (folder / "python" / name).symlink_to(python / name)
+            (folder / "python" / "triton_python_backend_stub").symlink_to(stub / "triton_python_backend_stub")
+    else:
+        folder = root
+        installed = runtime.lib_dir.parent / "backends"
+        for backend in sorted(installed.iterdir()) if installed.is_dir() else ():
+            if backend.is_dir() and backend.name != BACKEND_NAME:
+                (folder / backend.name).symlink_to(backend, target_is_directory=True)
+    ours = folder / BACKEND_NAME
+    ours.mkdir()
+    (ours / f"libtriton_{BACKEND_NAME}.so").symlink_to(library_path())
+    return folder

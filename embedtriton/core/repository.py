@@ -21,7 +21,8 @@ class Repository:
     def __init__(self, path: str | None) -> None:
         self._path = path
         self.models: Path | None = None
-        self.backends: Path | None = None
+        self.backends: Path | None = None  # our temporary folder (Triton's log goes here too)
+        self.backend_dir: Path | None = None  # Triton's backend directory, inside it
         self._own = False
 
     def open(self) -> None:
@@ -32,7 +33,7 @@ class Repository:
             self.models = Path(tempfile.mkdtemp(prefix="embedtriton-models-"))
             self._own = True
         self.backends = Path(tempfile.mkdtemp(prefix="embedtriton-backends-"))
-        install_backend(self.backends)
+        self.backend_dir = install_backend(self.backends)
 
     def model_dir(self, name: str) -> Path:
         assert self.models is not None

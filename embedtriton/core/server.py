@@ -78,10 +78,10 @@ class CoreServer(ModelsMixin):
             native = library.native()
             cfg, repository = self.config, self._repository
             repository.open()
-            assert repository.models is not None and repository.backends is not None
+            assert repository.models is not None and repository.backends is not None and repository.backend_dir
             self._log = Path(cfg.log_file) if cfg.log_file else repository.backends / "triton.log"
             try:
-                with server_options(cfg, runtime, repository.models, repository.backends, self._log) as options:
+                with server_options(cfg, runtime, repository.models, repository.backend_dir, self._log) as options:
                     handle = new_server(options)
             except BaseException:
                 repository.close(list(self._bound))

@@ -207,3 +207,55 @@ def test_a_config_pbtxt_beside_model_py_overrides_its_config(tmp_path):
     explicit = Server(ServerConfig(model_repository=[str(tmp_path)], model_control_mode="explicit"))
     with explicit, pytest.raises(InvalidArgumentError, match=r"config.pbtxt: .*max_batch_size"):
         explicit.load("Tuned")
+
+
+PYTHON_BACKEND_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 3)]))
+        return responses
+"""
+
+
+def python_backend_missing() -> str | None:
+    """Why Triton's python backend cannot run a model here, or None."""
+    import subprocess
+    import sys
+
+    from embedtriton.triton.runtime import find_runtime
+
+    wheel = find_runtime().lib_dir.parent / "pytriton" / "tritonserver"
+    version = "{}.{}".format(*sys.version_info)
+    if not (wheel / "python_backend_stubs" / version / "triton_python_backend_stub").is_file():
+        return f"the runtime has no python backend stub for Python {version}"
+    system = Path(f"/usr/bin/python{version}")  # the stub embeds the system's libpython{version}
+    if not system.is_file():
+        return (
+            f"the python backend's stub runs the system's libpython{version}, and this system has no Python {version}"
+        )
+    if subprocess.run([str(system), "-c", "import numpy"], capture_output=True).returncode != 0:
+        return f"the python backend's stub runs the system's Python {version}, which has no numpy (Debian: apt install python3-numpy)"
+    return None
+
+
+def test_a_python_backend_model_from_a_repository(tmp_path):
+    reason = python_backend_missing()
+    if reason:
+        pytest.skip(reason)
+    (tmp_path / "Triple" / "1").mkdir(parents=True)
+    (tmp_path / "Triple" / "1" / "model.py").write_text(PYTHON_BACKEND_MODEL)
+    (tmp_path / "Triple" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    server = Server(ServerConfig(model_repository=[str(tmp_path)], model_control_mode="none"))
+    with server:
+        assert y(server, "Triple") == 3  # Triton's python backend, its stub in a process of its own
