@@ -180,9 +180,13 @@ class Repositories:
 
     def _load(self, found: Found) -> None:
         """Load (or reload) one model as it is on disk now; on failure what served stays."""
-        if found.kind == "triton":
-            self.server._load_native(found.name, found.path)
-        elif found.kind == "onnx":  # the runtime here has no onnxruntime backend: the package runs it
+        backend_dir = self.server._repository.backend_dir
+        onnx_backend = backend_dir is not None and (backend_dir / "onnxruntime").is_dir()
+        if found.kind == "triton" or (
+            found.kind == "onnx" and onnx_backend and (found.path / "config.pbtxt").is_file()
+        ):
+            self.server._load_native(found.name, found.path)  # (an NGC install runs ONNX itself)
+        elif found.kind == "onnx":  # no onnxruntime backend in this runtime: the package runs it
             imported = {
                 v: onnx_model(found.versions[v] / "model.onnx", None)
                 for v in sorted(found.versions)
