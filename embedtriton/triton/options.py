@@ -3,6 +3,8 @@ settings into Triton's."""
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from ctypes import byref
@@ -13,6 +15,8 @@ from ..errors import NotFoundError
 from . import capi
 from .devices import require_gpu
 from .runtime import Runtime
+
+_servers = itertools.count(1)
 
 
 @contextmanager
@@ -47,7 +51,14 @@ def server_options(
             require_gpu("ServerConfig.cuda_memory_pool_byte_size", int(device))
             api.ServerOptionsSetCudaMemoryPoolByteSize(options, device, size)
         api.ServerOptionsSetMinSupportedComputeCapability(options, cfg.min_supported_compute_capability)
-        for backend, settings in cfg.backend_config.items():
+        backend_config = {backend: dict(settings) for backend, settings in cfg.backend_config.items()}
+        # Triton's python backend names its shared-memory regions with this prefix: its default
+        # is the same for every process on the host, and two servers' stubs would read each
+        # other's tensors. One prefix per server.
+        backend_config.setdefault("python", {}).setdefault(
+            "shm-region-prefix-name", f"embedtriton_{os.getpid()}_{next(_servers)}_"
+        )
+        for backend, settings in backend_config.items():
             for key, value in settings.items():
                 api.ServerOptionsSetBackendConfig(options, backend.encode(), key.encode(), str(value).encode())
         caches = cfg.cache_settings()

@@ -259,3 +259,9 @@ def test_a_python_backend_model_from_a_repository(tmp_path):
     server = Server(ServerConfig(model_repository=[str(tmp_path)], model_control_mode="none"))
     with server:
         assert y(server, "Triple") == 3  # Triton's python backend, its stub in a process of its own
+        # its shared memory is named per server (the backend's default prefix is the same for
+        # every process on the host: two servers' stubs would read each other's tensors)
+        import os
+
+        prefix = f"embedtriton_{os.getpid()}_"
+        assert any(name.startswith(prefix) for name in os.listdir("/dev/shm"))
