@@ -25,6 +25,8 @@ import importlib.util
 import itertools
 import logging
 import re
+import shutil
+import subprocess
 import sys
 import threading
 import traceback
@@ -34,7 +36,7 @@ from typing import Any
 
 from ..config import ModelConfig, Tensor, name_tensors
 from ..config.override import parse_pbtxt
-from ..errors import InvalidArgumentError, NotFoundError, TritonError
+from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnsupportedError
 from .onnx import onnx_model
 
 log = logging.getLogger("embedtriton")
@@ -123,6 +125,45 @@ def import_version(found: Found, version: int) -> tuple[Any, list[Tensor], list[
     return module.infer_func, inputs, outputs, config
 
 
+def stub_numpy() -> tuple[str, str | None]:
+    """(the Python, its numpy version or None) that Triton's python backend stub will run.
+
+    The stub embeds a libpython and finds its prefix as Python does: the first ``python3`` on
+    PATH when that is a virtual environment (an activated venv, nox, tox), else the system's."""
+    version = "{}.{}".format(*sys.version_info)
+    found = shutil.which("python3")
+    venv = Path(found).parent.parent if found else None
+    if venv is not None and (venv / "pyvenv.cfg").is_file():
+        site = venv / "lib" / f"python{version}" / "site-packages"
+        infos = sorted(site.glob("numpy-*.dist-info"))
+        return str(venv), infos[-1].name.removeprefix("numpy-").removesuffix(".dist-info") if infos else None
+    system = f"/usr/bin/python{version}"
+    try:
+        done = subprocess.run(
+            [system, "-c", "import numpy; print(numpy.__version__)"], capture_output=True, text=True, timeout=30
+        )
+    except OSError:
+        return system, None
+    return system, done.stdout.strip() if done.returncode == 0 else None
+
+
+def check_python_backend(name: str) -> None:
+    """Refuse a python-backend model whose stub would run on numpy 2: Triton 2.51's python
+    backend predates numpy 2 and reads its arrays wrongly (the answers are garbage)."""
+    python, numpy_version = stub_numpy()
+    if numpy_version is None:
+        raise UnsupportedError(
+            f"model '{name}' runs on Triton's python backend, whose stub runs the Python at {python}; it has "
+            "no numpy (on Debian: apt install python3-numpy, or activate a venv with numpy<2)"
+        )
+    if int(numpy_version.split(".")[0]) >= 2:
+        raise UnsupportedError(
+            f"model '{name}' runs on Triton's python backend, whose stub runs the Python at {python} with numpy "
+            f"{numpy_version}: Triton 2.51's python backend reads numpy 2 arrays wrongly (its answers would be "
+            "garbage). Give that Python numpy<2, or start the server with another Python first on PATH"
+        )
+
+
 class Repositories:
     """The user's repositories of one server, and their control mode."""
 
@@ -180,6 +221,9 @@ class Repositories:
 
     def _load(self, found: Found) -> None:
         """Load (or reload) one model as it is on disk now; on failure what served stays."""
+        config = found.path / "config.pbtxt"
+        if found.kind == "triton" and re.search(r'backend\s*:\s*"python"', config.read_text(errors="replace")):
+            check_python_backend(found.name)
         backend_dir = self.server._repository.backend_dir
         onnx_backend = backend_dir is not None and (backend_dir / "onnxruntime").is_dir()
         if found.kind == "triton" or (
