@@ -52,7 +52,7 @@ def tests(session: nox.Session) -> None:
     """Run the test suite through the real Triton runtime, on current releases (numpy 2,
     current tritonclient, protobuf and grpcio)."""
     # What `pip install "embedtriton[grpc,tracing]"` resolves to today (the extras' bounds together).
-    install(session, *TEST_TOOLS, "onnx", "numpy>=2", extras="grpc,tracing,onnx")
+    install(session, *TEST_TOOLS, "onnx", "tritonclient[http]", "numpy>=2", extras="grpc,tracing,onnx,http")
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
 
@@ -64,12 +64,13 @@ def tests_oldest(session: nox.Session) -> None:
         *TEST_TOOLS,
         "numpy==1.26.4",
         "grpcio==1.67.0",  # the oldest that tritonclient 2.51's generated code accepts
-        "tritonclient[grpc]==2.51.0",
+        "tritonclient[grpc,http]==2.51.0",
         "grpcio-health-checking==1.60.0",
         "setuptools<80",  # tritonclient.utils.shared_memory (2.51) still imports pkg_resources
         "onnxruntime==1.17.0",
         "onnx==1.15.0",  # (builds the tests' graphs)
-        extras="grpc,tracing,onnx",  # the extras' lower bounds, resolved together
+        "httptools==0.6.0",
+        extras="grpc,tracing,onnx,http",  # the extras' lower bounds, resolved together
     )
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 

@@ -65,6 +65,25 @@ class Server(CoreServer):
         log.info("serving gRPC on %s (port %d)", options.address, endpoint.port)
         return endpoint.port
 
+    def serve_http(self, address: str | int | None = None, options: Any = None, **settings: Any) -> int:
+        """Serve the bound models over KServe-v2 HTTP/REST (health, metadata, config,
+        statistics, inference with JSON tensors); stopped by :meth:`stop`, with the same drain
+        as gRPC. ``address`` (``"127.0.0.1:8000"`` by default; ``"host:0"`` picks a free port)
+        and ``settings`` (``max_body_bytes``, ``max_header_bytes``) override the fields of
+        ``options`` (``HttpOptions``). Returns the port. Needs ``pip install "embedtriton[http]"``."""
+        from .frontends.http.rest import HttpOptions, RestEndpoint
+
+        if address is not None:
+            settings["address"] = address
+        options = dataclasses.replace(options or HttpOptions(), **settings)
+        with self._lock:
+            if self.endpoint("http") is not None:
+                raise InvalidArgumentError("already serving HTTP")
+            endpoint = RestEndpoint(self, options)
+            self.attach("http", endpoint)
+        log.info("serving HTTP on %s (port %d)", options.address, endpoint.port)
+        return endpoint.port
+
     def serve_metrics(self, address: str | int = "127.0.0.1:8002") -> int:
         """Serve Triton's Prometheus metrics over HTTP at ``http://ADDRESS/metrics``; stopped by
         :meth:`stop`. ``":8002"`` and ``8002`` mean 127.0.0.1; ``"host:0"`` picks a free port.

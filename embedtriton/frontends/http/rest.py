@@ -1,0 +1,343 @@
+"""The KServe-v2 HTTP/REST endpoint: HTTP/1.1 parsed by ``httptools`` (llhttp, chosen by
+``benchmarks/bench_http_parsers.py``: ~60x h11, ~25x the standard library's), on an asyncio
+loop of its own, keep-alive and pipelining (requests of a connection are answered in order).
+
+This first slice serves health, server and model metadata, model config and statistics, and
+inference with JSON tensors; errors are Triton's JSON ``{"error": ...}`` with Triton's status
+codes (a client's mistake is a 4xx). Limits: a body over ``max_body_bytes`` or a header block
+over ``max_header_bytes`` is refused (413 / 431) and the connection closed; a request without
+``Content-Length`` that has a body (chunked) is refused with 411.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+
+from ...core import CoreServer
+from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
+from ...tensors import triton_dtype
+from .. import kserve
+from ..grpc.options import normalize_address
+
+# Triton's HTTP status for each error (http_server.cc HttpCodeFromError)
+_STATUS = [(NotFoundError, 404), (UnavailableError, 503), (UnsupportedError, 501), (InvalidArgumentError, 400)]
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
+            413: "Payload Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            501: "Not Implemented", 503: "Service Unavailable"}  # fmt: skip
+
+
+def status_of(error: BaseException) -> int:
+    for cls, status in _STATUS:
+        if isinstance(error, cls):
+            return status
+    return 500 if isinstance(error, TritonError) and error.code == "INTERNAL" else 400
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    """Settings of the HTTP/REST endpoint (``Server.serve_http(options=...)``)."""
+
+    address: str | int = "127.0.0.1:8000"
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "address", normalize_address(self.address, "HTTP"))
+        for name in ("max_body_bytes", "max_header_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InvalidArgumentError(f"HttpOptions.{name} must be a positive integer, not {value!r}")
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection: httptools feeds the request parts; complete requests are
+    queued and answered in order."""
+
+    def __init__(self, endpoint: RestEndpoint) -> None:
+        import httptools
+
+        self.endpoint = endpoint
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.header_bytes = 0
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.worker: asyncio.Task[None] | None = None
+        self.refused: _Refused | None = None  # why the connection is refused (set in a callback)
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.worker = asyncio.ensure_future(self._answer())
+        self.endpoint.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        import httptools
+
+        if self.refused is not None:
+            return  # the connection is being refused: nothing more is read
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:  # (our callbacks' refusals come wrapped in it)
+            self.refused = self.refused or _Refused(400, f"malformed HTTP request: {exc}")
+            self.queue.put_nowait(self.refused)
+
+    def eof_received(self) -> bool:
+        """The client finished sending: answer what it sent, then close."""
+        self.queue.put_nowait(None)
+        return True  # keep the transport open for the answers
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.endpoint.connections.discard(self)
+        if self.worker is not None:
+            self.worker.cancel()
+
+    # -- httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url, self.headers, self.header_bytes, self.body, self.body_bytes = b"", {}, 0, [], 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+        self._count(len(name) + len(value))
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.endpoint.options.max_body_bytes):
+            self._refuse(413, f"request body over the limit of {self.endpoint.options.max_body_bytes} bytes")
+        if self.headers.get(b"transfer-encoding") is not None:
+            self._refuse(411, "a request body needs Content-Length (chunked transfer is not accepted)")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.endpoint.options.max_body_bytes:
+            self._refuse(413, f"request body over the limit of {self.endpoint.options.max_body_bytes} bytes")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        method = self.parser.get_method().decode()
+        self.queue.put_nowait(
+            (method, self.url.decode("latin-1"), b"".join(self.body), self.parser.should_keep_alive())
+        )
+
+    def _count(self, n: int) -> None:
+        self.header_bytes += n
+        if self.header_bytes > self.endpoint.options.max_header_bytes:
+            self._refuse(431, f"request headers over the limit of {self.endpoint.options.max_header_bytes} bytes")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Stop reading this connection: answer ``status`` after what came before, then close."""
+        self.refused = _Refused(status, message)
+        raise self.refused
+
+    # -- answering, in order
+    async def _answer(self) -> None:
+        while True:
+            item = await self.queue.get()
+            if item is None:  # end of the client's data
+                if self.transport is not None:
+                    self.transport.close()
+                return
+            if isinstance(item, _Refused):  # the connection cannot be read further
+                self._send(item.status, {"error": str(item)}, keep_alive=False)
+                return
+            method, url, body, keep_alive = item
+            try:
+                status, payload = await self.endpoint.route(method, url, body)
+            except _Refused as exc:
+                status, payload = exc.status, {"error": str(exc)}
+            except TritonError as exc:
+                status, payload = status_of(exc), {"error": str(exc)}
+            except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
+                status, payload = 400, {"error": f"malformed request: {exc}"}
+            self._send(status, payload, keep_alive)
+            if not keep_alive:
+                return
+
+    def _send(self, status: int, payload: Any, keep_alive: bool) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        body = b"" if payload is None else json.dumps(payload).encode()
+        head = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n"
+        )
+        self.transport.write(head.encode() + body)
+        if not keep_alive:
+            self.transport.close()
+
+
+class RestEndpoint:
+    """A KServe-v2 HTTP/REST server for a server's models (see the module's docstring)."""
+
+    def __init__(self, server: CoreServer, options: HttpOptions) -> None:
+        self.server = server
+        self.options = options
+        self.draining = False
+        self.connections: set[_Connection] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
+        self._thread.start()
+        host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
+
+        async def start() -> asyncio.AbstractServer:
+            return await self._loop.create_server(lambda: _Connection(self), host.strip("[]"), int(port))
+
+        try:
+            self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=30)
+        except Exception as exc:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise UnavailableError(f"cannot serve HTTP on {options.address}: {exc}") from None
+        self.port: int = self._server.sockets[0].getsockname()[1]
+
+    def drain(self) -> None:
+        """The server stops: new inference requests are refused (503); health says not ready."""
+        self.draining = True
+
+    def stop(self, grace: float = 1.0) -> None:
+        async def close() -> None:
+            self._server.close()
+            workers = [c.worker for c in self.connections if c.worker is not None]
+            if workers:  # answers in progress get the grace period
+                await asyncio.wait(workers, timeout=grace)
+            for connection in list(self.connections):
+                if connection.transport is not None:
+                    connection.transport.close()
+                if connection.worker is not None:
+                    connection.worker.cancel()
+            await asyncio.sleep(0)
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=grace + 5)
+        except Exception:  # already closed, or the wait ran out: stop the loop anyway
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    # -- routes
+    async def route(self, method: str, url: str, body: bytes) -> tuple[int, Any]:
+        path = url.split("?", 1)[0]
+        parts = [unquote(p) for p in path.strip("/").split("/")]
+        if parts[:1] != ["v2"]:
+            raise _Refused(404, f"no such endpoint: {path}")
+        rest = parts[1:]
+        if rest in ([], [""]) and method == "GET":
+            meta = self.server.metadata()
+            return 200, {"name": meta.get("name"), "version": meta.get("version"), "extensions": []}
+        if rest[:1] == ["health"] and len(rest) == 2 and method == "GET":
+            ok = self.server.live if rest[1] == "live" else self.server.ready and not self.draining
+            return (200 if ok else 400), None
+        if rest[:1] == ["models"] and len(rest) >= 2:
+            name, version, action = rest[1], "", rest[2:]
+            if action[:1] == ["versions"] and len(action) >= 2:
+                version, action = action[1], action[2:]
+            return await self._model_route(method, name, version, action, body)
+        raise _Refused(404, f"no such endpoint: {path}")
+
+    async def _model_route(
+        self, method: str, name: str, version: str, action: list[str], body: bytes
+    ) -> tuple[int, Any]:
+        model = kserve.model_of(self.server, name, version)
+        if action == [] and method == "GET":
+            return 200, model.metadata()
+        if action == ["ready"] and method == "GET":
+            return (200 if model.ready else 400), None
+        if action == ["config"] and method == "GET":
+            return 200, model.config()
+        if action == ["stats"] and method == "GET":
+            return 200, {"model_stats": [model.statistics()]}
+        if action == ["infer"]:
+            if method != "POST":
+                raise _Refused(405, "Method Not Allowed")
+            return 200, await self._infer(model, name, version, body)
+        raise _Refused(404, f"no such endpoint for model '{name}': {'/'.join(action)}")
+
+    async def _infer(self, model: Any, name: str, version: str, body: bytes) -> dict[str, Any]:
+        if self.draining:
+            raise UnavailableError("the server is stopping: it takes no new requests")
+        try:
+            request = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidArgumentError(f"malformed JSON request body: {exc}") from None
+        if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
+            raise InvalidArgumentError("the request body must be a JSON object with an 'inputs' list")
+        decoded = kserve.Decoded(model)
+        inputs = decoded.request.inputs = {}
+        for tensor in request["inputs"]:
+            if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+                raise InvalidArgumentError("each input must be an object with a 'name'")
+            tname, datatype, shape = tensor["name"], tensor.get("datatype"), tensor.get("shape")
+            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+                raise InvalidArgumentError(f"input '{tname}': 'shape' must be a list of integers")
+            kserve.check_shape(tname, tuple(shape))
+            if tname in inputs:
+                raise InvalidArgumentError(f"input '{tname}' already exists in request")
+            if not isinstance(datatype, str):
+                raise InvalidArgumentError(f"input '{tname}': 'datatype' must be a string such as \"FP32\"")
+            values = _flatten(tensor.get("data"), math.prod(shape), tname)
+            inputs[tname] = kserve.array_from_values(tname, datatype, tuple(shape), values)
+        outputs = request.get("outputs")
+        if isinstance(outputs, list) and outputs:
+            kserve.requested_outputs(decoded, None, [(o.get("name"), o.get("parameters") or {}) for o in outputs])  # type: ignore[arg-type]
+        params = request.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidArgumentError("'parameters' must be a JSON object")
+        request_id = request.get("id", "")
+        kserve.apply_parameters(decoded, dict(params), request_id if isinstance(request_id, str) else "")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        decoded.model.submit(decoded.request, loop, future)
+        results = await future
+        answer: dict[str, Any] = {"model_name": name, "model_version": version or "1", "outputs": []}
+        if request_id:
+            answer["id"] = request_id
+        for oname, array in results.items():
+            datatype = triton_dtype(array.dtype)
+            if decoded.classify and oname in decoded.classify:
+                array = kserve.classify(array, datatype, decoded.classify[oname], model.batched, model.labels(oname))
+                datatype = "BYTES"
+            data = [
+                v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+                for v in np.asarray(array).reshape(-1).tolist()
+            ]
+            answer["outputs"].append({"name": oname, "datatype": datatype, "shape": list(array.shape), "data": data})
+        return answer
+
+
+def _flatten(data: Any, expected: int, name: str) -> list[Any]:
+    """A tensor's JSON ``data``, flat or nested, as a flat list (never more than it declares)."""
+    if not isinstance(data, list):
+        raise InvalidArgumentError(f"input '{name}': 'data' must be a JSON list")
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item.encode() if isinstance(item, str) else item)
+            if len(out) > expected:
+                raise InvalidArgumentError(f"input '{name}': more values than its shape holds ({expected})")
+        else:
+            stack.pop()
+    return out

@@ -1,0 +1,94 @@
+"""The KServe-v2 HTTP/REST endpoint (first slice): health, metadata, config, statistics and JSON
+inference, with stock tritonclient.http and raw HTTP/1.1."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import numpy as np
+import pytest
+
+pytest.importorskip("httptools")
+httpclient = pytest.importorskip("tritonclient.http")
+
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from embedtriton import ModelConfig, Server, Tensor, batch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def endpoint(add_sub, add_sub_tensors):
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
+    server.bind(
+        "Echo",
+        batch(lambda x: {"y": x}),
+        [Tensor(name="x", dtype=np.bytes_, shape=(-1,))],
+        [Tensor(name="y", dtype=np.bytes_, shape=(-1,))],
+        ModelConfig(max_batch_size=8),
+    )
+    with server:
+        port = server.serve_http("127.0.0.1:0", max_body_bytes=1024 * 1024)
+        yield server, f"127.0.0.1:{port}", port
+
+
+def raw(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_stock_http_client_health_metadata_and_json_inference(endpoint):
+    _, address, _ = endpoint
+    client = httpclient.InferenceServerClient(address)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("AddSub")
+    assert client.get_server_metadata()["name"] == "triton"
+    assert [t["name"] for t in client.get_model_metadata("AddSub")["inputs"]] == ["a", "b"]
+    assert client.get_model_config("AddSub")["max_batch_size"] == 8
+    a = np.array([[1.0], [2.0]], np.float32)
+    inputs = [httpclient.InferInput("a", [2, 1], "FP32"), httpclient.InferInput("b", [2, 1], "FP32")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(a, binary_data=False)  # JSON tensors
+    outputs = [httpclient.InferRequestedOutput("add", binary_data=False)]
+    result = client.infer("AddSub", inputs, outputs=outputs, request_id="r1")
+    np.testing.assert_array_equal(result.as_numpy("add"), a * 2)
+    assert result.get_response()["id"] == "r1"
+    text = httpclient.InferInput("x", [1, 2], "BYTES")
+    text.set_data_from_numpy(np.array([[b"hi", b"there"]], dtype=np.object_), binary_data=False)
+    echoed = client.infer("Echo", [text], outputs=[httpclient.InferRequestedOutput("y", binary_data=False)])
+    assert echoed.get_response()["outputs"][0]["data"] == ["hi", "there"]
+    assert client.get_inference_statistics("AddSub")["model_stats"][0]["inference_count"] >= 2
+
+
+def test_errors_are_tritons_json_with_client_mistakes_as_4xx(endpoint):
+    _, address, port = endpoint
+    client = httpclient.InferenceServerClient(address)
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'Nope' is not found"):
+        client.get_model_metadata("Nope")
+    assert not client.is_model_ready("Nope")
+    answer = raw(port, b"POST /v2/models/AddSub/infer HTTP/1.1\r\nContent-Length: 5\r\n\r\n{bad}")
+    assert answer.startswith(b"HTTP/1.1 400") and b'"error": "malformed JSON request body' in answer
+    wrong = {"inputs": [{"name": "a", "shape": [1, 1], "datatype": "FP32", "data": [1, 2, 3]}]}
+    body = json.dumps(wrong).encode()
+    answer = raw(port, b"POST /v2/models/AddSub/infer HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert answer.startswith(b"HTTP/1.1 400") and b"more values than its shape holds" in answer
+    answer = raw(port, b"POST /v2/models/AddSub/infer HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 413")
+    answer = raw(port, b"GET /nowhere HTTP/1.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 404") and json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert raw(port, b"NOT HTTP\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert client.is_server_live()  # still serving
+
+
+def test_keep_alive_and_pipelining_answer_in_order(endpoint):
+    _, _, port = endpoint
+    requests = b"".join(b"GET /v2/health/live HTTP/1.1\r\n\r\nGET /v2/models/Nope HTTP/1.1\r\n\r\n" for _ in range(3))
+    answer = raw(port, requests + b"GET /v2/health/ready HTTP/1.1\r\nConnection: close\r\n\r\n")
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)
+    assert statuses == [b"200", b"400"] * 3 + [b"200"]  # (Triton: an unknown model is INVALID_ARG, 400)
