@@ -92,3 +92,37 @@ def test_keep_alive_and_pipelining_answer_in_order(endpoint):
     answer = raw(port, requests + b"GET /v2/health/ready HTTP/1.1\r\nConnection: close\r\n\r\n")
     statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)
     assert statuses == [b"200", b"400"] * 3 + [b"200"]  # (Triton: an unknown model is INVALID_ARG, 400)
+
+
+def test_binary_tensor_data_extension_as_the_stock_client_sends_it(endpoint):
+    """tritonclient.http's defaults: inputs and outputs as raw bytes after the JSON header."""
+    _, address, port = endpoint
+    client = httpclient.InferenceServerClient(address)
+    a = np.arange(4, dtype=np.float32).reshape(4, 1)
+    inputs = [httpclient.InferInput("a", [4, 1], "FP32"), httpclient.InferInput("b", [4, 1], "FP32")]
+    inputs[0].set_data_from_numpy(a)  # binary_data=True by default
+    inputs[1].set_data_from_numpy(np.ones_like(a))
+    result = client.infer("AddSub", inputs)  # no outputs named: binary_data_output
+    np.testing.assert_array_equal(result.as_numpy("add"), a + 1)
+    np.testing.assert_array_equal(result.as_numpy("sub"), a - 1)
+    mixed = client.infer(
+        "AddSub",
+        inputs,
+        outputs=[httpclient.InferRequestedOutput("add"), httpclient.InferRequestedOutput("sub", binary_data=False)],
+    )
+    assert mixed.get_output("sub")["data"] == [-1.0, 0.0, 1.0, 2.0]  # JSON
+    np.testing.assert_array_equal(mixed.as_numpy("add"), a + 1)  # binary
+    text = httpclient.InferInput("x", [1, 2], "BYTES")
+    text.set_data_from_numpy(np.array([[b"\x00raw", "w\u00f6rld".encode()]], dtype=np.object_))
+    assert client.infer("Echo", [text]).as_numpy("y").tolist() == [[b"\x00raw", "w\u00f6rld".encode()]]
+    # sizes that do not add up are the client's mistake
+    header = json.dumps(
+        {"inputs": [{"name": "a", "shape": [1, 1], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}
+    ).encode()
+    body = header + b"\0" * 4
+    request = (
+        b"POST /v2/models/AddSub/infer HTTP/1.1\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+        % (len(header), len(body))
+    )
+    answer = raw(port, request + body)
+    assert answer.startswith(b"HTTP/1.1 400") and b"binary_data_size 8 does not fit the 4 bytes" in answer

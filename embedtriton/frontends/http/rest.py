@@ -57,6 +57,14 @@ class HttpOptions:
                 raise InvalidArgumentError(f"HttpOptions.{name} must be a positive integer, not {value!r}")
 
 
+@dataclass
+class _Binary:
+    """An answer with the binary tensor data extension: a JSON header, then raw tensor bytes."""
+
+    header: dict[str, Any]
+    blobs: list[bytes]
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -137,7 +145,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         method = self.parser.get_method().decode()
         self.queue.put_nowait(
-            (method, self.url.decode("latin-1"), b"".join(self.body), self.parser.should_keep_alive())
+            (method, self.url.decode("latin-1"), self.headers, b"".join(self.body), self.parser.should_keep_alive())
         )
 
     def _count(self, n: int) -> None:
@@ -161,9 +169,9 @@ class _Connection(asyncio.Protocol):
             if isinstance(item, _Refused):  # the connection cannot be read further
                 self._send(item.status, {"error": str(item)}, keep_alive=False)
                 return
-            method, url, body, keep_alive = item
+            method, url, headers, body, keep_alive = item
             try:
-                status, payload = await self.endpoint.route(method, url, body)
+                status, payload = await self.endpoint.route(method, url, headers, body)
             except _Refused as exc:
                 status, payload = exc.status, {"error": str(exc)}
             except TritonError as exc:
@@ -177,12 +185,16 @@ class _Connection(asyncio.Protocol):
     def _send(self, status: int, payload: Any, keep_alive: bool) -> None:
         if self.transport is None or self.transport.is_closing():
             return
+        extra, blobs = "Content-Type: application/json\r\n", []
+        if isinstance(payload, _Binary):  # the binary tensor data extension: JSON, then the tensors' bytes
+            payload, blobs = payload.header, payload.blobs
         body = b"" if payload is None else json.dumps(payload).encode()
-        head = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n"
-        )
-        self.transport.write(head.encode() + body)
+        if blobs:
+            extra = f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(body)}\r\n"
+        size = len(body) + sum(len(b) for b in blobs)
+        close = "" if keep_alive else "Connection: close\r\n"
+        head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{extra}Content-Length: {size}\r\n{close}\r\n"
+        self.transport.writelines([head.encode(), body, *blobs])
         if not keep_alive:
             self.transport.close()
 
@@ -235,7 +247,7 @@ class RestEndpoint:
         self._thread.join(timeout=5)
 
     # -- routes
-    async def route(self, method: str, url: str, body: bytes) -> tuple[int, Any]:
+    async def route(self, method: str, url: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, Any]:
         path = url.split("?", 1)[0]
         parts = [unquote(p) for p in path.strip("/").split("/")]
         if parts[:1] != ["v2"]:
@@ -251,11 +263,11 @@ class RestEndpoint:
             name, version, action = rest[1], "", rest[2:]
             if action[:1] == ["versions"] and len(action) >= 2:
                 version, action = action[1], action[2:]
-            return await self._model_route(method, name, version, action, body)
+            return await self._model_route(method, name, version, action, headers, body)
         raise _Refused(404, f"no such endpoint: {path}")
 
     async def _model_route(
-        self, method: str, name: str, version: str, action: list[str], body: bytes
+        self, method: str, name: str, version: str, action: list[str], headers: dict[bytes, bytes], body: bytes
     ) -> tuple[int, Any]:
         model = kserve.model_of(self.server, name, version)
         if action == [] and method == "GET":
@@ -269,12 +281,21 @@ class RestEndpoint:
         if action == ["infer"]:
             if method != "POST":
                 raise _Refused(405, "Method Not Allowed")
-            return 200, await self._infer(model, name, version, body)
+            return 200, await self._infer(model, name, version, headers, body)
         raise _Refused(404, f"no such endpoint for model '{name}': {'/'.join(action)}")
 
-    async def _infer(self, model: Any, name: str, version: str, body: bytes) -> dict[str, Any]:
+    async def _infer(self, model: Any, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Any:
         if self.draining:
             raise UnavailableError("the server is stopping: it takes no new requests")
+        header_size = headers.get(b"inference-header-content-length")
+        binary = memoryview(b"")
+        if header_size is not None:  # the binary tensor data extension: JSON, then the inputs' bytes
+            if not header_size.isdigit() or int(header_size) > len(body):
+                raise InvalidArgumentError(
+                    f"Inference-Header-Content-Length {header_size.decode('latin-1')!r} does not fit the "
+                    f"{len(body)}-byte body"
+                )
+            binary, body = memoryview(body)[int(header_size) :], body[: int(header_size)]
         try:
             request = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -283,6 +304,7 @@ class RestEndpoint:
             raise InvalidArgumentError("the request body must be a JSON object with an 'inputs' list")
         decoded = kserve.Decoded(model)
         inputs = decoded.request.inputs = {}
+        offset = 0
         for tensor in request["inputs"]:
             if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
                 raise InvalidArgumentError("each input must be an object with a 'name'")
@@ -294,16 +316,39 @@ class RestEndpoint:
                 raise InvalidArgumentError(f"input '{tname}' already exists in request")
             if not isinstance(datatype, str):
                 raise InvalidArgumentError(f"input '{tname}': 'datatype' must be a string such as \"FP32\"")
+            size = (tensor.get("parameters") or {}).get("binary_data_size")
+            if size is not None:
+                if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+                    raise InvalidArgumentError(
+                        f"input '{tname}': binary_data_size {size!r} does not fit the {len(binary) - offset} "
+                        "bytes of binary data left in the request"
+                    )
+                inputs[tname] = kserve.array_from_bytes(tname, datatype, tuple(shape), binary[offset : offset + size])
+                offset += size
+                continue
             values = _flatten(tensor.get("data"), math.prod(shape), tname)
             inputs[tname] = kserve.array_from_values(tname, datatype, tuple(shape), values)
-        outputs = request.get("outputs")
-        if isinstance(outputs, list) and outputs:
-            kserve.requested_outputs(decoded, None, [(o.get("name"), o.get("parameters") or {}) for o in outputs])  # type: ignore[arg-type]
+        if offset != len(binary):
+            raise InvalidArgumentError(f"{len(binary) - offset} bytes of binary data follow that no input claims")
         params = request.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidArgumentError("'parameters' must be a JSON object")
+        params = dict(params)
+        binary_default = bool(params.pop("binary_data_output", False))  # outputs not named otherwise
+        in_binary: set[str] = set()
+        outputs = request.get("outputs")
+        if isinstance(outputs, list) and outputs:
+            wanted = []
+            for o in outputs:
+                if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+                    raise InvalidArgumentError("each requested output must be an object with a 'name'")
+                oparams = dict(o.get("parameters") or {})
+                if oparams.pop("binary_data", binary_default):
+                    in_binary.add(o["name"])
+                wanted.append((o["name"], oparams))
+            kserve.requested_outputs(decoded, None, wanted)  # type: ignore[arg-type]
         request_id = request.get("id", "")
-        kserve.apply_parameters(decoded, dict(params), request_id if isinstance(request_id, str) else "")
+        kserve.apply_parameters(decoded, params, request_id if isinstance(request_id, str) else "")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         decoded.model.submit(decoded.request, loop, future)
@@ -311,17 +356,22 @@ class RestEndpoint:
         answer: dict[str, Any] = {"model_name": name, "model_version": version or "1", "outputs": []}
         if request_id:
             answer["id"] = request_id
+        blobs: list[bytes] = []
         for oname, array in results.items():
             datatype = triton_dtype(array.dtype)
             if decoded.classify and oname in decoded.classify:
                 array = kserve.classify(array, datatype, decoded.classify[oname], model.batched, model.labels(oname))
                 datatype = "BYTES"
-            data = [
-                v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-                for v in np.asarray(array).reshape(-1).tolist()
-            ]
-            answer["outputs"].append({"name": oname, "datatype": datatype, "shape": list(array.shape), "data": data})
-        return answer
+            entry: dict[str, Any] = {"name": oname, "datatype": datatype, "shape": list(array.shape)}
+            if oname in in_binary or (binary_default and not outputs):
+                raw = kserve.output_bytes(array, datatype)
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                blobs.append(raw)
+            else:
+                flat = np.asarray(array).reshape(-1).tolist()
+                entry["data"] = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in flat]
+            answer["outputs"].append(entry)
+        return _Binary(answer, blobs) if blobs else answer
 
 
 def _flatten(data: Any, expected: int, name: str) -> list[Any]:
