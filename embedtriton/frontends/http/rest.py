@@ -29,7 +29,7 @@ from ..grpc.options import normalize_address
 
 # Triton's HTTP status for each error (http_server.cc HttpCodeFromError)
 _STATUS = [(NotFoundError, 404), (UnavailableError, 503), (UnsupportedError, 501), (InvalidArgumentError, 400)]
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
             413: "Payload Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
             501: "Not Implemented", 503: "Service Unavailable"}  # fmt: skip
 
@@ -48,13 +48,20 @@ class HttpOptions:
     address: str | int = "127.0.0.1:8000"
     max_body_bytes: int = 64 * 1024 * 1024
     max_header_bytes: int = 16 * 1024
+    max_connections: int = 1024  # more are closed at once
+    idle_timeout_s: float = 300.0  # a connection idle this long is closed
+    request_timeout_s: float = 30.0  # a request begun must arrive whole within this (else 408)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", normalize_address(self.address, "HTTP"))
-        for name in ("max_body_bytes", "max_header_bytes"):
+        for name in ("max_body_bytes", "max_header_bytes", "max_connections"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InvalidArgumentError(f"HttpOptions.{name} must be a positive integer, not {value!r}")
+        for name in ("idle_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise InvalidArgumentError(f"HttpOptions.{name} must be a positive number of seconds, not {value!r}")
 
 
 @dataclass
@@ -89,17 +96,42 @@ class _Connection(asyncio.Protocol):
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.worker: asyncio.Task[None] | None = None
         self.refused: _Refused | None = None  # why the connection is refused (set in a callback)
+        self.timer: asyncio.TimerHandle | None = None
+        self.in_request = False  # bytes of a request arrived, and not yet all of it
+        self.busy = False  # answering a request
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if len(self.endpoint.connections) >= self.endpoint.options.max_connections:
+            transport.close()  # over max_connections: no worker, nothing read
+            return
         self.worker = asyncio.ensure_future(self._answer())
         self.endpoint.connections.add(self)
+        self._arm()
+
+    def _arm(self) -> None:
+        """(Re)start the clock: idle_timeout_s between requests, request_timeout_s within one."""
+        if self.timer is not None:
+            self.timer.cancel()
+        options = self.endpoint.options
+        delay = options.request_timeout_s if self.in_request else options.idle_timeout_s
+        self.timer = asyncio.get_running_loop().call_later(delay, self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        if self.in_request and self.refused is None:  # stalled mid-request: answered after what came before
+            self.refused = _Refused(408, "the request did not arrive within request_timeout_s")
+            self.queue.put_nowait(self.refused)
+        elif self.transport is not None and self.queue.empty() and not self.busy:
+            self.transport.close()  # idle
+        else:
+            self._arm()
 
     def data_received(self, data: bytes) -> None:
         import httptools
 
-        if self.refused is not None:
+        if self.refused is not None or self.worker is None:
             return  # the connection is being refused: nothing more is read
         try:
             self.parser.feed_data(data)
@@ -114,12 +146,16 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.endpoint.connections.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
         if self.worker is not None:
             self.worker.cancel()
 
     # -- httptools callbacks
     def on_message_begin(self) -> None:
         self.url, self.headers, self.header_bytes, self.body, self.body_bytes = b"", {}, 0, [], 0
+        self.in_request = True  # it has request_timeout_s to arrive whole
+        self._arm()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -143,6 +179,8 @@ class _Connection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.in_request = False
+        self._arm()
         method = self.parser.get_method().decode()
         self.queue.put_nowait(
             (method, self.url.decode("latin-1"), self.headers, b"".join(self.body), self.parser.should_keep_alive())
@@ -170,6 +208,7 @@ class _Connection(asyncio.Protocol):
                 self._send(item.status, {"error": str(item)}, keep_alive=False)
                 return
             method, url, headers, body, keep_alive = item
+            self.busy = True
             try:
                 status, payload = await self.endpoint.route(method, url, headers, body)
             except _Refused as exc:
@@ -178,6 +217,8 @@ class _Connection(asyncio.Protocol):
                 status, payload = status_of(exc), {"error": str(exc)}
             except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
                 status, payload = 400, {"error": f"malformed request: {exc}"}
+            finally:
+                self.busy = False
             self._send(status, payload, keep_alive)
             if not keep_alive:
                 return
