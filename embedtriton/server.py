@@ -71,7 +71,8 @@ class Server(CoreServer):
         as gRPC. ``address`` (``"127.0.0.1:8000"`` by default; ``"host:0"`` picks a free port)
         and ``settings`` (``max_body_bytes``, ``max_header_bytes``) override the fields of
         ``options`` (``HttpOptions``). Returns the port. Needs ``pip install "embedtriton[http]"``."""
-        from .frontends.http.rest import HttpOptions, RestEndpoint
+        from .frontends.http.options import HttpOptions
+        from .frontends.http.rest import RestEndpoint
 
         if address is not None:
             settings["address"] = address

@@ -22,6 +22,15 @@ from .shared_memory import Region, SystemSharedMemory
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"  # a stream's extra final response
 
 
+# Triton's extensions (as its server metadata names them) that our endpoints implement. Not
+# listed: model_repository(unload_dependents) (no dependents here) and cuda_shared_memory
+# (registering needs a GPU build); binary_tensor_data is added by the HTTP endpoint.
+EXTENSIONS = (
+    "classification", "sequence", "model_repository", "schedule_policy", "model_configuration",
+    "system_shared_memory", "parameters", "statistics", "trace", "logging",
+)  # fmt: skip
+
+
 class Decoded:
     """A network request, decoded: the request object for ``model``, plus the shared-memory
     regions it reads or writes and the outputs it wants written into them."""

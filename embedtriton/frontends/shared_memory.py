@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +116,7 @@ def _open_region(name: str, key: str, offset: int, byte_size: int) -> Region:
 
 
 class SystemSharedMemory:
-    """The registered regions of one endpoint, by name."""
+    """Registered regions, by name."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -156,3 +157,17 @@ class SystemSharedMemory:
         if region is None:
             raise InvalidArgumentError(f"Unable to find shared memory region: '{name}'")
         return region
+
+
+_of_server: weakref.WeakKeyDictionary[Any, SystemSharedMemory] = weakref.WeakKeyDictionary()
+_of_server_lock = threading.Lock()
+
+
+def regions_of(server: Any) -> SystemSharedMemory:
+    """The regions of a server: one table for all its endpoints, as in Triton (a region
+    registered over HTTP can be named in a gRPC request)."""
+    with _of_server_lock:
+        table = _of_server.get(server)
+        if table is None:
+            table = _of_server[server] = SystemSharedMemory()
+        return table

@@ -23,12 +23,11 @@ from ...errors import (
     InvalidArgumentError,
     NotFoundError,
     TritonError,
-    UnavailableError,
     UnsupportedError,
 )
 from ...triton.devices import cuda_devices
-from .. import kserve
-from ..shared_memory import SystemSharedMemory
+from .. import admin, kserve
+from ..shared_memory import regions_of
 from .infer import STOPPING, Inference, InFlight, Stream
 from .repository import Repository
 from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of, response_compression
@@ -39,12 +38,6 @@ _KSERVE = "/inference.GRPCInferenceService/"
 _STREAM_INFER = _KSERVE + "ModelStreamInfer"
 _HEALTH = "/grpc.health.v1.Health/"
 _REFUSED = object()  # call.user of a unary call already answered with an error
-# Triton's extensions that this endpoint implements. Not listed: binary_tensor_data (HTTP
-# only), model_repository(unload_dependents), cuda_shared_memory (registering needs a GPU build).
-_EXTENSIONS = (
-    "classification", "sequence", "model_repository", "schedule_policy", "model_configuration",
-    "system_shared_memory", "parameters", "statistics", "trace", "logging",
-)  # fmt: skip
 _REFUSED_WHILE_DRAINING = {
     _KSERVE + name for name in ("RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister")
 }  # (inference requests are refused by Inference.decode, for unary calls and streams alike)
@@ -57,7 +50,7 @@ class Service:
         self, server: CoreServer, shared_memory: bool = True, infer_response_compression_level: str = "none"
     ) -> None:
         self.server = server
-        self.shm = SystemSharedMemory()
+        self.shm = regions_of(server)
         self.inference = Inference(server, self.shm)
         self.repository = Repository(server)
         self.shared_memory = shared_memory
@@ -231,7 +224,7 @@ class Service:
     def server_metadata(self, request: Any, call: Call) -> Any:
         """Triton's name and version; of its extensions, exactly those this endpoint implements."""
         meta = self.server.metadata()
-        served = set(_EXTENSIONS)
+        served = set(kserve.EXTENSIONS)
         if not self.shared_memory:
             served.discard("system_shared_memory")
         if self.server.tracer is None:
@@ -279,33 +272,11 @@ class Service:
         return response
 
     def trace_setting(self, request: Any, call: Call) -> Any:
-        tracer = self.server.tracer
-        if tracer is None:
-            raise UnavailableError("tracing is off: start the server with ServerConfig(tracing=Tracing(...))")
-        if request.model_name:
-            raise InvalidArgumentError("trace settings are server-wide here; leave model_name empty")
-        changes: dict[str, Any] = {}
-        for key, value in request.settings.items():
-            values = list(value.value)
-            if key == "trace_level":
-                changes["level"] = "OFF" if not values or "OFF" in values else "TIMESTAMPS"
-                if any(v not in ("OFF", "TIMESTAMPS") for v in values):
-                    raise InvalidArgumentError(f"trace_level {values}: only TIMESTAMPS and OFF are supported")
-            elif key in ("trace_rate", "trace_count"):
-                try:
-                    changes[key[6:]] = int(values[0]) if values else {"trace_rate": 1, "trace_count": -1}[key]
-                except ValueError:
-                    raise InvalidArgumentError(f"{key} must be an integer, not {values[0]!r}") from None
-            else:
-                raise InvalidArgumentError(
-                    f"trace setting '{key}' is not supported (spans go to the OpenTelemetry TracerProvider); "
-                    "supported: trace_level, trace_rate, trace_count"
-                )
-        settings = tracer.update(**changes) if changes else tracer.settings
+        settings = {key: list(value.value) for key, value in request.settings.items()}
+        current = admin.trace_settings(self.server, request.model_name, settings)
         response = service_pb2.TraceSettingResponse()
-        response.settings["trace_level"].value.append(settings.level)
-        response.settings["trace_rate"].value.append(str(settings.rate))
-        response.settings["trace_count"].value.append(str(settings.count))
+        for key, value in current.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
         return response
 
     # -- shared memory --------------------------------------------------------------

@@ -1,0 +1,201 @@
+"""One HTTP/1.1 connection of the REST endpoint: ``httptools`` (llhttp) feeds the request
+parts; complete requests are queued and answered in order (keep-alive and pipelining). Limits on
+the client (body and header sizes, request and idle timeouts) are enforced as bytes arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
+
+# Triton's HTTP status for each error (http_server.cc HttpCodeFromError)
+_STATUS = [(NotFoundError, 404), (UnavailableError, 503), (UnsupportedError, 501), (InvalidArgumentError, 400)]
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
+            413: "Payload Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            501: "Not Implemented", 503: "Service Unavailable"}  # fmt: skip
+
+
+def status_of(error: BaseException) -> int:
+    for cls, status in _STATUS:
+        if isinstance(error, cls):
+            return status
+    return 500 if isinstance(error, TritonError) and error.code == "INTERNAL" else 400
+
+
+@dataclass
+class Binary:
+    """An answer with the binary tensor data extension: a JSON header, then raw tensor bytes."""
+
+    header: dict[str, Any]
+    blobs: list[bytes]
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection: httptools feeds the request parts; complete requests are
+    queued and answered in order."""
+
+    def __init__(self, endpoint: Any) -> None:
+        import httptools
+
+        self.endpoint = endpoint
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.header_bytes = 0
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.worker: asyncio.Task[None] | None = None
+        self.refused: Refused | None = None  # why the connection is refused (set in a callback)
+        self.timer: asyncio.TimerHandle | None = None
+        self.in_request = False  # bytes of a request arrived, and not yet all of it
+        self.busy = False  # answering a request
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if len(self.endpoint.connections) >= self.endpoint.options.max_connections:
+            transport.close()  # over max_connections: no worker, nothing read
+            return
+        self.worker = asyncio.ensure_future(self._answer())
+        self.endpoint.connections.add(self)
+        self._arm()
+
+    def _arm(self) -> None:
+        """(Re)start the clock: idle_timeout_s between requests, request_timeout_s within one."""
+        if self.timer is not None:
+            self.timer.cancel()
+        options = self.endpoint.options
+        delay = options.request_timeout_s if self.in_request else options.idle_timeout_s
+        self.timer = asyncio.get_running_loop().call_later(delay, self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        if self.in_request and self.refused is None:  # stalled mid-request: answered after what came before
+            self.refused = Refused(408, "the request did not arrive within request_timeout_s")
+            self.queue.put_nowait(self.refused)
+        elif self.transport is not None and self.queue.empty() and not self.busy:
+            self.transport.close()  # idle
+        else:
+            self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        import httptools
+
+        if self.refused is not None or self.worker is None:
+            return  # the connection is being refused: nothing more is read
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:  # (our callbacks' refusals come wrapped in it)
+            self.refused = self.refused or Refused(400, f"malformed HTTP request: {exc}")
+            self.queue.put_nowait(self.refused)
+
+    def eof_received(self) -> bool:
+        """The client finished sending: answer what it sent, then close."""
+        self.queue.put_nowait(None)
+        return True  # keep the transport open for the answers
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.endpoint.connections.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.worker is not None:
+            self.worker.cancel()
+
+    # -- httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url, self.headers, self.header_bytes, self.body, self.body_bytes = b"", {}, 0, [], 0
+        self.in_request = True  # it has request_timeout_s to arrive whole
+        self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+        self._count(len(name) + len(value))
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.endpoint.options.max_body_bytes):
+            self._refuse(413, f"request body over the limit of {self.endpoint.options.max_body_bytes} bytes")
+        if self.headers.get(b"transfer-encoding") is not None:
+            self._refuse(411, "a request body needs Content-Length (chunked transfer is not accepted)")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.endpoint.options.max_body_bytes:
+            self._refuse(413, f"request body over the limit of {self.endpoint.options.max_body_bytes} bytes")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.in_request = False
+        self._arm()
+        method = self.parser.get_method().decode()
+        self.queue.put_nowait(
+            (method, self.url.decode("latin-1"), self.headers, b"".join(self.body), self.parser.should_keep_alive())
+        )
+
+    def _count(self, n: int) -> None:
+        self.header_bytes += n
+        if self.header_bytes > self.endpoint.options.max_header_bytes:
+            self._refuse(431, f"request headers over the limit of {self.endpoint.options.max_header_bytes} bytes")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Stop reading this connection: answer ``status`` after what came before, then close."""
+        self.refused = Refused(status, message)
+        raise self.refused
+
+    # -- answering, in order
+    async def _answer(self) -> None:
+        while True:
+            item = await self.queue.get()
+            if item is None:  # end of the client's data
+                if self.transport is not None:
+                    self.transport.close()
+                return
+            if isinstance(item, Refused):  # the connection cannot be read further
+                self._send(item.status, {"error": str(item)}, keep_alive=False)
+                return
+            method, url, headers, body, keep_alive = item
+            self.busy = True
+            try:
+                status, payload = await self.endpoint.route(method, url, headers, body)
+            except Refused as exc:
+                status, payload = exc.status, {"error": str(exc)}
+            except TritonError as exc:
+                status, payload = status_of(exc), {"error": str(exc)}
+            except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
+                status, payload = 400, {"error": f"malformed request: {exc}"}
+            finally:
+                self.busy = False
+            self._send(status, payload, keep_alive)
+            if not keep_alive:
+                return
+
+    def _send(self, status: int, payload: Any, keep_alive: bool) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        extra, blobs = "Content-Type: application/json\r\n", []
+        if isinstance(payload, Binary):  # the binary tensor data extension: JSON, then the tensors' bytes
+            payload, blobs = payload.header, payload.blobs
+        body = b"" if payload is None else json.dumps(payload).encode()
+        if blobs:
+            extra = f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(body)}\r\n"
+        size = len(body) + sum(len(b) for b in blobs)
+        close = "" if keep_alive else "Connection: close\r\n"
+        head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{extra}Content-Length: {size}\r\n{close}\r\n"
+        self.transport.writelines([head.encode(), body, *blobs])
+        if not keep_alive:
+            self.transport.close()

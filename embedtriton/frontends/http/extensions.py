@@ -1,0 +1,118 @@
+"""Triton's HTTP extensions besides inference: the model repository (index, load, unload),
+system and CUDA shared memory, logging and trace settings, with the paths, bodies and answers
+of Triton's ``http_server.cc``. The logic is the gRPC endpoint's (:mod:`..admin`,
+:mod:`..shared_memory`); here only JSON in and out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from ...core import CoreServer
+from ...errors import InvalidArgumentError, NotFoundError, UnavailableError
+from ...triton.devices import cuda_devices
+from .. import admin
+from ..shared_memory import SystemSharedMemory
+from .connection import Refused
+
+
+def json_object(body: bytes, what: str = "request") -> dict[str, Any]:
+    """A request body that must be a JSON object (an empty body is ``{}``)."""
+    if not body.strip():
+        return {}
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"malformed JSON {what} body: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"the {what} body must be a JSON object")
+    return value
+
+
+async def repository(server: CoreServer, draining: bool, method: str, rest: list[str], body: bytes) -> Any:
+    """``POST /v2/repository/index`` and ``/v2/repository/models/{m}/load|unload``."""
+    request = json_object(body)
+    if method != "POST":
+        raise Refused(405, "Method Not Allowed")
+    if rest == ["index"]:
+        return admin.repository_index(server, bool(request.get("ready")))
+    if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+        if draining:
+            raise UnavailableError("the server is stopping: it takes no new requests")
+        params = request.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidArgumentError("'parameters' must be a JSON object")
+        name = rest[1]
+        if rest[2] == "load":  # a name nothing provides is a client's mistake: 404 (Triton: 500)
+            work = admin.load_work(server, name, params, missing=NotFoundError)
+        else:
+            work = admin.unload_work(server, name, params)
+        if work is not None:
+            await asyncio.get_running_loop().run_in_executor(None, work)
+        return None
+    raise Refused(404, f"no such repository endpoint: {'/'.join(rest)}")
+
+
+def shared_memory(
+    shm: SystemSharedMemory, enabled: bool, draining: bool, kind: str, method: str, rest: list[str], body: bytes
+) -> Any:
+    """``/v2/{system,cuda}sharedmemory[/region/{name}]/status|register|unregister``."""
+    name = ""
+    if len(rest) == 3 and rest[0] == "region":
+        name, rest = rest[1], rest[2:]
+    if len(rest) != 1 or rest[0] not in ("status", "register", "unregister"):
+        raise Refused(404, f"no such shared-memory endpoint: {'/'.join(rest)}")
+    action = rest[0]
+    if (action == "status") != (method == "GET") or method not in ("GET", "POST"):
+        raise Refused(405, "Method Not Allowed")
+    if kind == "cudasharedmemory":  # as Triton built without GPU support answers it
+        if action == "status":
+            if name and any(r.name == name for r in shm.status()):
+                raise NotFoundError(
+                    f"The region named '{name}' is registered as system shared memory, not CUDA shared memory"
+                )
+            if name:
+                raise NotFoundError(f"Unable to find cuda shared memory region: '{name}'")
+            return []
+        if action == "register":
+            why = "this server sees no GPU" if cuda_devices()[0] == 0 else "CUDA shared memory is not in this build yet"
+            raise InvalidArgumentError(
+                f"failed to register CUDA shared memory region: '{name}', GPUs not supported "
+                f"({why}: use system shared memory or send tensors in the request)"
+            )
+        return None
+    if action == "status":
+        return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in shm.status(name)]
+    if action == "unregister":
+        shm.unregister(name)
+        return None
+    if not enabled:
+        raise InvalidArgumentError("system shared memory is turned off on this endpoint (HttpOptions.shared_memory)")
+    if draining:
+        raise UnavailableError("the server is stopping: it takes no new requests")
+    if not name:
+        raise Refused(404, "register needs a region name: /v2/systemsharedmemory/region/{name}/register")
+    request = json_object(body, "register")
+    key, offset, size = request.get("key"), request.get("offset", 0), request.get("byte_size")
+    if not isinstance(key, str):
+        raise InvalidArgumentError("Shared memory register request has no 'key' string (the shm_open name)")
+    for field, value in (("offset", offset), ("byte_size", size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidArgumentError(f"Shared memory register request needs an integer '{field}', not {value!r}")
+    shm.register(name, key, offset, size)
+    return None
+
+
+def logging_settings(server: CoreServer, method: str, body: bytes) -> Any:
+    """``GET`` / ``POST /v2/logging``: Triton's log settings, after the changes posted."""
+    if method == "GET":
+        return server.log_settings()
+    changes = json_object(body, "logging")  # checked by the core (log_file is fixed)
+    return server.log_settings(**{k: v for k, v in changes.items() if v is not None})
+
+
+def trace_settings(server: CoreServer, model_name: str, method: str, body: bytes) -> Any:
+    """``GET`` / ``POST /v2[/models/{m}]/trace/setting``."""
+    changes = json_object(body, "trace setting") if method == "POST" else {}
+    return admin.trace_settings(server, model_name, changes)
