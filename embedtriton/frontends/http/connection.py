@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,21 @@ class Binary:
 
     header: dict[str, Any]
     blobs: list[bytes]
+
+
+@dataclass
+class EventStream:
+    """An answer sent as Server-Sent Events (chunked): one ``data: {json}`` event per item."""
+
+    events: AsyncIterator[Any]
+
+
+@dataclass
+class Text:
+    """An answer that is not JSON (Prometheus metrics)."""
+
+    content_type: str
+    body: bytes
 
 
 class Refused(Exception):
@@ -60,6 +76,8 @@ class Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.in_request = False  # bytes of a request arrived, and not yet all of it
         self.busy = False  # answering a request
+        self.writable = asyncio.Event()  # the transport's buffer is under its high-water mark
+        self.writable.set()
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -104,6 +122,12 @@ class Connection(asyncio.Protocol):
         """The client finished sending: answer what it sent, then close."""
         self.queue.put_nowait(None)
         return True  # keep the transport open for the answers
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.endpoint.connections.discard(self)
@@ -178,16 +202,47 @@ class Connection(asyncio.Protocol):
                 status, payload = status_of(exc), {"error": str(exc)}
             except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
                 status, payload = 400, {"error": f"malformed request: {exc}"}
+            try:
+                if isinstance(payload, EventStream):
+                    await self._stream(payload.events, keep_alive)
+                else:
+                    self._send(status, payload, keep_alive)
             finally:
                 self.busy = False
-            self._send(status, payload, keep_alive)
             if not keep_alive:
                 return
+
+    async def _stream(self, events: AsyncIterator[Any], keep_alive: bool) -> None:
+        """Server-Sent Events in HTTP/1.1 chunks, written no faster than the client reads (a
+        slow reader holds back the model's responses instead of growing our buffer)."""
+        close = "" if keep_alive else "Connection: close\r\n"
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nCache-Control: no-cache\r\n"
+            f"Transfer-Encoding: chunked\r\n{close}\r\n"
+        )
+        transport = self.transport
+        if transport is None:
+            return
+        transport.write(head.encode())
+        try:
+            async for event in events:
+                data = b"data: " + json.dumps(event).encode() + b"\n\n"
+                transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+                await self.writable.wait()
+                if transport.is_closing():
+                    return  # the client left: closing the events cancels the request
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+        transport.write(b"0\r\n\r\n")
+        if not keep_alive:
+            transport.close()
 
     def _send(self, status: int, payload: Any, keep_alive: bool) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         extra, blobs = "Content-Type: application/json\r\n", []
+        if isinstance(payload, Text):
+            extra, payload, blobs = f"Content-Type: {payload.content_type}\r\n", None, [payload.body]
         if isinstance(payload, Binary):  # the binary tensor data extension: JSON, then the tensors' bytes
             payload, blobs = payload.header, payload.blobs
         body = b"" if payload is None else json.dumps(payload).encode()

@@ -25,7 +25,8 @@ from ...tensors import triton_dtype
 from .. import kserve
 from ..shared_memory import regions_of
 from . import extensions
-from .connection import Binary, Connection, Refused
+from .connection import Binary, Connection, Refused, Text
+from .generate import generate
 from .options import HttpOptions
 
 
@@ -82,6 +83,8 @@ class RestEndpoint:
     async def route(self, method: str, url: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, Any]:
         path = url.split("?", 1)[0]
         parts = [unquote(p) for p in path.strip("/").split("/")]
+        if path == "/metrics" and method == "GET":  # also here, besides serve_metrics' own port
+            return 200, Text("text/plain; version=0.0.4", self.server.metrics().encode())
         if parts[:1] != ["v2"]:
             raise Refused(404, f"no such endpoint: {path}")
         rest = parts[1:]
@@ -137,6 +140,11 @@ class RestEndpoint:
             if method != "POST":
                 raise Refused(405, "Method Not Allowed")
             return 200, await self._infer(model, name, version, headers, body)
+        if action in (["generate"], ["generate_stream"]):
+            if method != "POST":
+                raise Refused(405, "Method Not Allowed")
+            stream = action == ["generate_stream"]
+            return 200, await generate(model, name, version, body, stream, self.draining)
         raise Refused(404, f"no such endpoint for model '{name}': {'/'.join(action)}")
 
     async def _infer(self, model: Any, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Any:
