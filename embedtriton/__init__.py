@@ -36,6 +36,7 @@ from .errors import (
     UnsupportedError,
 )
 from .frontends.grpc import GrpcLimits, GrpcOptions
+from .frontends.http.options import HttpOptions
 from .server import Server
 from .tracing import Tracing
 
@@ -48,6 +49,7 @@ __all__ = [
     "Final",
     "GrpcLimits",
     "GrpcOptions",
+    "HttpOptions",
     "InstanceGroup",
     "InternalError",
     "InvalidArgumentError",

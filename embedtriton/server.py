@@ -11,6 +11,7 @@ from .config import ServerConfig
 from .core import CoreServer
 from .errors import InvalidArgumentError
 from .frontends.grpc.options import GrpcOptions, normalize_address
+from .frontends.http.options import HttpOptions
 
 log = logging.getLogger("embedtriton")
 
@@ -65,15 +66,26 @@ class Server(CoreServer):
         log.info("serving gRPC on %s (port %d)", options.address, endpoint.port)
         return endpoint.port
 
-    def serve_http(self, address: str | int | None = None, options: Any = None, **settings: Any) -> int:
-        """Serve the bound models over KServe-v2 HTTP/REST (health, metadata, config,
-        statistics, inference with JSON tensors); stopped by :meth:`stop`, with the same drain
-        as gRPC. ``address`` (``"127.0.0.1:8000"`` by default; ``"host:0"`` picks a free port)
-        and ``settings`` (``max_body_bytes``, ``max_header_bytes``) override the fields of
-        ``options`` (``HttpOptions``). Returns the port. Needs ``pip install "embedtriton[http]"``."""
-        from .frontends.http.options import HttpOptions
+    def serve_http(
+        self, address: str | int | None = None, *, options: HttpOptions | None = None, **settings: Any
+    ) -> int:
+        """Serve the models over Triton's KServe-v2 HTTP/REST protocol (health, metadata,
+        config, statistics, inference with JSON and binary tensors, shared memory, repository,
+        logging and trace settings, the generate extension, ``/metrics``) that stock Triton
+        HTTP clients and ``curl`` use; stopped by :meth:`stop`, with the same drain as gRPC.
+
+        ``address`` (``"127.0.0.1:8000"`` by default; ``"host:0"`` picks a free port) and
+        ``settings`` override the fields of ``options`` (:class:`HttpOptions`):
+        ``max_body_bytes``, ``max_header_bytes``, ``max_connections``, ``idle_timeout_s``,
+        ``request_timeout_s``, ``shared_memory``, ``tls_cert``, ``tls_key``, ``tls_client_ca``.
+        Returns the port. Needs ``pip install "embedtriton[http]"``.
+        """
         from .frontends.http.rest import RestEndpoint
 
+        fields = {f.name for f in dataclasses.fields(HttpOptions)} - {"address"}
+        unknown = sorted(set(settings) - fields)
+        if unknown:
+            raise InvalidArgumentError(f"unknown HTTP setting(s) {unknown}; the settings are {sorted(fields)}")
         if address is not None:
             settings["address"] = address
         options = dataclasses.replace(options or HttpOptions(), **settings)

@@ -167,3 +167,37 @@ def test_stop_does_not_wait_for_idle_keep_alive_connections(add_sub, add_sub_ten
     assert time.monotonic() - started < 5  # exit_timeout_secs is 30: an idle connection is not work
     assert idle.recv(4096) == b""  # and it was closed
     idle.close()
+
+
+def test_https_and_client_certificates(certs, add_sub, add_sub_tensors):
+    import ssl
+    import urllib.error
+
+    from embedtriton import HttpOptions, InvalidArgumentError
+
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
+    with server:
+        options = HttpOptions(tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"))
+        port = server.serve_http("127.0.0.1:0", options=options, tls_client_ca=str(certs / "ca.pem"))
+        url = f"https://localhost:{port}/v2/health/ready"
+        trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):  # no client certificate
+            urllib.request.urlopen(url, context=trusted, timeout=10)
+        trusted.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
+        with urllib.request.urlopen(url, context=trusted, timeout=10) as answer:
+            assert answer.status == 200
+        client = httpclient.InferenceServerClient(
+            f"localhost:{port}",
+            ssl=True,
+            ssl_options={"ca_certs": str(certs / "ca.pem"), "certfile": str(certs / "client.pem"),
+                         "keyfile": str(certs / "client.key")},
+        )  # fmt: skip
+        assert client.is_model_ready("AddSub")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:  # plain HTTP on HTTPS: cut
+            plain.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b"HTTP/1.1 200" not in plain.recv(4096)
+    with pytest.raises(InvalidArgumentError, match="HTTPS needs both tls_cert and tls_key"):
+        HttpOptions(tls_cert="x.pem")
+    with pytest.raises(InvalidArgumentError, match="unknown HTTP setting"):
+        Server().serve_http("127.0.0.1:0", tls_certificate="x.pem")

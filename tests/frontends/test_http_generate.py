@@ -29,7 +29,9 @@ def endpoint():
         out = []
         for r in requests:
             suffix = str((r.parameters or {}).get("suffix", "")).encode()
-            out.append({"text_output": np.array([[v.upper() + suffix for v in row] for row in r["text_input"]], object)})
+            out.append(
+                {"text_output": np.array([[v.upper() + suffix for v in row] for row in r["text_input"]], object)}
+            )
         return out
 
     @batch

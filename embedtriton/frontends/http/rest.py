@@ -39,13 +39,17 @@ class RestEndpoint:
         self.draining = False
         self.connections: set[Connection] = set()
         self.shm = regions_of(server)  # shared with the gRPC endpoint, as in Triton
+        context = options.ssl_context()
+        handshake = options.request_timeout_s if context else None  # a stalled TLS handshake is cut too
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
         self._thread.start()
         host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
 
         async def start() -> asyncio.AbstractServer:
-            return await self._loop.create_server(lambda: Connection(self), host.strip("[]"), int(port))
+            return await self._loop.create_server(
+                lambda: Connection(self), host.strip("[]"), int(port), ssl=context, ssl_handshake_timeout=handshake
+            )
 
         try:
             self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=30)
