@@ -104,3 +104,10 @@ def bench_grpc(session: nox.Session) -> None:
     """The gRPC endpoint under perf_analyzer (the binary in the tritonclient wheel; needs libb64-0d)."""
     install(session, "tritonclient[grpc]==2.51.0", "grpcio-health-checking<1.63")
     session.run("python", "benchmarks/bench_grpc.py", *session.posargs)
+
+
+@nox.session(name="bench-http")
+def bench_http(session: nox.Session) -> None:
+    """The HTTP endpoint against the gRPC one under perf_analyzer, side by side (needs libb64-0d)."""
+    install(session, "tritonclient[grpc,http]==2.51.0", "grpcio-health-checking<1.63", extras="http")
+    session.run("python", "benchmarks/bench_http.py", *session.posargs)

@@ -121,10 +121,12 @@ def perf_analyzer_binary() -> tuple[str, dict[str, str]]:
     return binary, env
 
 
-def measure(binary: str, env: dict[str, str], port: int, concurrency: int, seconds: float) -> tuple[float, float]:
+def measure(
+    binary: str, env: dict[str, str], port: int, concurrency: int, seconds: float, protocol: str = "grpc"
+) -> tuple[float, float]:
     """(infer/s, p50 latency in µs) from one perf_analyzer run."""
     cmd = [
-        binary, "-m", "AddSub", "-x", "1", "-i", "grpc", "-u", f"127.0.0.1:{port}",
+        binary, "-m", "AddSub", "-x", "1", "-i", protocol, "-u", f"127.0.0.1:{port}",
         "--concurrency-range", str(concurrency), "--shape", "a:16", "--shape", "b:16",
         "--measurement-interval", str(int(seconds * 1000)), "--stability-percentage", "50",
     ]  # fmt: skip

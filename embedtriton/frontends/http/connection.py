@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -64,16 +66,18 @@ class Connection(asyncio.Protocol):
 
         self.endpoint = endpoint
         self.parser = httptools.HttpRequestParser(self)
+        self.parse_error = httptools.HttpParserError
         self.transport: asyncio.Transport | None = None
         self.url = b""
         self.headers: dict[bytes, bytes] = {}
         self.header_bytes = 0
         self.body: list[bytes] = []
         self.body_bytes = 0
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.queue: deque[Any] = deque()  # complete requests (or why reading stopped), answered in order
+        self.wakeup: asyncio.Future[None] | None = None  # the worker waits on it when the queue is empty
         self.worker: asyncio.Task[None] | None = None
         self.refused: Refused | None = None  # why the connection is refused (set in a callback)
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = math.inf  # (loop time) see _arm; the endpoint's sweep calls _expired after it
         self.in_request = False  # bytes of a request arrived, and not yet all of it
         self.busy = False  # answering a request
         self.writable = asyncio.Event()  # the transport's buffer is under its high-water mark
@@ -90,37 +94,39 @@ class Connection(asyncio.Protocol):
         self._arm()
 
     def _arm(self) -> None:
-        """(Re)start the clock: idle_timeout_s between requests, request_timeout_s within one."""
-        if self.timer is not None:
-            self.timer.cancel()
+        """(Re)start the clock: idle_timeout_s between requests, request_timeout_s within one
+        (a deadline the endpoint's periodic sweep checks: no timer per request)."""
         options = self.endpoint.options
         delay = options.request_timeout_s if self.in_request else options.idle_timeout_s
-        self.timer = asyncio.get_running_loop().call_later(delay, self._expired)
+        self.deadline = self.endpoint.now() + delay
 
     def _expired(self) -> None:
-        self.timer = None
+        self.deadline = math.inf
         if self.in_request and self.refused is None:  # stalled mid-request: answered after what came before
             self.refused = Refused(408, "the request did not arrive within request_timeout_s")
-            self.queue.put_nowait(self.refused)
-        elif self.transport is not None and self.queue.empty() and not self.busy:
+            self._put(self.refused)
+        elif self.transport is not None and not self.queue and not self.busy:
             self.transport.close()  # idle
         else:
             self._arm()
 
-    def data_received(self, data: bytes) -> None:
-        import httptools
+    def _put(self, item: Any) -> None:
+        self.queue.append(item)
+        if self.wakeup is not None and not self.wakeup.done():
+            self.wakeup.set_result(None)
 
+    def data_received(self, data: bytes) -> None:
         if self.refused is not None or self.worker is None:
             return  # the connection is being refused: nothing more is read
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:  # (our callbacks' refusals come wrapped in it)
+        except self.parse_error as exc:  # (our callbacks' refusals come wrapped in it)
             self.refused = self.refused or Refused(400, f"malformed HTTP request: {exc}")
-            self.queue.put_nowait(self.refused)
+            self._put(self.refused)
 
     def eof_received(self) -> bool:
         """The client finished sending: answer what it sent, then close."""
-        self.queue.put_nowait(None)
+        self._put(None)
         return True  # keep the transport open for the answers
 
     def pause_writing(self) -> None:
@@ -131,8 +137,6 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.endpoint.connections.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
         if self.worker is not None:
             self.worker.cancel()
 
@@ -167,7 +171,7 @@ class Connection(asyncio.Protocol):
         self.in_request = False
         self._arm()
         method = self.parser.get_method().decode()
-        self.queue.put_nowait(
+        self._put(
             (method, self.url.decode("latin-1"), self.headers, b"".join(self.body), self.parser.should_keep_alive())
         )
 
@@ -183,8 +187,12 @@ class Connection(asyncio.Protocol):
 
     # -- answering, in order
     async def _answer(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            item = await self.queue.get()
+            while not self.queue:
+                self.wakeup = loop.create_future()
+                await self.wakeup
+            item = self.queue.popleft()
             if item is None:  # end of the client's data
                 if self.transport is not None:
                     self.transport.close()

@@ -51,12 +51,22 @@ class RestEndpoint:
                 lambda: Connection(self), host.strip("[]"), int(port), ssl=context, ssl_handshake_timeout=handshake
             )
 
+        self.now = self._loop.time
+        self._sweep_every = min(1.0, options.request_timeout_s / 4, options.idle_timeout_s / 4)
+        self._loop.call_soon_threadsafe(self._sweep)
         try:
             self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=30)
         except Exception as exc:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise UnavailableError(f"cannot serve HTTP on {options.address}: {exc}") from None
         self.port: int = self._server.sockets[0].getsockname()[1]
+
+    def _sweep(self) -> None:
+        """Every so often: connections past their deadline (stalled or idle) are dealt with."""
+        now = self._loop.time()
+        for connection in [c for c in self.connections if c.deadline <= now]:
+            connection._expired()
+        self._loop.call_later(self._sweep_every, self._sweep)
 
     def drain(self) -> None:
         """The server stops: new inference requests are refused (503); health says not ready."""
@@ -66,7 +76,7 @@ class RestEndpoint:
         async def close() -> None:
             self._server.close()
             until = self._loop.time() + grace  # answers in progress (not idle keep-alives) get the grace period
-            while self._loop.time() < until and any(c.busy or not c.queue.empty() for c in self.connections):
+            while self._loop.time() < until and any(c.busy or c.queue for c in self.connections):
                 await asyncio.sleep(0.005)
             for connection in list(self.connections):
                 if connection.transport is not None:
@@ -86,7 +96,12 @@ class RestEndpoint:
     # -- routes
     async def route(self, method: str, url: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, Any]:
         path = url.split("?", 1)[0]
-        parts = [unquote(p) for p in path.strip("/").split("/")]
+        parts = path.strip("/").split("/")
+        if "%" in path:
+            parts = [unquote(p) for p in parts]
+        if len(parts) == 4 and parts[3] == "infer" and parts[1] == "models" and parts[0] == "v2" and method == "POST":
+            model = kserve.model_of(self.server, parts[2], "")  # the common case first
+            return 200, await self._infer(model, parts[2], "", headers, body)
         if path == "/metrics" and method == "GET":  # also here, besides serve_metrics' own port
             return 200, Text("text/plain; version=0.0.4", self.server.metrics().encode())
         if parts[:1] != ["v2"]:
