@@ -3,6 +3,7 @@ inference, with stock tritonclient.http and raw HTTP/1.1."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
@@ -66,6 +67,32 @@ def test_stock_http_client_health_metadata_and_json_inference(endpoint):
     assert client.get_inference_statistics("AddSub")["model_stats"][0]["inference_count"] >= 2
 
 
+def test_stock_asyncio_http_client_many_in_flight(endpoint):
+    aio = pytest.importorskip("tritonclient.http.aio")
+    _, address, _ = endpoint
+
+    async def main() -> list[np.ndarray]:
+        client = aio.InferenceServerClient(address)
+        try:
+            assert await client.is_server_ready() and await client.is_model_ready("AddSub")
+
+            async def one(i: int) -> np.ndarray:
+                a = np.full((1, 1), i, np.float32)
+                inputs = [aio.InferInput("a", [1, 1], "FP32"), aio.InferInput("b", [1, 1], "FP32")]
+                inputs[0].set_data_from_numpy(a)  # binary tensors, the client's default
+                inputs[1].set_data_from_numpy(a * 3)
+                return (await client.infer("AddSub", inputs, request_id=str(i))).as_numpy("sub")
+
+            results = await asyncio.gather(*(one(i) for i in range(64)))
+            with pytest.raises(InferenceServerException, match="unknown model"):
+                await client.infer("Nope", [aio.InferInput("a", [1, 1], "FP32")])
+            return results
+        finally:
+            await client.close()
+
+    assert [float(r[0, 0]) for r in asyncio.run(main())] == [-2.0 * i for i in range(64)]  # each its own answer
+
+
 def test_errors_are_tritons_json_with_client_mistakes_as_4xx(endpoint):
     _, address, port = endpoint
     client = httpclient.InferenceServerClient(address)
@@ -126,3 +153,22 @@ def test_binary_tensor_data_extension_as_the_stock_client_sends_it(endpoint):
     )
     answer = raw(port, request + body)
     assert answer.startswith(b"HTTP/1.1 400") and b"binary_data_size 8 does not fit the 4 bytes" in answer
+
+
+def test_perf_analyzer_over_http(endpoint, perf_analyzer):
+    """Triton's own load generator, unmodified, over HTTP (binary tensors, keep-alive, 4 in flight)."""
+    import subprocess
+
+    server, address, _ = endpoint
+    binary, env = perf_analyzer
+    before = server.model("AddSub").statistics()["inference_stats"]["success"]["count"]
+    run = subprocess.run(
+        [binary, "-m", "AddSub", "-i", "http", "-u", address,
+         "--concurrency-range", "4", "--measurement-interval", "500", "--stability-percentage", "100",
+         "--max-trials", "3"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    throughput = float(re.search(r"Throughput: ([\d.]+) infer/sec", run.stdout).group(1))
+    after = server.model("AddSub").statistics()["inference_stats"]["success"]["count"]
+    assert throughput > 100 and after - before > 100  # requests really went through Triton
