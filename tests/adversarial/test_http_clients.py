@@ -1,13 +1,18 @@
-"""Hostile HTTP clients: a request stalled mid-body, too many connections, idle connections.
-Each is bounded, and the endpoint keeps serving the others meanwhile."""
+"""Hostile HTTP clients: a request stalled mid-body, too many connections, idle connections, a
+flood of pipelined requests that reads nothing, and property-based requests (any JSON body,
+mutated bytes). Each is bounded, and the endpoint keeps serving the others meanwhile."""
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("httptools")
 
@@ -17,7 +22,7 @@ F32 = np.float32
 
 
 @pytest.fixture(scope="module")
-def port():
+def server_and_port():
     server = Server()
     server.bind(
         "Double",
@@ -27,7 +32,12 @@ def port():
         ModelConfig(max_batch_size=8),
     )
     with server:
-        yield server.serve_http("127.0.0.1:0", max_connections=4, idle_timeout_s=1.0, request_timeout_s=0.5)
+        yield server, server.serve_http("127.0.0.1:0", max_connections=4, idle_timeout_s=1.0, request_timeout_s=0.5)
+
+
+@pytest.fixture(scope="module")
+def port(server_and_port):
+    return server_and_port[1]
 
 
 def live(port: int) -> bytes:
@@ -59,3 +69,118 @@ def test_connections_over_the_limit_are_closed_and_idle_ones_time_out(port):
     for s in held:
         s.close()
     assert live(port).startswith(b"HTTP/1.1 200")  # room again
+
+
+def test_a_pipelining_flood_that_does_not_read_is_held_back():
+    """2,000 pipelined requests for 64 KB answers from a client that reads nothing: the endpoint
+    answers only until its buffer is full, stops reading the client (what it holds is bounded by
+    the bytes it read), serves others meanwhile, and answers every request once the client reads."""
+    server = Server()
+    server.bind(
+        "Wide",
+        batch(lambda x: {"y": np.repeat(x, 16384, axis=1)}),
+        [Tensor(name="x", dtype=F32, shape=(1,))],
+        [Tensor(name="y", dtype=F32, shape=(16384,))],
+        ModelConfig(max_batch_size=8),
+    )
+    with server:
+        port = server.serve_http("127.0.0.1:0")
+        body = json.dumps(
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1]}],
+             "parameters": {"binary_data_output": True}}
+        ).encode()  # fmt: skip
+        request = b"POST /v2/models/Wide/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        count = 2000
+        flood = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sender = threading.Thread(target=flood.sendall, args=(request * count,), daemon=True)
+        sender.start()
+        answered = lambda: server.model("Wide").statistics()["inference_stats"]["success"]["count"]  # noqa: E731
+        time.sleep(1.0)
+        held = answered()
+        time.sleep(0.5)
+        assert answered() == held < count // 4  # it stopped answering a client that does not read
+        (connection,) = server.endpoint("http").connections
+        assert connection.reading_paused
+        assert connection.transport.get_write_buffer_size() < 1024 * 1024  # not 2000 x 64 KB
+        assert len(connection.queue) * len(request) < 1024 * 1024  # what it read, no more
+        assert live(port).startswith(b"HTTP/1.1 200")  # others are served meanwhile
+        marker, seen, tail = b"HTTP/1.1 200 OK", 0, b""
+        deadline = time.monotonic() + 60
+        while seen < count and time.monotonic() < deadline:
+            chunk = flood.recv(1 << 20)
+            assert chunk, f"closed after {seen} answers"
+            window = tail + chunk  # (a marker may straddle two chunks)
+            seen += window.count(marker)
+            tail = window[-(len(marker) - 1) :]
+        assert seen == count == answered()
+        sender.join(timeout=10)
+        flood.close()
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+TENSOR = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.sampled_from(["x", "y", "z"]) | st.text(max_size=4),
+        "datatype": st.sampled_from(["FP32", "INT64", "BYTES", "BOOL", "FP16", "nope"]) | JSON,
+        "shape": st.lists(st.integers(-3, 1 << 40), max_size=4) | JSON,
+        "data": st.lists(st.floats(allow_nan=False) | st.integers() | st.text(max_size=4), max_size=8) | JSON,
+        "parameters": st.dictionaries(
+            st.sampled_from(["binary_data_size", "shared_memory_region", "shared_memory_byte_size", "x"]),
+            JSON,
+            max_size=2,
+        ),
+    },
+)
+BODY = st.fixed_dictionaries(
+    {"inputs": st.lists(TENSOR, max_size=3) | JSON},
+    optional={
+        "outputs": st.lists(st.fixed_dictionaries({"name": st.text(max_size=3)}, optional={"parameters": JSON})),
+        "parameters": JSON,
+        "id": JSON,
+    },
+)
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=BODY, binary=st.binary(max_size=32), header_length=st.none() | st.integers(-1, 400) | st.text(max_size=4))
+def test_property_based_infer_requests_get_a_clear_answer(server_and_port, body, binary, header_length):
+    """Any JSON infer body, binary tail and Inference-Header-Content-Length: a JSON answer
+    (200 or a 4xx with an error), never a 5xx, a hang or a crash; the server keeps serving."""
+    _, port = server_and_port
+    payload = json.dumps(body).encode() + binary
+    extra = f"Inference-Header-Content-Length: {header_length}\r\n" if header_length is not None else ""
+    head = f"POST /v2/models/Double/infer HTTP/1.1\r\nHost: x\r\n{extra}Content-Length: {len(payload)}\r\n\r\n"
+    answer = exchange(port, head.encode() + payload)
+    status = int(answer[9:12])
+    assert status == 200 or 400 <= status < 500, answer[:300]
+    header, _, rest = answer.partition(b"\r\n\r\n")
+    if status != 200:
+        assert "error" in json.loads(rest)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.binary(max_size=300), keep=st.integers(0, 120))
+def test_property_based_mutated_http_gets_an_answer_or_a_close(server_and_port, data, keep):
+    """A valid request cut and followed by arbitrary bytes: an HTTP answer or a closed
+    connection, never a hang; a fresh client is served after each."""
+    _, port = server_and_port
+    valid = b"POST /v2/models/Double/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 58\r\n\r\n"
+    valid += b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,1],"data":[1]}]}'
+    answer = exchange(port, valid[:keep] + data)
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 ")
+    assert live(port).startswith(b"HTTP/1.1 200")

@@ -57,6 +57,9 @@ class Refused(Exception):
         self.status = status
 
 
+MAX_PIPELINED = 64  # requests of one connection waiting for their answers before it is read no further
+
+
 class Connection(asyncio.Protocol):
     """One HTTP/1.1 connection: httptools feeds the request parts; complete requests are
     queued and answered in order."""
@@ -80,6 +83,7 @@ class Connection(asyncio.Protocol):
         self.deadline = math.inf  # (loop time) see _arm; the endpoint's sweep calls _expired after it
         self.in_request = False  # bytes of a request arrived, and not yet all of it
         self.busy = False  # answering a request
+        self.reading_paused = False
         self.writable = asyncio.Event()  # the transport's buffer is under its high-water mark
         self.writable.set()
 
@@ -114,6 +118,21 @@ class Connection(asyncio.Protocol):
         self.queue.append(item)
         if self.wakeup is not None and not self.wakeup.done():
             self.wakeup.set_result(None)
+        if len(self.queue) >= MAX_PIPELINED:
+            self._pause_reading()
+
+    # Flow control: a client that pipelines more than MAX_PIPELINED requests, or does not read
+    # its answers (our buffer passes its high-water mark), is not read from until it catches up.
+    def _pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None and not self.transport.is_closing():
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _maybe_resume_reading(self) -> None:
+        if self.reading_paused and self.writable.is_set() and len(self.queue) < MAX_PIPELINED // 2:
+            self.reading_paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.refused is not None or self.worker is None:
@@ -131,9 +150,11 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable.clear()
+        self._pause_reading()
 
     def resume_writing(self) -> None:
         self.writable.set()
+        self._maybe_resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.endpoint.connections.discard(self)
@@ -192,7 +213,10 @@ class Connection(asyncio.Protocol):
             while not self.queue:
                 self.wakeup = loop.create_future()
                 await self.wakeup
+            if not self.writable.is_set():  # the client is not reading its answers: wait for it
+                await self.writable.wait()
             item = self.queue.popleft()
+            self._maybe_resume_reading()
             if item is None:  # end of the client's data
                 if self.transport is not None:
                     self.transport.close()
