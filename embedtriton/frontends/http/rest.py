@@ -270,9 +270,9 @@ class RestEndpoint:
     def stop(self, grace: float = 1.0) -> None:
         async def close() -> None:
             self._server.close()
-            workers = [c.worker for c in self.connections if c.worker is not None]
-            if workers:  # answers in progress get the grace period
-                await asyncio.wait(workers, timeout=grace)
+            until = self._loop.time() + grace  # answers in progress get the grace period; idle connections none
+            while self._loop.time() < until and any(c.busy or not c.queue.empty() for c in self.connections):
+                await asyncio.sleep(0.005)
             for connection in list(self.connections):
                 if connection.transport is not None:
                     connection.transport.close()
