@@ -84,6 +84,8 @@ def test_bind_checks_like_pytriton():
         triton.bind("M", double, X, Y, config=ModelConfig(max_batch_size=0))
     with pytest.raises(InvalidArgumentError, match="cache"):  # response_cache needs TritonConfig(cache_config=...)
         triton.bind("M", double, X, Y, config=ModelConfig(response_cache=True))
+    triton.bind("Positional", double, [Tensor((1,), np.float32, "x")], Y)  # PyTriton's field order: shape, dtype, name
+    assert triton._triton_context.model_configs[double].inputs[0].shape == (1,)
 
 
 def test_run_bind_after_start_stop_and_is_alive(local_config, url_of):
@@ -228,3 +230,21 @@ def test_exceptions_are_also_embedtriton_errors():
     assert issubclass(PyTritonClientTimeoutError, UnavailableError)
     error = PyTritonClientInferenceServerError("boom")
     assert isinstance(error, TritonError) and error.message == "boom" and str(error) == "boom"
+
+
+def test_model_warmup_runs_before_the_model_serves(local_config):
+    from embedtriton.pytriton.model_config.common import ModelWarmup, WarmupInput
+
+    seen = []
+
+    def record(requests):
+        seen.append([r["x"].shape for r in requests])
+        return [{"y": r["x"] * 2} for r in requests]
+
+    warmup = ModelWarmup(
+        name="first", batch_size=2, inputs={"x": WarmupInput(dtype=F32, shape=(1,), zero_data=True)}, count=1
+    )
+    with Triton(config=local_config()) as triton:
+        triton.bind("Warm", record, X, Y, config=ModelConfig(max_batch_size=4, model_warmup=[warmup]))
+        assert seen  # Triton ran the warm-up while bind() loaded the model
+        assert triton.server.model("Warm").infer({"x": np.ones((1, 1), F32)})["y"][0, 0] == 2.0
