@@ -103,10 +103,10 @@ class Triton:
         given = config if config is not None else ModelConfig()
         ours = _convert.model_config(given, len(funcs))
         served = Served(_convert.served_config(model_name, model_version, ins, outs, given, ours), self._triton_context)
+        bound = serving(funcs, served, self._unrecoverable)
+        self._server.bind(model_name, bound, ins, outs, ours, strict=strict, version=model_version)
         for func in funcs:
             self._triton_context.model_configs[func] = served.config
-        func = serving(funcs, served, self._unrecoverable)
-        self._server.bind(model_name, func, ins, outs, ours, strict=strict, version=model_version)
 
     # -- lifecycle ------------------------------------------------------------
 

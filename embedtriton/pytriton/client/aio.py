@@ -298,5 +298,6 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
                 if outputs_now:
                     yield outputs_now
         finally:
-            if not finished:  # the caller stopped reading, or it failed: the request is cancelled
-                responses.cancel()
+            cancel = getattr(responses, "cancel", None)  # (older tritonclient releases lack it)
+            if not finished and cancel is not None:  # the caller stopped reading, or it failed
+                cancel()

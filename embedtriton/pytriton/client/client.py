@@ -90,7 +90,11 @@ class ModelClient:
         self._request_ids = itertools.count(0)
         self._lazy_init = lazy_init
         if not lazy_init:
-            self._wait_and_init_model_config(self._init_timeout_s)
+            try:
+                self._wait_and_init_model_config(self._init_timeout_s)
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def from_existing_client(cls, existing_client: ModelClient) -> ModelClient:
