@@ -29,6 +29,13 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
         if len(requests) == 1:
             return {**requests[0], **extra}, [0]
         names = requests[0].keys()
+        if any(r.keys() != names for r in requests):  # optional inputs some requests left out
+            raise ValueError(
+                "@batch cannot concatenate requests that carry different inputs ("
+                + ", ".join(sorted({str(sorted(r.keys())) for r in requests}))
+                + "): optional inputs were left out by some; handle the requests one group at a time "
+                "(a raw infer_func), or fill the missing inputs before batching"
+            )
         inputs = {name: np.concatenate([r[name] for r in requests]) for name in names}
         sizes = [len(next(iter(r.values()))) if r else 1 for r in requests]
         return {**inputs, **extra}, list(np.cumsum(sizes)[:-1])

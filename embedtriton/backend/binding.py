@@ -47,6 +47,10 @@ class Binding:
         self.outputs = outputs
         self.config = config
         self.max_batch_size = config.max_batch_size if config.batching else 0
+        # With optional inputs Triton only counts a request's inputs: Model.submit checks the names.
+        self.required_inputs = (
+            frozenset(t.name for t in inputs if not t.optional) if any(t.optional for t in inputs) else None
+        )
         self.decoupled = config.decoupled
         self.batch_rule = config.batch_rule
         self.sequence = config.sequence_batcher is not None

@@ -66,6 +66,11 @@ class Request(dict):
     )
 
     @property
+    def data(self) -> Request:
+        """The inputs, as PyTriton's ``Request.data`` (the request itself is that mapping)."""
+        return self
+
+    @property
     def span(self) -> Any:
         """The request's OpenTelemetry span when it is traced (see ``Tracing``), else None."""
         return getattr(self, "_span", None)

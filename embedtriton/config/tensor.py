@@ -16,7 +16,7 @@ MAX_DIMS = 32  # dimensions of a tensor, batch axis included (the native data pa
 
 @dataclass(frozen=True, init=False)
 class Tensor:
-    """An input or output of a model: ``Tensor(name=None, dtype, shape, device="cpu")``.
+    """An input or output of a model: ``Tensor(name=None, dtype, shape, device="cpu", optional=False)``.
 
     ``shape`` excludes the batch axis; ``-1`` marks a variable dimension. ``dtype`` is a
     numpy dtype; ``np.bytes_`` or ``object`` means Triton BYTES. Unnamed inputs are named
@@ -25,6 +25,8 @@ class Tensor:
     ``labels`` (outputs): the class names of an output's elements, by index, for Triton's
     classification extension: a client that asks for the top ``k`` classes of this output gets
     ``"value:index:label"`` strings (Triton's ``label_filename``).
+    ``optional`` (inputs): a request may leave this input out (Triton's ``optional: true``); the
+    callable then gets a request without that key. Outputs cannot be optional.
     """
 
     name: str | None
@@ -32,6 +34,7 @@ class Tensor:
     shape: tuple[int, ...]
     device: str
     labels: tuple[str, ...] | None
+    optional: bool
 
     def __init__(
         self,
@@ -40,6 +43,7 @@ class Tensor:
         shape: Sequence[int] | None = None,
         device: str = "cpu",
         labels: Sequence[str] | None = None,
+        optional: bool = False,
     ):
         if dtype is None or shape is None:
             raise InvalidArgumentError("Tensor needs a dtype and a shape, e.g. Tensor(dtype=np.float32, shape=(1,))")
@@ -71,12 +75,21 @@ class Tensor:
                 )
             labels = tuple(labels)
         object.__setattr__(self, "labels", labels)
+        if not isinstance(optional, (bool, np.bool_)):
+            raise InvalidArgumentError(
+                f"Tensor {name or '(unnamed)'}: optional must be True or False, not {optional!r}"
+            )
+        object.__setattr__(self, "optional", bool(optional))
 
 
 def name_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
     """Give unnamed tensors their positional names (INPUT_1, ...) and check for duplicates."""
     named = [
-        t if t.name else Tensor(name=f"{prefix}_{i}", dtype=t.dtype, shape=t.shape, device=t.device, labels=t.labels)
+        t
+        if t.name
+        else Tensor(
+            name=f"{prefix}_{i}", dtype=t.dtype, shape=t.shape, device=t.device, labels=t.labels, optional=t.optional
+        )
         for i, t in enumerate(tensors, start=1)
     ]
     names = [t.name for t in named]

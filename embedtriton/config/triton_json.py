@@ -77,7 +77,10 @@ def _config_type(dtype: Any) -> str:
 
 def tensor_json(t: Tensor) -> dict[str, Any]:
     """A tensor's entry in a model config's ``input`` or ``output``."""
-    return {"name": t.name, "data_type": _config_type(t.dtype), "dims": list(t.shape)}
+    out: dict[str, Any] = {"name": t.name, "data_type": _config_type(t.dtype), "dims": list(t.shape)}
+    if t.optional:  # (inputs only: bind refuses optional outputs)
+        out["optional"] = True
+    return out
 
 
 def labels_file_name(index: int) -> str:

@@ -47,6 +47,12 @@ def check_declarations(
                 f"model '{model_name}': input {tensor.name or '(unnamed)'} has labels; class labels "
                 "belong to outputs (for clients that ask for the top classes)"
             )
+    for tensor in outputs:
+        if tensor.optional:
+            raise InvalidArgumentError(
+                f"model '{model_name}': output {tensor.name or '(unnamed)'} is optional; only inputs can be "
+                "optional (a request may leave them out), every output is returned: drop optional=True"
+            )
     for tensor in [*inputs, *outputs]:
         if tensor.device == "gpu":
             require_gpu(f"model '{model_name}': Tensor {tensor.name or '(unnamed)'} with device='gpu'")
@@ -75,7 +81,8 @@ def check_versions(model_name: str, versions: dict[int, Any]) -> None:
         return
     for version, binding in versions.items():
         same = (
-            [(t.name, t.dtype, t.shape) for t in binding.inputs] == [(t.name, t.dtype, t.shape) for t in latest.inputs]
+            [(t.name, t.dtype, t.shape, t.optional) for t in binding.inputs]
+            == [(t.name, t.dtype, t.shape, t.optional) for t in latest.inputs]
             and [(t.name, t.dtype, t.shape) for t in binding.outputs]
             == [(t.name, t.dtype, t.shape) for t in latest.outputs]
             and binding.max_batch_size == latest.max_batch_size

@@ -131,6 +131,12 @@ class Model:
         binding = server._bound.get(self.name)
         if not stream and binding is not None and binding.decoupled:
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
+        required = getattr(binding, "required_inputs", None)  # (set only when some inputs are optional)
+        if required is not None and hasattr(request.inputs, "keys") and not required <= request.inputs.keys():
+            raise InvalidArgumentError(
+                f"model '{self.name}': missing required input(s) {sorted(required - request.inputs.keys())} "
+                f"(got {sorted(request.inputs.keys())}); only inputs declared optional may be left out"
+            )
         if request.timeout_us or deadlines.used:
             self._with_deadline(request)
         # With a batch rule, Triton's batcher calls Python: hand requests over without the GIL.

@@ -25,6 +25,7 @@ LAYERS = {
     "embedtriton.server": 7,
     "embedtriton": 8,  # __init__: the public names
     "embedtriton.__main__": 9,
+    "embedtriton.pytriton": 9,  # PyTriton's API, on the public one
 }
 MAX_LINES = 450
 

@@ -263,7 +263,12 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
            req, allocator, c->n_presets ? c : NULL, response_cb, c)))
     goto fail_err;
 
-  atomic_fetch_add(&c->refs, 2); /* Triton's: dropped at its release and at its final response */
+  /* Triton's two (dropped at its release and at its final response) and, for a cancellable
+   * asynchronous call, the handle's: taken before ServerInferAsync, which may complete the
+   * call inline (a response-cache hit) and, on an immediate loop (the gRPC frontend's), let
+   * the caller go too, freeing the call before this function returns. */
+  int handle_ref = c->is_async && cancellable;
+  atomic_fetch_add(&c->refs, 2 + handle_ref);
   if (c->is_async || (stream && loop != Py_None)) {
     c->loop = Py_NewRef(loop);
     c->future = Py_NewRef(future); /* a stream's: the callable that wakes its consumer */
@@ -272,7 +277,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   }
   TRITONSERVER_InferenceTrace* trace = NULL;
   if (trace_sink != Py_None && (trace = trace_new(trace_sink, &c->trace)) == NULL) {
-    atomic_fetch_sub(&c->refs, 2);
+    atomic_fetch_sub(&c->refs, 2 + handle_ref);
     Py_CLEAR(c->loop);
     Py_CLEAR(c->future);
     goto fail;
@@ -301,13 +306,12 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     api.TRITONSERVER_InferenceRequestDelete(req);
     raise_from(err, 1);
     call_drop_inputs(c);
-    atomic_fetch_sub(&c->refs, 2); /* Triton's: never taken (the caller's remains) */
+    atomic_fetch_sub(&c->refs, 2 + handle_ref); /* never taken (the caller's remains) */
     call_free(c);
     return NULL;
   }
   if (c->is_async) {
     if (!cancellable) Py_RETURN_NONE;
-    atomic_fetch_add(&c->refs, 1); /* the handle's */
     PyObject* handle = PyCapsule_New(c, "embedtriton.request", request_handle_free);
     if (handle == NULL) call_unref(c);
     return handle;

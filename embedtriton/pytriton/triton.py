@@ -1,0 +1,222 @@
+"""``Triton`` and ``TritonConfig``: PyTriton's server object, on an embedtriton ``Server`` in this
+process (no tritonserver process, no IPC hop per call).
+
+``Triton(config=TritonConfig(...))``, then ``bind(...)`` callables (before or after starting),
+``run()`` (in the background) or ``serve()`` (blocking until SIGINT/SIGTERM, then drain and
+return), ``stop()``, ``is_alive()``, or ``with Triton() as triton:``. Endpoints follow
+PyTriton's (tritonserver's) defaults: HTTP on 0.0.0.0:8000, gRPC on 0.0.0.0:8001, metrics on
+0.0.0.0:8002 (see :mod:`.triton_config`). An inference callable that raises
+``PyTritonUnrecoverableError`` fails its requests and stops the server, as in PyTriton.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..server import Server
+from . import _convert
+from ._serving import Served, TritonContext, serving
+from .exceptions import PyTritonValidationError
+from .model_config.model_config import ModelConfig
+from .triton_config import TritonConfig, plan
+
+__all__ = ["Triton", "TritonConfig"]
+
+log = logging.getLogger("embedtriton.pytriton")
+
+MONITORING_PERIOD_S = 10.0  # PyTriton's default for serve()
+_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")  # PyTriton's model names
+
+
+class Triton:
+    """NVIDIA Triton Inference Server serving Python callables, PyTriton's API.
+
+    ``config`` is merged over ``PYTRITON_TRITON_CONFIG_*`` environment variables, as in
+    PyTriton. ``workspace`` is accepted and not used (embedtriton writes no model store or
+    sockets there). ``triton_lifecycle_policy`` and ``security_config`` must be left out:
+    there is no remote Triton and there are no access tokens (gRPC shared memory, which PyTriton
+    guards with a token by default, is off instead).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: TritonConfig | None = None,
+        workspace: Any = None,
+        triton_lifecycle_policy: Any = None,
+        security_config: Any = None,
+    ) -> None:
+        for name, value in (("triton_lifecycle_policy", triton_lifecycle_policy), ("security_config", security_config)):
+            if value is not None:
+                raise PyTritonValidationError(
+                    f"Triton({name}=...) is not supported by embedtriton: the server always runs in this process "
+                    "and has no access tokens; leave it out"
+                )
+        merged = {k: v for k, v in TritonConfig.from_env().to_dict().items() if v is not None}
+        merged.update({k: v for k, v in (config.to_dict() if config else {}).items() if v is not None})
+        self._config = TritonConfig(**merged)
+        self._plan = plan(self._config)
+        self._server = Server(self._plan.server)
+        self._triton_context = TritonContext()
+        self._lock = threading.RLock()
+        self._wakeup = threading.Event()  # serve() waits on it: a signal, or the server stopped
+        self._running = False
+        self._ports: dict[str, int] = {}
+
+    # -- models ---------------------------------------------------------------
+
+    def bind(
+        self,
+        model_name: str,
+        infer_func: Callable[..., Any] | Sequence[Callable[..., Any]],
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        model_version: int = 1,
+        config: ModelConfig | None = None,
+        strict: bool = False,
+        trace_config: list[str] | None = None,
+    ) -> None:
+        """Serve ``infer_func`` as ``model_name``: one callable, or a list of them (one model
+        instance each). Works before and after the server starts. Outputs are always checked
+        against ``outputs`` (as with ``strict=True``)."""
+        if not isinstance(model_name, str) or not _NAME.match(model_name):
+            raise PyTritonValidationError(
+                f"Model name {model_name!r}: it can only contain alphanumeric characters, dots, underscores and dashes"
+            )
+        if trace_config is not None:
+            raise PyTritonValidationError(
+                "bind(trace_config=...) is not supported by embedtriton; for OpenTelemetry spans use "
+                "embedtriton.ServerConfig(tracing=embedtriton.Tracing(...))"
+            )
+        funcs = [infer_func] if callable(infer_func) else list(infer_func)
+        if not funcs or not all(callable(f) for f in funcs):
+            raise PyTritonValidationError("infer_func has to be a callable or a sequence of callables")
+        if any(getattr(t, "optional", False) for t in outputs):
+            raise PyTritonValidationError("Output tensors cannot be optional.")
+        ins, outs = _convert.tensors(inputs, "INPUT"), _convert.tensors(outputs, "OUTPUT")
+        given = config if config is not None else ModelConfig()
+        ours = _convert.model_config(given, len(funcs))
+        served = Served(_convert.served_config(model_name, model_version, ins, outs, given, ours), self._triton_context)
+        bound = serving(funcs, served, self._unrecoverable)
+        self._server.bind(model_name, bound, ins, outs, ours, strict=strict, version=model_version)
+        for func in funcs:
+            self._triton_context.model_configs[func] = served.config
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def run(self) -> None:
+        """Start the server and its endpoints in the background (models bound so far load)."""
+        with self._lock:
+            if self._running:
+                return
+            self._server.start()
+            try:
+                p = self._plan
+                if p.http is not None:
+                    self._ports["http"] = self._server.serve_http(p.http)
+                if p.grpc is not None:
+                    self._ports["grpc"] = self._server.serve_grpc(**p.grpc)
+                if p.metrics is not None:
+                    self._ports["metrics"] = self._server.serve_metrics(p.metrics)
+            except BaseException:
+                self._server.stop()
+                self._ports.clear()
+                raise
+            self._running = True
+            self._wakeup.clear()
+        for model in self._server.models():
+            log.info("Infer function available as model: `/v2/models/%s`", model)
+        log.info("Serving: %s", ", ".join(f"{k} on port {v}" for k, v in self._ports.items()))
+
+    def connect(self) -> None:
+        """PyTriton's connect: the server here is in process, so this starts it (as ``run``)."""
+        self.run()
+
+    def serve(self, monitoring_period_s: float = MONITORING_PERIOD_S) -> None:
+        """Run and block until SIGINT or SIGTERM (in the main thread), or until the server stops
+        (``stop()`` from another thread, an unrecoverable error); then stop, draining requests
+        in flight (``exit_timeout_secs``), and return."""
+        self.run()
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+
+            def on_signal(signum: int, _frame: Any) -> None:
+                log.info("signal %d received: stopping", signum)
+                self._wakeup.set()
+
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, on_signal)
+        try:
+            log.info("(Press CTRL+C or use `kill -SIGINT %d` to stop)", os.getpid())
+            while not self._wakeup.is_set() and self.is_alive():
+                self._wakeup.wait(monitoring_period_s)
+        except KeyboardInterrupt:
+            log.info("SIGINT received, exiting.")
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.stop()
+
+    def stop(self) -> bool:
+        """Stop the server, draining requests in flight; False when it was not running."""
+        with self._lock:
+            if not self._running:
+                return False
+            self._running = False
+            try:
+                self._server.stop()
+            finally:
+                self._ports.clear()
+                self._wakeup.set()
+        return True
+
+    def is_alive(self) -> bool:
+        """Whether the server runs (and serves)."""
+        return self._running and self._server.live and not self._server.stopping
+
+    def is_connected(self) -> bool:
+        return self._running
+
+    def __enter__(self) -> Triton:
+        self.run()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _unrecoverable(self, exc: BaseException) -> None:
+        """An inference callable raised PyTritonUnrecoverableError: stop the server (on a thread
+        of its own: the calling model's requests are among those the stop drains)."""
+        threading.Thread(target=self.stop, name="pytriton-unrecoverable-stop", daemon=True).start()
+
+    # -- embedtriton extensions ---------------------------------------------------
+
+    @property
+    def http_port(self) -> int | None:
+        """The HTTP endpoint's port while running (useful with ``http_port=0``)."""
+        return self._ports.get("http")
+
+    @property
+    def grpc_port(self) -> int | None:
+        """The gRPC endpoint's port while running."""
+        return self._ports.get("grpc")
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The metrics endpoint's port while running."""
+        return self._ports.get("metrics")
+
+    @property
+    def server(self) -> Server:
+        """The embedtriton Server underneath (for in-process calls: ``triton.server.model(name).infer``)."""
+        return self._server
+
+    def get_access_token(self) -> None:
+        """PyTriton returns the endpoints' access token; embedtriton has none."""
+        return None
