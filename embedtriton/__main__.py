@@ -30,14 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("target", help="module:function that binds models on the Server it is given")
     serve.add_argument("--grpc", default="127.0.0.1:8001", help="gRPC address ('' for none)")
     serve.add_argument("--metrics", default="127.0.0.1:8002", help="Prometheus /metrics address ('' for none)")
-    serve.add_argument("--tls-cert", help="PEM certificate: serve gRPC over TLS (with --tls-key)")
+    serve.add_argument("--http", default="", help="KServe-v2 HTTP/REST address, e.g. 127.0.0.1:8000 (default: none)")
+    serve.add_argument("--tls-cert", help="PEM certificate: serve gRPC (and HTTP) over TLS (with --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--tls-client-ca", help="PEM CA: require client certificates signed by it")
     serve.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024, help="gRPC message size cap")
-    serve.add_argument("--max-connections", type=int, default=1024, help="open gRPC connections at most")
-    serve.add_argument(
-        "--idle-timeout", type=float, default=300.0, help="seconds before an idle gRPC connection is closed"
-    )
+    serve.add_argument("--max-connections", type=int, default=1024, help="open connections at most (per endpoint)")
+    serve.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle connection is closed")
     serve.add_argument(
         "--no-shared-memory",
         action="store_true",
@@ -139,6 +138,17 @@ def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log:
                 limits=GrpcLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
                 shared_memory=not args.no_shared_memory,
                 infer_response_compression_level=args.grpc_infer_response_compression_level,
+            )
+        if args.http and not stop.is_set():
+            server.serve_http(  # it logs where it serves
+                args.http,
+                max_body_bytes=args.max_message_bytes,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                tls_client_ca=args.tls_client_ca,
+                max_connections=args.max_connections,
+                idle_timeout_s=args.idle_timeout,
+                shared_memory=not args.no_shared_memory,
             )
         if args.metrics and not stop.is_set():
             port = server.serve_metrics(args.metrics)

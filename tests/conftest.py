@@ -8,6 +8,11 @@ session-scoped fixtures can use them too. Building one of them starts nothing: o
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -97,3 +102,33 @@ def add_sub_counted(server, add_sub, add_sub_tensors, counter):
     )
     yield server.model("AddSubCounted"), counted
     server.unbind("AddSubCounted")
+
+
+@pytest.fixture
+def own_process(request):
+    """For a test that starts a server with a response cache. Triton keeps one cache per process,
+    and a stopped server is deleted only once no other runs (the session's ``server`` does), so
+    such a test runs again in a fresh process: True there (run the test body), False here once
+    that run passed (the body returns at once)."""
+    if os.environ.get("EMBEDTRITON_OWN_PROCESS") == request.node.nodeid:
+        return True
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--timeout",
+            "120",
+            f"{request.config.rootpath}/{request.node.nodeid}",
+        ],
+        cwd=tempfile.gettempdir(),  # (not the source tree: the installed package is imported)
+        env={**os.environ, "EMBEDTRITON_OWN_PROCESS": request.node.nodeid},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    return False

@@ -156,3 +156,14 @@ def test_serve_repository_example(tmp_path):
     assert "Adder(1) = 3.0  Twice(1) = 5.0  Doubler(1) = 2.0  Scale(1) = 10.0" in out
     assert "a version 3 folder appeared: Adder(1) = 31.0" in out and "edited:     Adder(1) = 301.0" in out
     assert "failed requests while the repository changed: 0" in out
+
+
+def test_http_serving_example(tmp_path):
+    pytest.importorskip("httptools")
+    pytest.importorskip("tritonclient.http")
+    out = run_example("http_serving.py", tmp_path)
+    assert "tritonclient.http: add = [11. 22.], sub = [ -9. -18.]" in out
+    assert "JSON: [('add', [4.0, 6.0]), ('sub', [-2.0, -2.0])]" in out
+    assert "generate_stream: 200 text/event-stream; charset=utf-8" in out
+    assert "4 events: the quick brown fox" in out
+    assert 'nv_inference_request_success{model="AddSub",version="1"} 2' in out

@@ -17,7 +17,7 @@ import weakref
 from typing import Any
 
 from ..backend import library
-from ..errors import TritonError
+from ..errors import AlreadyExistsError, TritonError
 from ..triton import control
 
 log = logging.getLogger("embedtriton")
@@ -33,7 +33,17 @@ def new_server(options: int) -> int:
     """A new Triton server; servers retired earlier are deleted first when that is safe."""
     with lock:
         reap()
-        handle = control.new_server(options)
+        try:
+            handle = control.new_server(options)
+        except AlreadyExistsError as exc:
+            if "CacheManager" not in str(exc) or not _retired:
+                raise
+            raise AlreadyExistsError(
+                f"{exc}: Triton keeps one response cache per process, and a stopped server that had one is "
+                f"not deleted yet (a stopped server is deleted only once no other runs in the process; "
+                f"{len(_running)} run now). Stop the other servers first, or keep one server with "
+                "cache_config for the life of the process"
+            ) from None
         _running.add(handle)
         return handle
 

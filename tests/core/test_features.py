@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from embedtriton import (
+    AlreadyExistsError,
     DynamicBatcher,
     InstanceGroup,
     InvalidArgumentError,
@@ -32,7 +33,9 @@ def one(value: float) -> dict[str, np.ndarray]:
     return {"a": np.full((1, 1), value, F32), "b": np.ones((1, 1), F32)}
 
 
-def test_response_cache_answers_repeats_without_the_callable(add_sub, add_sub_tensors, counter):
+def test_response_cache_answers_repeats_without_the_callable(add_sub, add_sub_tensors, counter, own_process):
+    if not own_process:
+        return
     counted = counter(add_sub)
     server = Server(ServerConfig(cache_config=["local,size=1048576"]))
     server.bind("Cached", counted, *add_sub_tensors, config=ModelConfig(max_batch_size=8, response_cache=True))
@@ -47,6 +50,22 @@ def test_response_cache_answers_repeats_without_the_callable(add_sub, add_sub_te
         stats = model.statistics()["inference_stats"]
         assert stats["cache_hit"]["count"] == 1 and stats["cache_miss"]["count"] == 2
         assert "nv_cache_num_hits_per_model" in server.metrics() or "cache" in server.metrics()
+
+
+def test_a_second_response_cache_while_a_stopped_one_waits_is_a_clear_error(add_sub, add_sub_tensors, own_process):
+    if not own_process:
+        return
+    other = Server()
+    other.start()  # while it runs, a stopped server is not deleted (and keeps Triton's cache)
+    try:
+        with Server(ServerConfig(cache_config=["local,size=1048576"])):
+            pass
+        with pytest.raises(AlreadyExistsError, match="Triton keeps one response cache per process"):
+            Server(ServerConfig(cache_config=["local,size=1048576"])).start()
+    finally:
+        other.stop()
+    with Server(ServerConfig(cache_config=["local,size=1048576"])):  # the stopped ones are deleted now
+        pass
 
 
 def test_warmup_runs_every_stage_before_bind_returns(tmp_path):
