@@ -6,7 +6,6 @@ PyTriton); ``async with``. The decoupled client (gRPC only) yields responses as 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -22,7 +21,7 @@ from ..exceptions import (
 )
 from ..model_config.triton_model_config import TritonModelConfig
 from . import utils
-from .client import ACCESS_TOKEN_HEADER, _failure
+from .client import _failure
 from .utils import TritonUrl
 
 __all__ = ["AsyncioDecoupledModelClient", "AsyncioModelClient"]
@@ -57,21 +56,10 @@ class AsyncioModelClient:
         ensure_model_is_ready: bool = True,
         access_token: str | None = None,
     ) -> None:
-        self._triton_url = TritonUrl.from_url(url)
-        self._model_name = model_name
-        self._model_version = None if model_version is None else str(model_version)
-        self._init_timeout_s = utils.DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s
-        self._inference_timeout_s = (
-            utils.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
-        )
-        self._headers = {ACCESS_TOKEN_HEADER: access_token} if access_token is not None else None
-        self._lib = self.get_lib()
-        self._general_client: Any = self._new_client(min(utils.DEFAULT_NETWORK_TIMEOUT_S, self._init_timeout_s))
-        self._infer_client: Any = self._new_client(self._inference_timeout_s)
-        self._model_config = model_config
-        self._model_ready = True if (model_config is not None and not ensure_model_is_ready) else None
-        self._lazy_init = lazy_init
-        self._request_ids = itertools.count(0)
+        utils.set_up(
+            self, url, model_name, model_version, init_timeout_s, inference_timeout_s, access_token,
+            model_config, ensure_model_is_ready, lazy_init,
+        )  # fmt: skip
 
     def get_lib(self) -> Any:
         import tritonclient.grpc.aio

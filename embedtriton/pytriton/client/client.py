@@ -13,7 +13,6 @@ arguments, ``PyTritonClientClosedError`` after ``close()``.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from collections.abc import Iterator
@@ -33,8 +32,6 @@ from . import utils
 from .utils import TritonUrl
 
 __all__ = ["DecoupledModelClient", "ModelClient"]
-
-ACCESS_TOKEN_HEADER = "triton-access-token"  # PyTriton's; embedtriton's server does not check it
 
 
 def _failure(exc: BaseException, timeout_s: float) -> Exception | None:
@@ -72,23 +69,10 @@ class ModelClient:
         ensure_model_is_ready: bool = True,
         access_token: str | None = None,
     ) -> None:
-        self._triton_url = TritonUrl.from_url(url)
-        self._url = url
-        self._model_name = model_name
-        self._model_version = None if model_version is None else str(model_version)
-        self._init_timeout_s = utils.DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s
-        self._inference_timeout_s = (
-            utils.DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
-        )
-        self._headers = {ACCESS_TOKEN_HEADER: access_token} if access_token is not None else None
-        self._access_token = access_token
-        self._lib = self.get_lib()
-        self._general_client: Any = self._new_client(min(utils.DEFAULT_NETWORK_TIMEOUT_S, self._init_timeout_s))
-        self._infer_client: Any = self._new_client(self._inference_timeout_s)
-        self._model_config = model_config
-        self._model_ready = True if (model_config is not None and not ensure_model_is_ready) else None
-        self._request_ids = itertools.count(0)
-        self._lazy_init = lazy_init
+        utils.set_up(
+            self, url, model_name, model_version, init_timeout_s, inference_timeout_s, access_token,
+            model_config, ensure_model_is_ready, lazy_init,
+        )  # fmt: skip
         if not lazy_init:
             try:
                 self._wait_and_init_model_config(self._init_timeout_s)

@@ -5,6 +5,7 @@ requests and results back into arrays, and readiness waits (sync; the asyncio on
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -168,3 +169,30 @@ def wait_for_model_ready(client: Any, model_name: str, version: str | None, time
             )
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, 1.0)
+
+
+ACCESS_TOKEN_HEADER = "triton-access-token"  # PyTriton's; embedtriton's server does not check it
+
+
+def set_up(
+    client: Any, url: str, model_name: str, model_version: str | None, init_timeout_s: float | None,
+    inference_timeout_s: float | None, access_token: str | None, model_config: Any, ensure_model_is_ready: bool,
+    lazy_init: bool,
+) -> None:  # fmt: skip
+    """The settings and the two tritonclient clients (one for set-up calls, one for inference)
+    that every model client starts with; ``client`` provides ``get_lib`` and ``_new_client``."""
+    client._triton_url = TritonUrl.from_url(url)
+    client._url = url
+    client._model_name = model_name
+    client._model_version = None if model_version is None else str(model_version)
+    client._init_timeout_s = DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s
+    client._inference_timeout_s = DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
+    client._headers = {ACCESS_TOKEN_HEADER: access_token} if access_token is not None else None
+    client._access_token = access_token
+    client._lib = client.get_lib()
+    client._general_client = client._new_client(min(DEFAULT_NETWORK_TIMEOUT_S, client._init_timeout_s))
+    client._infer_client = client._new_client(client._inference_timeout_s)
+    client._model_config = model_config
+    client._model_ready = True if (model_config is not None and not ensure_model_is_ready) else None
+    client._request_ids = itertools.count(0)
+    client._lazy_init = lazy_init
