@@ -45,6 +45,9 @@ def demo(session: nox.Session) -> None:
 
 
 TEST_TOOLS = ("pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk")
+# PyTriton's own client (in the nvidia-pytriton wheel, installed --no-deps) is tested against our
+# endpoints; these are the dependencies it imports.
+PYTRITON_CLIENT_DEPS = ("typing_inspect", "wrapt", "pyzmq", "sh", "typer", "importlib_metadata")
 
 
 @nox.session
@@ -52,7 +55,10 @@ def tests(session: nox.Session) -> None:
     """Run the test suite through the real Triton runtime, on current releases (numpy 2,
     current tritonclient, protobuf and grpcio)."""
     # What `pip install "embedtriton[grpc,tracing]"` resolves to today (the extras' bounds together).
-    install(session, *TEST_TOOLS, "onnx", "tritonclient[http]", "numpy>=2", extras="grpc,tracing,onnx,http")
+    install(
+        session, *TEST_TOOLS, *PYTRITON_CLIENT_DEPS, "onnx", "tritonclient[http]", "numpy>=2",
+        extras="grpc,tracing,onnx,http",
+    )  # fmt: skip
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
 
