@@ -378,3 +378,47 @@ def test_serve_from_a_source_checkout_says_so(tmp_path):
     )  # fmt: skip
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "native module is not built in" in done.stderr and "Run from another folder" in done.stderr
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_stock_asyncio_client_stream_kept_open(transport):
+    """tritonclient.grpc.aio's stream_infer with a request iterator that stays open (long-lived
+    streams): the responses arrive meanwhile, not only once the client half-closes."""
+    aio = pytest.importorskip("tritonclient.grpc.aio")
+
+    def counter(requests):
+        for i in range(int(requests[0]["n"][0, 0])):
+            yield [{"i": np.array([[i]], np.int32)}]
+
+    server = Server()
+    server.bind(
+        "Count",
+        counter,
+        [Tensor(name="n", dtype=np.int32, shape=(1,))],
+        [Tensor(name="i", dtype=np.int32, shape=(1,))],
+        ModelConfig(max_batch_size=1, decoupled=True),
+    )
+    with server:
+        port = server.serve_grpc("127.0.0.1:0", transport=transport)
+
+        async def main() -> list[int]:
+            client = aio.InferenceServerClient(f"127.0.0.1:{port}")
+            hold = asyncio.Event()
+
+            async def requests():
+                n = aio.InferInput("n", [1, 1], "INT32")
+                n.set_data_from_numpy(np.array([[3]], np.int32))
+                yield {"model_name": "Count", "inputs": [n]}
+                await hold.wait()  # the request stream stays open
+
+            got: list[int] = []
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                got.append(int(result.as_numpy("i")[0, 0]))
+                if len(got) == 3:
+                    break
+            hold.set()
+            await client.close()
+            return got
+
+        assert asyncio.run(asyncio.wait_for(main(), 30)) == [0, 1, 2]

@@ -154,7 +154,8 @@ class GrpcioHandler(grpc.GenericRpcHandler):
                         svc.on_message(call, data)
                     svc.on_half_close(call)
                 except Exception as exc:  # a bug of ours: fail this call, keep serving
-                    if not isinstance(exc, asyncio.CancelledError):
+                    # (not when the call already ended, e.g. aborted at stop: reading it fails then)
+                    if not isinstance(exc, asyncio.CancelledError) and not context.done():
                         log.exception("gRPC %s failed", method)
                         call.finish(INTERNAL, f"{type(exc).__name__}: {exc}")
 
