@@ -77,8 +77,11 @@ def test_a_full_inner_queue_fails_the_outer_request_instead_of_hanging():
     server = Server()
     gate = threading.Event()
 
+    running = threading.Event()
+
     @batch
     def slow(x):
+        running.set()
         gate.wait(5)
         return {"y": x}
 
@@ -90,8 +93,13 @@ def test_a_full_inner_queue_fails_the_outer_request_instead_of_hanging():
     server.bind("Slow", slow, [t("x")], [t("y")], full)
     server.bind("Caller", outer, [t("x")], [t("y")], ModelConfig(max_batch_size=1))
     with server, ThreadPoolExecutor(8) as pool:
-        busy = [pool.submit(server.model("Slow").infer, {"x": one()}) for _ in range(2)]  # running + queued
-        time.sleep(0.2)
+        busy = [pool.submit(server.model("Slow").infer, {"x": one()})]
+        assert running.wait(10)  # one runs...
+        busy.append(pool.submit(server.model("Slow").infer, {"x": one()}))
+        deadline = time.monotonic() + 10  # ...and one waits in the queue (a slow machine may take a while)
+        while 'nv_inference_pending_request_count{model="Slow",version="1"} 1' not in server.metrics():
+            assert time.monotonic() < deadline, "the second request never reached Slow's queue"
+            time.sleep(0.01)
         with pytest.raises(
             InternalError, match=r"model 'Caller' raised UnavailableError: .*[Ee]xceeds maximum queue size"
         ):

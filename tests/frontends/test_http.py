@@ -172,3 +172,32 @@ def test_perf_analyzer_over_http(endpoint, perf_analyzer):
     throughput = float(re.search(r"Throughput: ([\d.]+) infer/sec", run.stdout).group(1))
     after = server.model("AddSub").statistics()["inference_stats"]["success"]["count"]
     assert throughput > 100 and after - before > 100  # requests really went through Triton
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_and_answers_as_tritonclient_sends_them(endpoint, algorithm):
+    _, address, port = endpoint
+    client = httpclient.InferenceServerClient(address)
+    a = np.arange(64, dtype=np.float32).reshape(64, 1) % 8  # a batch of 64 > max_batch_size 8: sent in 8s
+    for rows in (a[:8], a[8:16]):
+        inputs = [httpclient.InferInput("a", [8, 1], "FP32"), httpclient.InferInput("b", [8, 1], "FP32")]
+        inputs[0].set_data_from_numpy(rows)
+        inputs[1].set_data_from_numpy(rows)
+        result = client.infer(
+            "AddSub", inputs, request_compression_algorithm=algorithm, response_compression_algorithm=algorithm
+        )
+        np.testing.assert_array_equal(result.as_numpy("add"), rows * 2)
+    import zlib
+
+    body = json.dumps({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}).encode()
+    head = "POST /v2/models/AddSub/infer HTTP/1.1\r\nContent-Encoding: {}\r\nContent-Length: {}\r\n\r\n"
+    answer = raw(port, head.format("br", len(body)).encode() + body)
+    assert answer.startswith(b"HTTP/1.1 415") and b"only gzip and deflate" in answer
+    answer = raw(port, head.format("gzip", len(body)).encode() + body)  # not gzip at all
+    assert answer.startswith(b"HTTP/1.1 400") and b"does not inflate" in answer
+    bomb = zlib.compress(b" " * (2 * 1024 * 1024))  # 2 KiB that inflate past the 1 MiB limit
+    answer = raw(port, head.format("deflate", len(bomb)).encode() + bomb)
+    assert answer.startswith(b"HTTP/1.1 413") and b"inflates past the limit" in answer
+    truncated = zlib.compress(body)[:-6]
+    answer = raw(port, head.format("deflate", len(truncated)).encode() + truncated)
+    assert answer.startswith(b"HTTP/1.1 400") and b"truncated" in answer

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ...errors import InvalidArgumentError, NotFoundError, TritonError, Unavaila
 # Triton's HTTP status for each error (http_server.cc HttpCodeFromError)
 _STATUS = [(NotFoundError, 404), (UnavailableError, 503), (UnsupportedError, 501), (InvalidArgumentError, 400)]
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
-            413: "Payload Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            413: "Payload Too Large", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
             501: "Not Implemented", 503: "Service Unavailable"}  # fmt: skip
 
 
@@ -55,6 +56,14 @@ class Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _accepted(header: bytes | None) -> str | None:
+    """The compression an Accept-Encoding header asks for (gzip, then deflate), if any."""
+    if not header:
+        return None
+    offered = {part.split(b";")[0].strip().lower() for part in header.split(b",")}
+    return "gzip" if b"gzip" in offered else "deflate" if b"deflate" in offered else None
 
 
 MAX_PIPELINED = 64  # requests of one connection waiting for their answers before it is read no further
@@ -227,6 +236,8 @@ class Connection(asyncio.Protocol):
             method, url, headers, body, keep_alive = item
             self.busy = True
             try:
+                if b"content-encoding" in headers:
+                    body = await self._decompress(headers[b"content-encoding"], body)
                 status, payload = await self.endpoint.route(method, url, headers, body)
             except Refused as exc:
                 status, payload = exc.status, {"error": str(exc)}
@@ -238,7 +249,12 @@ class Connection(asyncio.Protocol):
                 if isinstance(payload, EventStream):
                     await self._stream(payload.events, keep_alive)
                 else:
-                    self._send(status, payload, keep_alive)
+                    # as Triton: an inference answer is compressed when the client accepts it
+                    infer = status == 200 and (
+                        isinstance(payload, Binary) or (type(payload) is dict and "outputs" in payload)
+                    )
+                    encoding = _accepted(headers.get(b"accept-encoding")) if infer else None
+                    self._send(status, payload, keep_alive, encoding)
             finally:
                 self.busy = False
             if not keep_alive:
@@ -269,7 +285,35 @@ class Connection(asyncio.Protocol):
         if not keep_alive:
             transport.close()
 
-    def _send(self, status: int, payload: Any, keep_alive: bool) -> None:
+    async def _decompress(self, encoding: bytes, body: bytes) -> bytes:
+        """A gzip / deflate request body (as tritonclient sends it), inflated to at most
+        max_body_bytes: a small body that would inflate past the limit is refused (413) without
+        inflating it all. Large bodies inflate off the loop."""
+        name = encoding.strip().lower()
+        if name in (b"identity", b""):
+            return body
+        if name not in (b"gzip", b"deflate"):
+            raise Refused(415, f"Content-Encoding {name.decode('latin-1')!r}: only gzip and deflate are accepted")
+        limit = self.endpoint.options.max_body_bytes
+
+        def inflate() -> bytes | None:
+            inflater = zlib.decompressobj(wbits=47)  # zlib or gzip framing, by its header
+            try:
+                out = inflater.decompress(body, limit + 1)
+            except zlib.error as exc:
+                raise Refused(400, f"the {name.decode()} request body does not inflate: {exc}") from None
+            if len(out) > limit:
+                return None
+            if not inflater.eof:
+                raise Refused(400, f"the {name.decode()} request body is truncated")
+            return out
+
+        out = inflate() if len(body) < 65536 else await asyncio.get_running_loop().run_in_executor(None, inflate)
+        if out is None:
+            raise Refused(413, f"request body inflates past the limit of {limit} bytes")
+        return out
+
+    def _send(self, status: int, payload: Any, keep_alive: bool, encoding: str | None = None) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         extra, blobs = "Content-Type: application/json\r\n", []
@@ -280,6 +324,10 @@ class Connection(asyncio.Protocol):
         body = b"" if payload is None else json.dumps(payload).encode()
         if blobs:
             extra = f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(body)}\r\n"
+        if encoding is not None and (body or blobs):  # the client accepts a compressed answer
+            packer = zlib.compressobj(wbits=31 if encoding == "gzip" else 15)
+            body, blobs = packer.compress(b"".join([body, *blobs])) + packer.flush(), []
+            extra += f"Content-Encoding: {encoding}\r\n"
         size = len(body) + sum(len(b) for b in blobs)
         close = "" if keep_alive else "Connection: close\r\n"
         head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{extra}Content-Length: {size}\r\n{close}\r\n"
