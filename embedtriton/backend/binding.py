@@ -102,6 +102,11 @@ class Binding:
         """Triton's config for this model; ``library_path``: the backend library (also the batch strategy)."""
         return model_config_json(self.name, self.inputs, self.outputs, self.config, BACKEND_NAME, library_path)
 
+    @property
+    def alive(self) -> bool:
+        """Whether Triton still holds a loaded copy of the model (not finalized yet)."""
+        return self._alive > 0
+
     def _loaded(self, delta: int) -> None:
         """Called by the backend when Triton initializes (+1) or finalizes (-1) the model."""
         with self._alive_changed:

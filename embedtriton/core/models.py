@@ -36,6 +36,7 @@ class ModelsMixin:
     _handle: int | None
     _bound: dict[str, Binding]
     _versions: dict[str, dict[int, Binding]]
+    _replaced: list[Binding]
     _native: dict[str, Any]  # Triton models of the user's repositories that are loaded
     _repositories: Repositories
     _repository: Repository
@@ -108,6 +109,12 @@ class ModelsMixin:
 
     def _set_versions(self, name: str, versions: dict[int, Binding] | None) -> None:
         """A model's bound versions; the model-level binding (whose config Triton uses) is the highest."""
+        kept = {id(b) for b in (versions or {}).values()}
+        previous = list((self._versions.get(name) or {}).values()) or (
+            [self._bound[name]] if name in self._bound else []
+        )
+        self._replaced = [b for b in self._replaced if b.alive]  # (those finalized since)
+        self._replaced += [b for b in previous if id(b) not in kept and b.alive]
         if versions:
             self._versions[name] = versions
             self._bound[name] = versions[max(versions)]

@@ -48,6 +48,9 @@ class CoreServer(ModelsMixin):
         self._repository = Repository(None)  # where bound models are written: a temporary folder
         self._bound: dict[str, Binding] = {}  # name -> the model-level binding (its highest version)
         self._versions: dict[str, dict[int, Binding]] = {}  # name -> version -> binding (bound callables)
+        # Bindings replaced (a reload with another config, a changed repository model) whose old
+        # copy Triton may still be finalizing: stop() waits for them too before deleting Triton.
+        self._replaced: list[Binding] = []
         self._native: dict[str, Any] = {}  # the user's repositories' Triton models that are loaded
         self._repositories = Repositories(self)
         self._log: Path | None = None
@@ -139,6 +142,8 @@ class CoreServer(ModelsMixin):
             everything = [
                 b for name in self._bound for b in (self._versions.get(name) or {0: self._bound[name]}).values()
             ]
+            everything += [b for b in self._replaced if b not in everything]
+            self._replaced.clear()
             for binding in everything:
                 left = max(deadline - time.monotonic(), 0.0)
                 if not binding.wait_finalized(left, native.drain) and waited:
