@@ -114,7 +114,7 @@ class ModelsMixin:
             [self._bound[name]] if name in self._bound else []
         )
         self._replaced = [b for b in self._replaced if b.alive]  # (those finalized since)
-        self._replaced += [b for b in previous if id(b) not in kept and b.alive]
+        self._replaced += [b for b in previous if id(b) not in kept and getattr(b, "alive", False)]  # not ensembles
         if versions:
             self._versions[name] = versions
             self._bound[name] = versions[max(versions)]
