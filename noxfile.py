@@ -57,7 +57,7 @@ def tests(session: nox.Session) -> None:
     # What `pip install "embedtriton[grpc,tracing]"` resolves to today (the extras' bounds together).
     install(
         session, *TEST_TOOLS, *PYTRITON_CLIENT_DEPS, "onnx", "tritonclient[http]", "numpy>=2",
-        extras="grpc,tracing,onnx,http",
+        extras="grpc,tracing,onnx,http,tune",
     )  # fmt: skip
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 

@@ -1,4 +1,5 @@
-"""``embedtriton serve module:attr`` — bind models and serve them until interrupted.
+"""``embedtriton serve module:attr`` — bind models and serve them until interrupted;
+``embedtriton tune module:attr --model NAME`` — sweep Triton's batcher settings for one of them.
 
 ``attr`` is a function that takes a :class:`embedtriton.Server` and binds models on it.
 """
@@ -54,6 +55,18 @@ def main(argv: list[str] | None = None) -> int:
         default=30,
         help="seconds that requests in flight get to finish after SIGINT/SIGTERM (default 30)",
     )
+    tune = commands.add_parser("tune", help="bind models with module:attr and tune one model's batching config")
+    tune.add_argument("target", help="module:function that binds models on the Server it is given")
+    tune.add_argument("--model", required=True, help="the model to tune")
+    tune.add_argument("--concurrency", default="1,8,32", help="requests in flight to measure at (default 1,8,32)")
+    tune.add_argument("--latency-budget-ms", type=float, help="the p99 latency the chosen config must keep")
+    tune.add_argument("--time-budget-s", type=float, default=120.0, help="when to stop searching (default 120)")
+    tune.add_argument("--window-s", type=float, default=1.0, help="seconds each measurement lasts (default 1)")
+    tune.add_argument("--shape", action="append", default=[], help="NAME=D1[,D2..]: a variable input's dims")
+    tune.add_argument("--samples", help=".npz with one array per input (first axis: samples) instead of random data")
+    tune.add_argument("--via", choices=["in-process", "grpc"], default="in-process", help="how load is sent")
+    tune.add_argument("--cache-bytes", type=int, default=0, help="give the server a response cache of this size")
+    tune.add_argument("--output", default="tuning", help="folder for report.json, report.png, best_config.py")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -76,17 +89,28 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the native module and Triton's runtime, before anything is bound
         library.native()
     except (ImportError, TritonError) as exc:
-        print(f"embedtriton serve: {exc}", file=sys.stderr)
+        print(f"embedtriton {args.command}: {exc}", file=sys.stderr)
         return 1
-    server = Server(ServerConfig(exit_timeout_secs=args.exit_timeout))
+    if args.command == "tune":
+        log.setLevel(logging.WARNING)  # each trial reloads the model: its INFO lines would break the progress bar
+        config = ServerConfig(cache_config=[f"local,size={args.cache_bytes}"] if args.cache_bytes else [])
+    else:
+        config = ServerConfig(exit_timeout_secs=args.exit_timeout)
+    server = Server(config)
     try:
         bind(server)
     except KeyboardInterrupt:  # Ctrl-C while binding: stop before any port opens
         log.info("interrupted while binding models; nothing was served")
         return 130
     except TritonError as exc:  # a bad declaration: the message says what to fix
-        print(f"embedtriton serve: {args.target}: {exc}", file=sys.stderr)
+        print(f"embedtriton {args.command}: {args.target}: {exc}", file=sys.stderr)
         return 2
+    if args.command == "tune":
+        try:
+            return _tune(server, args)
+        except TritonError as exc:
+            print(f"embedtriton tune: {exc}", file=sys.stderr)
+            return 2
 
     # SIGINT/SIGTERM drain (new requests are refused, those in flight finish within
     # --exit-timeout); a second one exits at once.
@@ -158,6 +182,32 @@ def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log:
         stop.wait()
         log.info("stopping")
     log.info("stopped")
+    return 0
+
+
+def _tune(server: Server, args: argparse.Namespace) -> int:
+    from .tuning import tune
+    from .tuning.load import parse_shapes, read_samples
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        print(f"embedtriton tune: --concurrency {args.concurrency!r}: expected numbers like 1,8,32", file=sys.stderr)
+        return 2
+    shapes = parse_shapes(args.shape)
+    samples = read_samples(args.samples) if args.samples else None
+    with server:
+        report = tune(
+            server, args.model, concurrency=levels, latency_budget_ms=args.latency_budget_ms,
+            time_budget_s=args.time_budget_s, shapes=shapes, samples=samples, via=args.via, window_s=args.window_s,
+        )  # fmt: skip
+    written = report.save(args.output)
+    print(report.table())
+    print()
+    print(report.summary())
+    for note in report.notes:
+        print(f"note: {note}")
+    print("written: " + ", ".join(str(p) for p in written))
     return 0
 
 

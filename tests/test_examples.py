@@ -167,3 +167,12 @@ def test_http_serving_example(tmp_path):
     assert "generate_stream: 200 text/event-stream; charset=utf-8" in out
     assert "4 events: the quick brown fox" in out
     assert 'nv_inference_request_success{model="AddSub",version="1"} 2' in out
+
+
+def test_tuning_example(tmp_path):
+    out = run_example("tuning.py", tmp_path)
+    best = out.split("best: ")[1].splitlines()[0]
+    assert "p99 within 10.0 ms" in best
+    gain = float(best.split("(")[1].split("x the config as bound")[0])
+    assert gain >= 4, out  # batch 1 at 32 in flight: one row per 2 ms; batching serves many
+    assert "config = ModelConfig(" in out and (tmp_path / "tuning-report" / "report.json").exists()

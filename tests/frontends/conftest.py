@@ -30,31 +30,14 @@ def certs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def perf_analyzer(tmp_path_factory):
+def perf_analyzer():
     """The perf_analyzer binary of the tritonclient wheel (2.51 ships it) and an environment it
     starts in (it links libcudart.so.12: the copy in the nvidia-pytriton wheel); skips where the
     wheel has no binary or Debian's libb64-0d is missing."""
-    import glob
-    import os
-    import shutil
-    import sysconfig
-    from importlib.util import find_spec
-    from pathlib import Path
+    from embedtriton.errors import UnavailableError
+    from embedtriton.tuning.perf import perf_analyzer as find
 
-    binary = Path(sysconfig.get_path("scripts")) / "perf_analyzer"
-    if not binary.exists():
-        found = shutil.which("perf_analyzer")
-        if found is None:
-            pytest.skip("perf_analyzer is not installed (tritonclient 2.51's wheel ships it)")
-        binary = Path(found)
-    env = dict(os.environ)
-    spec = find_spec("pytriton")
-    libs = glob.glob(str(Path(spec.origin).parent.parent / "nvidia_pytriton.libs" / "libcudart*.so*")) if spec else []
-    if libs:
-        link_dir = tmp_path_factory.mktemp("perf_analyzer_libs")
-        (link_dir / "libcudart.so.12").symlink_to(libs[0])
-        env["LD_LIBRARY_PATH"] = f"{link_dir}:{env.get('LD_LIBRARY_PATH', '')}"
-    check = subprocess.run([str(binary), "--version"], env=env, capture_output=True, text=True)
-    if "error while loading shared libraries" in check.stderr:
-        pytest.skip(f"perf_analyzer cannot start here: {check.stderr.strip()} (Debian: apt-get install libb64-0d)")
-    return str(binary), env
+    try:
+        return find()
+    except UnavailableError as exc:
+        pytest.skip(str(exc))
