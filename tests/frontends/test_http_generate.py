@@ -193,3 +193,5 @@ def test_curl_health_infer_generate_stream_and_metrics(endpoint):
     streamed = curl("-N", "-d", '{"text_input":"x y"}', f"{base}/v2/models/Words/generate_stream")
     assert [e["text_output"] for e in events(streamed.encode())] == ["x", "y"]
     assert 'nv_inference_request_success{model="Sum",version="1"}' in curl(f"{base}/metrics")
+    kind = curl("-o", "/dev/null", "-w", "%{content_type}", f"{base}/metrics")
+    assert kind.startswith("text/plain"), kind  # Prometheus' text format, not octet-stream

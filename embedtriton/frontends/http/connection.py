@@ -66,6 +66,54 @@ def _accepted(header: bytes | None) -> str | None:
     return "gzip" if b"gzip" in offered else "deflate" if b"deflate" in offered else None
 
 
+def encode(status: int, payload: Any, accept_encoding: bytes | None) -> tuple[list[tuple[str, str]], list[bytes]]:
+    """An answer's header fields (but its length) and body parts: JSON; the binary tensor data
+    extension's JSON header then the tensors' bytes; or text. As Triton: an inference answer is
+    compressed when the client accepts gzip or deflate, errors and other answers are not."""
+    if isinstance(payload, Text):
+        return [("Content-Type", payload.content_type)], [payload.body]
+    infer = status == 200 and (isinstance(payload, Binary) or (type(payload) is dict and "outputs" in payload))
+    fields, blobs = [("Content-Type", "application/json")], []
+    if isinstance(payload, Binary):
+        payload, blobs = payload.header, payload.blobs
+    body = b"" if payload is None else json.dumps(payload).encode()
+    if blobs:
+        fields = [("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", str(len(body)))]
+    encoding = _accepted(accept_encoding) if infer else None
+    if encoding is not None:
+        packer = zlib.compressobj(wbits=31 if encoding == "gzip" else 15)
+        return [*fields, ("Content-Encoding", encoding)], [packer.compress(b"".join([body, *blobs])) + packer.flush()]
+    return fields, [body, *blobs]
+
+
+async def decompress(encoding: bytes, body: bytes, limit: int) -> bytes:
+    """A gzip / deflate request body (as tritonclient sends it), inflated to at most
+    max_body_bytes: a small body that would inflate past the limit is refused (413) without
+    inflating it all. Large bodies inflate off the loop."""
+    name = encoding.strip().lower()
+    if name in (b"identity", b""):
+        return body
+    if name not in (b"gzip", b"deflate"):
+        raise Refused(415, f"Content-Encoding {name.decode('latin-1')!r}: only gzip and deflate are accepted")
+
+    def inflate() -> bytes | None:
+        inflater = zlib.decompressobj(wbits=47)  # zlib or gzip framing, by its header
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise Refused(400, f"the {name.decode()} request body does not inflate: {exc}") from None
+        if len(out) > limit:
+            return None
+        if not inflater.eof:
+            raise Refused(400, f"the {name.decode()} request body is truncated")
+        return out
+
+    out = inflate() if len(body) < 65536 else await asyncio.get_running_loop().run_in_executor(None, inflate)
+    if out is None:
+        raise Refused(413, f"request body inflates past the limit of {limit} bytes")
+    return out
+
+
 MAX_PIPELINED = 64  # requests of one connection waiting for their answers before it is read no further
 
 
@@ -236,25 +284,11 @@ class Connection(asyncio.Protocol):
             method, url, headers, body, keep_alive = item
             self.busy = True
             try:
-                if b"content-encoding" in headers:
-                    body = await self._decompress(headers[b"content-encoding"], body)
-                status, payload = await self.endpoint.route(method, url, headers, body)
-            except Refused as exc:
-                status, payload = exc.status, {"error": str(exc)}
-            except TritonError as exc:
-                status, payload = status_of(exc), {"error": str(exc)}
-            except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
-                status, payload = 400, {"error": f"malformed request: {exc}"}
-            try:
+                status, payload = await self.endpoint.answer(method, url, headers, body)
                 if isinstance(payload, EventStream):
                     await self._stream(payload.events, keep_alive)
                 else:
-                    # as Triton: an inference answer is compressed when the client accepts it
-                    infer = status == 200 and (
-                        isinstance(payload, Binary) or (type(payload) is dict and "outputs" in payload)
-                    )
-                    encoding = _accepted(headers.get(b"accept-encoding")) if infer else None
-                    self._send(status, payload, keep_alive, encoding)
+                    self._send(status, payload, keep_alive, headers.get(b"accept-encoding"))
             finally:
                 self.busy = False
             if not keep_alive:
@@ -285,52 +319,14 @@ class Connection(asyncio.Protocol):
         if not keep_alive:
             transport.close()
 
-    async def _decompress(self, encoding: bytes, body: bytes) -> bytes:
-        """A gzip / deflate request body (as tritonclient sends it), inflated to at most
-        max_body_bytes: a small body that would inflate past the limit is refused (413) without
-        inflating it all. Large bodies inflate off the loop."""
-        name = encoding.strip().lower()
-        if name in (b"identity", b""):
-            return body
-        if name not in (b"gzip", b"deflate"):
-            raise Refused(415, f"Content-Encoding {name.decode('latin-1')!r}: only gzip and deflate are accepted")
-        limit = self.endpoint.options.max_body_bytes
-
-        def inflate() -> bytes | None:
-            inflater = zlib.decompressobj(wbits=47)  # zlib or gzip framing, by its header
-            try:
-                out = inflater.decompress(body, limit + 1)
-            except zlib.error as exc:
-                raise Refused(400, f"the {name.decode()} request body does not inflate: {exc}") from None
-            if len(out) > limit:
-                return None
-            if not inflater.eof:
-                raise Refused(400, f"the {name.decode()} request body is truncated")
-            return out
-
-        out = inflate() if len(body) < 65536 else await asyncio.get_running_loop().run_in_executor(None, inflate)
-        if out is None:
-            raise Refused(413, f"request body inflates past the limit of {limit} bytes")
-        return out
-
-    def _send(self, status: int, payload: Any, keep_alive: bool, encoding: str | None = None) -> None:
+    def _send(self, status: int, payload: Any, keep_alive: bool, accept_encoding: bytes | None = None) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        extra, blobs = "Content-Type: application/json\r\n", []
-        if isinstance(payload, Text):
-            extra, payload, blobs = f"Content-Type: {payload.content_type}\r\n", None, [payload.body]
-        if isinstance(payload, Binary):  # the binary tensor data extension: JSON, then the tensors' bytes
-            payload, blobs = payload.header, payload.blobs
-        body = b"" if payload is None else json.dumps(payload).encode()
-        if blobs:
-            extra = f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(body)}\r\n"
-        if encoding is not None and (body or blobs):  # the client accepts a compressed answer
-            packer = zlib.compressobj(wbits=31 if encoding == "gzip" else 15)
-            body, blobs = packer.compress(b"".join([body, *blobs])) + packer.flush(), []
-            extra += f"Content-Encoding: {encoding}\r\n"
-        size = len(body) + sum(len(b) for b in blobs)
-        close = "" if keep_alive else "Connection: close\r\n"
-        head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n{extra}Content-Length: {size}\r\n{close}\r\n"
-        self.transport.writelines([head.encode(), body, *blobs])
+        fields, parts = encode(status, payload, accept_encoding)
+        fields.append(("Content-Length", str(sum(len(p) for p in parts))))
+        if not keep_alive:
+            fields.append(("Connection", "close"))
+        head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields)
+        self.transport.writelines([head.encode() + b"\r\n", *parts])
         if not keep_alive:
             self.transport.close()

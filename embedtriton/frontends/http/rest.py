@@ -20,78 +20,43 @@ from urllib.parse import unquote
 import numpy as np
 
 from ...core import CoreServer
-from ...errors import InvalidArgumentError, UnavailableError
+from ...errors import InvalidArgumentError, TritonError, UnavailableError
 from ...tensors import triton_dtype
 from .. import kserve
 from ..shared_memory import regions_of
 from . import extensions
-from .connection import Binary, Connection, Refused, Text
+from .connection import Binary, Connection, Refused, Text, decompress, status_of
 from .generate import generate
 from .options import HttpOptions
 
 
-class RestEndpoint:
-    """A KServe-v2 HTTP/REST server for a server's models (see the module's docstring)."""
+class RestApi:
+    """The endpoint's routes without a socket: ``answer()`` turns one request into its status
+    and answer (also what a Ray Serve replica answers its HTTP requests with)."""
 
     def __init__(self, server: CoreServer, options: HttpOptions) -> None:
         self.server = server
         self.options = options
         self.draining = False
-        self.connections: set[Connection] = set()
         self.shm = regions_of(server)  # shared with the gRPC endpoint, as in Triton
-        context = options.ssl_context()
-        handshake = options.request_timeout_s if context else None  # a stalled TLS handshake is cut too
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
-        self._thread.start()
-        host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
 
-        async def start() -> asyncio.AbstractServer:
-            return await self._loop.create_server(
-                lambda: Connection(self), host.strip("[]"), int(port), ssl=context, ssl_handshake_timeout=handshake
-            )
-
-        self.now = self._loop.time
-        self._sweep_every = min(1.0, options.request_timeout_s / 4, options.idle_timeout_s / 4)
-        self._loop.call_soon_threadsafe(self._sweep)
+    async def answer(self, method: str, url: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, Any]:
+        """One request's status and answer (a dict, :class:`Binary`, :class:`Text`, :class:`EventStream`
+        or None); errors as Triton writes them: ``{"error": ...}`` with its status code."""
         try:
-            self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=30)
-        except Exception as exc:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            raise UnavailableError(f"cannot serve HTTP on {options.address}: {exc}") from None
-        self.port: int = self._server.sockets[0].getsockname()[1]
-
-    def _sweep(self) -> None:
-        """Every so often: connections past their deadline (stalled or idle) are dealt with."""
-        now = self._loop.time()
-        for connection in [c for c in self.connections if c.deadline <= now]:
-            connection._expired()
-        self._loop.call_later(self._sweep_every, self._sweep)
+            if b"content-encoding" in headers:
+                body = await decompress(headers[b"content-encoding"], body, self.options.max_body_bytes)
+            return await self.route(method, url, headers, body)
+        except Refused as exc:
+            return exc.status, {"error": str(exc)}
+        except TritonError as exc:
+            return status_of(exc), {"error": str(exc)}
+        except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
+            return 400, {"error": f"malformed request: {exc}"}
 
     def drain(self) -> None:
         """The server stops: new inference requests are refused (503); health says not ready."""
         self.draining = True
-
-    def stop(self, grace: float = 1.0) -> None:
-        async def close() -> None:
-            self._server.close()
-            until = self._loop.time() + grace  # answers in progress (not idle keep-alives) get the grace period
-            while self._loop.time() < until and any(c.busy or c.queue for c in self.connections):
-                await asyncio.sleep(0.005)
-            for connection in list(self.connections):
-                if connection.transport is not None:
-                    connection.transport.close()
-                if connection.worker is not None:
-                    connection.worker.cancel()
-            await asyncio.sleep(0)
-
-        try:
-            asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=grace + 5)
-        except Exception:  # already closed, or the wait ran out: stop the loop anyway
-            pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self.shm.unregister()
 
     # -- routes
     async def route(self, method: str, url: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, Any]:
@@ -274,6 +239,63 @@ class RestEndpoint:
                 entry["data"] = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in flat]
             answer["outputs"].append(entry)
         return Binary(answer, blobs) if blobs else answer
+
+
+class RestEndpoint(RestApi):
+    """A KServe-v2 HTTP/REST server for a server's models (see the module's docstring)."""
+
+    def __init__(self, server: CoreServer, options: HttpOptions) -> None:
+        super().__init__(server, options)
+        self.connections: set[Connection] = set()
+        context = options.ssl_context()
+        handshake = options.request_timeout_s if context else None  # a stalled TLS handshake is cut too
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
+        self._thread.start()
+        host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
+
+        async def start() -> asyncio.AbstractServer:
+            return await self._loop.create_server(
+                lambda: Connection(self), host.strip("[]"), int(port), ssl=context, ssl_handshake_timeout=handshake
+            )
+
+        self.now = self._loop.time
+        self._sweep_every = min(1.0, options.request_timeout_s / 4, options.idle_timeout_s / 4)
+        self._loop.call_soon_threadsafe(self._sweep)
+        try:
+            self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=30)
+        except Exception as exc:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise UnavailableError(f"cannot serve HTTP on {options.address}: {exc}") from None
+        self.port: int = self._server.sockets[0].getsockname()[1]
+
+    def _sweep(self) -> None:
+        """Every so often: connections past their deadline (stalled or idle) are dealt with."""
+        now = self._loop.time()
+        for connection in [c for c in self.connections if c.deadline <= now]:
+            connection._expired()
+        self._loop.call_later(self._sweep_every, self._sweep)
+
+    def stop(self, grace: float = 1.0) -> None:
+        async def close() -> None:
+            self._server.close()
+            until = self._loop.time() + grace  # answers in progress (not idle keep-alives) get the grace period
+            while self._loop.time() < until and any(c.busy or c.queue for c in self.connections):
+                await asyncio.sleep(0.005)
+            for connection in list(self.connections):
+                if connection.transport is not None:
+                    connection.transport.close()
+                if connection.worker is not None:
+                    connection.worker.cancel()
+            await asyncio.sleep(0)
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=grace + 5)
+        except Exception:  # already closed, or the wait ran out: stop the loop anyway
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self.shm.unregister()
 
 
 def _flatten(data: Any, expected: int, name: str) -> list[Any]:
