@@ -8,11 +8,12 @@ loaded into Triton (the model is re-bound with it) and measured at every concurr
 5. more instances while throughput grows;
 6. the response cache, where the requests repeat (samples) and the server has a cache.
 
-A candidate scores its best throughput within the latency budget ("fit") and its best throughput
-at all ("capacity"): a step counts when it raises the fit, or raises the capacity without losing
-fit (so that at several concurrencies, batches grow while the highest one is still over budget).
-The search stops when the time budget would be exceeded; the model gets its bound configuration
-back at the end."""
+The search walks on capacity (a candidate's best throughput at any concurrency: a large signal,
+where the throughputs at low concurrency differ by noise alone): a step counts when it raises
+the capacity by 5 % and keeps p99 within the latency budget at every concurrency where the best
+so far kept it; two steps that do not count end a walk. The best configuration is then chosen
+among all trials (the highest throughput within the budget). The search stops when the time
+budget would be exceeded; the model gets its bound configuration back at the end."""
 
 from __future__ import annotations
 
@@ -34,17 +35,15 @@ GROWTH = 1.05  # a step must bring 5 % more throughput to count as growth
 
 
 class Score(NamedTuple):
-    fit: float  # the best throughput within the latency budget (0: none within it)
-    capacity: float  # the best throughput, budget or not
+    capacity: float  # the best throughput, at any concurrency
+    fits: frozenset[int]  # the concurrencies where p99 stays within the latency budget
 
     def beats(self, other: Score, need: float = 1.0) -> bool:
-        """More fit by ``need``, or as much fit (within GROWTH) and more capacity by ``need``."""
-        if self.fit > other.fit * need:
-            return True
-        return self.fit >= other.fit / GROWTH and self.capacity > other.capacity * need
+        """More capacity by ``need``, and within the budget wherever ``other`` is."""
+        return self.capacity > other.capacity * need and self.fits >= other.fits
 
 
-NONE = Score(0.0, 0.0)
+NONE = Score(0.0, frozenset())
 
 
 def tune(
@@ -140,7 +139,7 @@ class _Search:
             self.report.notes.append(f"{candidate.label()}: Triton refused it: {exc}")
             self.scores[candidate] = NONE
             return NONE
-        fit = capacity = 0.0
+        capacity, fits = 0.0, set()
         for c in self.levels:
             try:
                 m = self.measure(c)
@@ -153,14 +152,14 @@ class _Search:
             self.report.trials.append(trial)
             capacity = max(capacity, m.throughput)
             if self.report._fits(trial):
-                fit = max(fit, m.throughput)
+                fits.add(c)
             self._show(trial)
         self.cost = time.monotonic() - began
-        self.scores[candidate] = Score(fit, capacity)
+        self.scores[candidate] = Score(capacity, frozenset(fits))
         return self.scores[candidate]
 
     def grow(self, start: Candidate, steps: Sequence[Candidate]) -> Candidate:
-        """Walk ``steps`` from ``start`` while each beats the best so far by GROWTH (one flat step allowed)."""
+        """Walk ``steps`` from ``start`` while they beat the best so far by GROWTH (one miss allowed)."""
         best, best_score, flat = start, self.score(start), 0
         for step in steps:
             s = self.score(step)
@@ -170,7 +169,7 @@ class _Search:
                 best, best_score, flat = step, s, 0
             else:
                 flat += 1
-                if flat == 2 or best_score.beats(s):  # growth has stopped
+                if flat == 2:  # growth has stopped
                     break
         return best
 
