@@ -57,7 +57,7 @@ def tests(session: nox.Session) -> None:
     # What `pip install "embedtriton[grpc,tracing]"` resolves to today (the extras' bounds together).
     install(
         session, *TEST_TOOLS, *PYTRITON_CLIENT_DEPS, "onnx", "tritonclient[http]", "numpy>=2",
-        extras="grpc,tracing,onnx,http,tune",
+        extras="grpc,tracing,onnx,http,tune,ray",
     )  # fmt: skip
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
@@ -76,6 +76,7 @@ def tests_oldest(session: nox.Session) -> None:
         "onnxruntime==1.17.0",
         "onnx==1.15.0",  # (builds the tests' graphs)
         "httptools==0.6.0",
+        "ray[serve]==2.10.0",
         extras="grpc,tracing,onnx,http",  # the extras' lower bounds, resolved together
     )
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)

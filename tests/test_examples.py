@@ -176,3 +176,16 @@ def test_tuning_example(tmp_path):
     gain = float(best.split("(")[1].split("x the config as bound")[0])
     assert gain >= 4, out  # batch 1 at 32 in flight: one row per 2 ms; batching serves many
     assert "config = ModelConfig(" in out and (tmp_path / "tuning-report" / "report.json").exists()
+
+
+def test_ray_serve_example(tmp_path):
+    pytest.importorskip("ray.serve", reason='Ray Serve is not installed (pip install "embedtriton[ray]")')
+    out = run_example("ray_serve.py", tmp_path)
+    assert "1000 requests, 1000 answered right" in out
+    took = [int(line.split("): ")[1].split(" requests")[0]) for line in out.splitlines() if line.startswith("replica ")]
+    assert len(took) == 2 and sum(took) == 1000 and min(took) > 100, out  # spread over both replicas
+    executions = [
+        int(line.split(" in ")[1].split(" executions")[0]) for line in out.splitlines() if "executions" in line
+    ]
+    assert sum(executions) < 1000, out  # Triton batched inside the replicas
+    assert "over Ray Serve HTTP (KServe-v2 REST): [2.0, 4.0, 6.0, 8.0]" in out and "shut down" in out

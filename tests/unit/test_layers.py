@@ -26,6 +26,7 @@ LAYERS = {
     "embedtriton": 8,  # __init__: the public names
     "embedtriton.__main__": 9,
     "embedtriton.pytriton": 9,  # PyTriton's API, on the public one
+    "embedtriton.ray": 9,  # Ray Serve replicas, on the public API and the REST routes
     "embedtriton.tuning": 9,  # the tuner: drives a Server from outside, as a user would
 }
 MAX_LINES = 450
