@@ -33,6 +33,7 @@ import importlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from .config import ServerConfig
@@ -168,6 +169,20 @@ def replica_reports(handle: Any, replicas: int, timeout_s: float = 30.0) -> list
     return sorted(seen.values(), key=lambda info: str(info["replica"]))
 
 
+def _check_no_source_tree_in_the_way() -> None:
+    """Ray puts the driver's current directory first on its workers' sys.path: started from a
+    checkout of embedtriton, the replicas would import the source tree (without its built native
+    module) instead of the installed package, and fail to start."""
+    here = Path.cwd() / "embedtriton"
+    installed = Path(__file__).resolve().parent
+    if (here / "__init__.py").exists() and here.resolve() != installed:
+        raise UnavailableError(
+            f"Ray's workers put the current directory ({Path.cwd()}) first on sys.path, and its embedtriton/ "
+            f"folder would shadow the installed package ({installed}) in every replica: start Ray from "
+            "another directory (or install embedtriton in place with pip install -e .)"
+        )
+
+
 def triton_app(
     bind: Binder | str,
     *,
@@ -190,5 +205,6 @@ def triton_app(
         from ray import serve
     except ImportError:
         raise ImportError('embedtriton.ray needs Ray Serve: pip install "embedtriton[ray]"') from None
+    _check_no_source_tree_in_the_way()
     deployment = serve.deployment(TritonDeployment, name=name, **deployment_options)
     return deployment.bind(bind, server_config, max_body_bytes)

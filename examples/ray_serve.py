@@ -5,7 +5,11 @@ its own embedded server), sends 1,000 requests from 50 concurrent callers throug
 handle, and prints how many each replica took and how Triton batched them there. Then one
 request over Ray Serve's HTTP proxy with Triton's KServe-v2 REST protocol, and shut down.
 
-Needs ``pip install "embedtriton[ray]"``.
+Needs ``pip install "embedtriton[ray]"``. Run it from the examples folder or anywhere but the
+checkout's root (Ray's workers put the current directory first on sys.path, and the
+checkout's ``embedtriton/`` would shadow the installed package)::
+
+    cd examples && python ray_serve.py
 """
 
 from __future__ import annotations

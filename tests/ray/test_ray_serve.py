@@ -12,10 +12,12 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import embedtriton
 from embedtriton import ModelConfig, Server, Tensor, batch
 
 ray = pytest.importorskip("ray", reason='Ray Serve is not installed (pip install "embedtriton[ray]")')
@@ -42,12 +44,16 @@ def bind(server: Server) -> None:
 
 
 @pytest.fixture(scope="module")
-def app():
+def app(tmp_path_factory):
     from ray import cloudpickle
 
     from embedtriton.ray import triton_app
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # (the replicas cannot import this test module)
+    # Ray puts the current directory first on its workers' sys.path: not the checkout (its
+    # embedtriton/ would shadow the installed package; see the next test)
+    was = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("ray"))
     try:
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     except Exception as exc:  # no Ray on this machine: say why
@@ -66,6 +72,7 @@ def app():
     finally:
         serve.shutdown()
         ray.shutdown()
+        os.chdir(was)
 
 
 def replicas(handle, count: int) -> dict[str, dict]:
@@ -170,6 +177,18 @@ def test_a_replica_that_dies_is_replaced_and_retries_lose_nothing(app):
         time.sleep(0.5)
     else:
         pytest.fail("Ray did not replace the killed replica within 60 s")
+
+
+def test_starting_ray_from_the_source_checkout_says_so(monkeypatch):
+    from embedtriton.errors import UnavailableError
+    from embedtriton.ray import triton_app
+
+    checkout = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(checkout)
+    if (checkout / "embedtriton").resolve() == Path(embedtriton.__file__).resolve().parent:
+        pytest.skip("embedtriton is installed in place (pip install -e .): the checkout is the package")
+    with pytest.raises(UnavailableError, match="would shadow the installed package"):
+        triton_app(bind)
 
 
 def test_a_replica_outside_ray_serves_and_stops_its_triton_on_shutdown():
