@@ -97,14 +97,25 @@ def main(argv: list[str] | None = None) -> int:
     else:
         config = ServerConfig(exit_timeout_secs=args.exit_timeout)
     server = Server(config)
+    interrupted = []
+
+    def while_binding(signum: int, frame: object) -> None:
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    # SIGTERM as SIGINT while binding: handled (PID 1 in a container, without an init, has no
+    # default action for it: the kernel would drop the signal and the pod bind on)
+    default_term = signal.signal(signal.SIGTERM, while_binding)
     try:
         bind(server)
-    except KeyboardInterrupt:  # Ctrl-C while binding: stop before any port opens
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while binding: stop before any port opens
         log.info("interrupted while binding models; nothing was served")
-        return 130
+        return 128 + (interrupted[0] if interrupted else signal.SIGINT)
     except TritonError as exc:  # a bad declaration: the message says what to fix
         print(f"embedtriton {args.command}: {args.target}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, default_term)
     if args.command == "tune":
         try:
             return _tune(server, args)

@@ -422,3 +422,21 @@ def test_stock_asyncio_client_stream_kept_open(transport):
             return got
 
         assert asyncio.run(asyncio.wait_for(main(), 30)) == [0, 1, 2]
+
+
+def test_metrics_endpoint_on_ipv6():
+    """``--metrics [::]:8002`` as the gRPC and HTTP endpoints take it (IPv6-only clusters)."""
+    import socket
+    import urllib.request
+
+    from embedtriton import Server
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    with Server() as server:
+        port = server.serve_metrics("[::1]:0")
+        text = urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=10).read().decode()
+        assert "nv_" in text

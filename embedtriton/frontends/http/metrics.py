@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 from typing import Any
 
@@ -35,8 +36,13 @@ class MetricsEndpoint:
             def log_message(self, *args: Any) -> None:
                 pass
 
+        host = host.strip("[]") or "127.0.0.1"  # "[::]:8002" (IPv6) as the other endpoints take it
+
+        class HTTPServer(http.server.ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
         try:
-            self._httpd = http.server.ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+            self._httpd = HTTPServer((host, int(port)), Handler)
         except (OSError, ValueError) as exc:
             raise UnavailableError(f"cannot serve metrics on {address}: {exc}") from None
         self.port: int = self._httpd.server_address[1]
