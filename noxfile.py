@@ -44,7 +44,8 @@ def demo(session: nox.Session) -> None:
     session.run("python", "examples/add_sub.py")
 
 
-TEST_TOOLS = ("pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk")
+# kubernetes-validate checks deploy/k8s against Kubernetes' schemas (bundled: works offline)
+TEST_TOOLS = ("pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk", "kubernetes-validate==1.37.0")
 # PyTriton's own client (in the nvidia-pytriton wheel, installed --no-deps) is tested against our
 # endpoints; these are the dependencies it imports.
 PYTRITON_CLIENT_DEPS = ("typing_inspect", "wrapt", "pyzmq", "sh", "typer", "importlib_metadata")
@@ -86,8 +87,8 @@ def tests_oldest(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check + format check."""
     session.install("ruff")
-    session.run("ruff", "check", "embedtriton", "tests", "examples", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "embedtriton", "tests", "examples", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "embedtriton", "tests", "examples", "benchmarks", "deploy", "noxfile.py")
+    session.run("ruff", "format", "--check", "embedtriton", "tests", "examples", "benchmarks", "deploy", "noxfile.py")
 
 
 @nox.session
