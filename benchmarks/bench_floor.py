@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_inprocess import sequential_latencies  # (benchmarks/ is the script's folder)
 
 from embedtriton import DynamicBatcher, ModelConfig, Server, ServerConfig, Tensor, batch
 from embedtriton.triton import runtime
@@ -92,18 +93,6 @@ def main() -> None:
         run(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def sequential_us(call, n: int) -> list[float]:
-    for _ in range(min(500, n)):
-        call()
-    out = []
-    clock = time.perf_counter_ns
-    for _ in range(n):
-        t = clock()
-        call()
-        out.append((clock() - t) / 1000)
-    return out
 
 
 def threads_rps(call, threads: int, seconds: float) -> float:
@@ -167,7 +156,7 @@ def handoff_us(n: int) -> float:
         job[0].wait()
 
     try:
-        return statistics.median(sequential_us(call, n))
+        return statistics.median(sequential_latencies(call, n))
     finally:
         jobs.put(None)
         thread.join()
@@ -218,7 +207,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 ("batching off", "AddSubPlain", b"FloorPlain", plain_in, 0),
             ):
                 model = server.model(name)
-                ours = sequential_us(lambda m=model, i=inputs: m.infer(i), args.sequential)
+                ours = sequential_latencies(lambda m=model, i=inputs: m.infer(i), args.sequential)
                 floor = floor_seq(floor_name, batched)
                 record(f"sequential p50, {label} (µs)", statistics.median(ours), statistics.median(floor))
                 record(f"sequential p99, {label} (µs)", np.percentile(ours, 99), np.percentile(floor, 99))
@@ -232,7 +221,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
                     asyncio_rps(model, inputs, 64, args.seconds),
                     driver.floor_inflight(floor_name, batched, 64, args.seconds),
                 )
-            bare = statistics.median(sequential_us(lambda: add_sub_raw(batched_in["a"], batched_in["b"]), 20000))
+            bare = statistics.median(sequential_latencies(lambda: add_sub_raw(batched_in["a"], batched_in["b"]), 20000))
             record("Python: bare call / two-thread hand-off (µs)", bare, handoff_us(5000))
 
     table = {row: {k: statistics.median(v) for k, v in values.items()} for row, values in rows.items()}
