@@ -21,23 +21,19 @@ script links the copy in the nvidia-pytriton wheel.
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 import re
-import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import sysconfig
-import tempfile
 import time
-from importlib.util import find_spec
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from embedtriton.errors import UnavailableError
+from embedtriton.tuning.perf import perf_analyzer
 
 PYTRITON = {1: 781.0, 32: 4614.0}  # infer/s, PyTriton 0.7.0 on this machine (the issue's reference)
 
@@ -103,22 +99,11 @@ def _answer_canned(server: Any, infer: Any, service: Any, codes: Any) -> None:
 
 
 def perf_analyzer_binary() -> tuple[str, dict[str, str]]:
-    """The perf_analyzer from the tritonclient wheel and an environment it runs in."""
-    candidates = [Path(sysconfig.get_path("scripts")) / "perf_analyzer", shutil.which("perf_analyzer")]
-    binary = next((str(c) for c in candidates if c and Path(c).exists()), None)
-    if binary is None:
-        sys.exit("perf_analyzer not found: pip install tritonclient==2.51.0 (it ships the binary)")
-    env = dict(os.environ)
-    spec = find_spec("pytriton")  # the nvidia-pytriton wheel; found without importing it
-    libs = glob.glob(str(Path(spec.origin).parent.parent / "nvidia_pytriton.libs" / "libcudart*.so*")) if spec else []
-    if libs:
-        link_dir = Path(tempfile.mkdtemp(prefix="embedtriton-pa-"))
-        (link_dir / "libcudart.so.12").symlink_to(libs[0])
-        env["LD_LIBRARY_PATH"] = f"{link_dir}:{env.get('LD_LIBRARY_PATH', '')}"
-    check = subprocess.run([binary, "--version"], env=env, capture_output=True, text=True)
-    if "error while loading shared libraries" in check.stderr:
-        sys.exit(f"perf_analyzer cannot start: {check.stderr.strip()} (Debian: apt-get install libb64-0d)")
-    return binary, env
+    """The perf_analyzer from the tritonclient wheel and an environment it runs in (the tuner's finder)."""
+    try:
+        return perf_analyzer()
+    except UnavailableError as exc:
+        sys.exit(str(exc))
 
 
 def measure(

@@ -24,7 +24,7 @@ def perf_analyzer() -> tuple[str, dict[str, str]]:
     found = str(binary) if binary.exists() else shutil.which("perf_analyzer")
     if found is None:
         raise UnavailableError(
-            "--via grpc needs perf_analyzer: pip install tritonclient==2.51.0 (its wheel ships the binary)"
+            "perf_analyzer is not installed: pip install tritonclient==2.51.0 (its wheel ships the binary)"
         )
     env = dict(os.environ)
     spec = find_spec("pytriton")
