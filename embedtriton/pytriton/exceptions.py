@@ -14,8 +14,8 @@ from __future__ import annotations
 from ..errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
 
 
-class PyTritonError(TritonError):
-    """Base of the server-side PyTriton errors; ``message`` holds the text."""
+class _WithMessage(TritonError):
+    """PyTriton's errors keep their text in ``message``."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -24,6 +24,10 @@ class PyTritonError(TritonError):
     @property
     def message(self) -> str:
         return self._message
+
+
+class PyTritonError(_WithMessage):
+    """Base of the server-side PyTriton errors; ``message`` holds the text."""
 
 
 class PyTritonValidationError(PyTritonError, InvalidArgumentError):
@@ -50,16 +54,8 @@ class PyTritonRuntimeError(PyTritonError):
     """An error that fits none of the other classes (e.g. a decorator misused at run time)."""
 
 
-class PyTritonClientError(TritonError):
-    """Base of the client's errors; ``message`` holds the text."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self._message = message
-
-    @property
-    def message(self) -> str:
-        return self._message
+class PyTritonClientError(_WithMessage):
+    """Base of the client's errors (not a PyTritonError, as in PyTriton); ``message`` holds the text."""
 
 
 class PyTritonClientValueError(PyTritonClientError, InvalidArgumentError):
