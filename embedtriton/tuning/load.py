@@ -151,16 +151,22 @@ async def _drive(model: Any, load: Load, concurrency: int, seconds: float, warmu
     finally:
         state["stop"] = True
         await asyncio.gather(*tasks, return_exceptions=True)
-    return _summary(concurrency, len(latencies) / elapsed, np.array(latencies) * 1e3, before, after, state["errors"])
+    ms = np.array(latencies) * 1e3
+    percentiles = tuple(float(np.percentile(ms, q)) for q in (50, 95, 99)) if len(ms) else (math.inf,) * 3
+    return _summary(concurrency, len(latencies) / elapsed, percentiles, before, after, state["errors"])
 
 
-def _summary(concurrency: int, throughput: float, ms: np.ndarray, before: dict, after: dict, errors: int) -> Measure:
+def _summary(
+    concurrency: int, throughput: float, percentiles: Sequence[float], before: dict, after: dict, errors: int
+) -> Measure:
+    """A Measure from throughput, (p50, p95, p99) in ms and Triton's statistics before and after."""
+
     def mean_us(*keys: str) -> float:
         count = after["success"]["count"] - before["success"]["count"]
         ns = sum(int(after[k]["ns"]) - int(before[k]["ns"]) for k in keys)
         return ns / count / 1e3 if count else 0.0
 
-    p50, p95, p99 = (float(np.percentile(ms, q)) for q in (50, 95, 99)) if len(ms) else (math.inf,) * 3
+    p50, p95, p99 = percentiles
     return Measure(concurrency, throughput, p50, p95, p99, mean_us("queue"),
                    mean_us("compute_input", "compute_infer", "compute_output"), errors)  # fmt: skip
 
@@ -185,10 +191,8 @@ def measure_grpc(
     throughput = re.search(r"Throughput: ([\d.]+) infer/sec", run.stdout)
     if run.returncode != 0 or throughput is None or not all(found.values()):
         raise UnavailableError(f"perf_analyzer failed:\n{run.stdout[-1500:]}\n{run.stderr[-1500:]}")
-    p50, p95, p99 = (int(found[k].group(1)) / 1e3 for k in ("p50", "p95", "p99"))  # type: ignore[union-attr]
-    measure = _summary(concurrency, float(throughput.group(1)), np.array([]), before, after, 0)
-    measure.p50_ms, measure.p95_ms, measure.p99_ms = p50, p95, p99
-    return measure
+    percentiles = [int(found[k].group(1)) / 1e3 for k in ("p50", "p95", "p99")]  # type: ignore[union-attr]
+    return _summary(concurrency, float(throughput.group(1)), percentiles, before, after, 0)
 
 
 def _as_json(sample: Mapping[str, np.ndarray], batched: bool) -> dict[str, Any]:
