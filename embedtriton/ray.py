@@ -38,7 +38,7 @@ from typing import Any
 
 from .config import ServerConfig
 from .errors import UnavailableError
-from .frontends.http.connection import EventStream, encode
+from .frontends.http.connection import EventStream, encode, sse_event
 from .frontends.http.options import HttpOptions
 from .frontends.http.rest import RestApi
 from .server import Server
@@ -122,13 +122,11 @@ class TritonDeployment:
         url = f"{path}?{request.url.query}" if request.url.query else path
         headers = {k.encode("latin-1").lower(): v.encode("latin-1") for k, v in request.headers.items()}
         body = await request.body()
-        if len(body) > self._rest.options.max_body_bytes:
-            return Response(
-                f'{{"error":"request body over the limit of {self._rest.options.max_body_bytes} bytes"}}',
-                status_code=413,
-                media_type="application/json",
-            )
-        status, payload = await self._rest.answer(request.method, url, headers, body)
+        limit = self._rest.options.max_body_bytes
+        if len(body) > limit:  # (Ray's proxy has read it all: the answer is Triton's endpoint's)
+            status, payload = 413, {"error": f"request body over the limit of {limit} bytes"}
+        else:
+            status, payload = await self._rest.answer(request.method, url, headers, body)
         if isinstance(payload, EventStream):
             return StreamingResponse(_events(payload), media_type="text/event-stream")
         fields, parts = encode(status, payload, headers.get(b"accept-encoding"))
@@ -142,11 +140,9 @@ class TritonDeployment:
 
 
 async def _events(stream: EventStream) -> AsyncIterator[bytes]:
-    import json
-
     try:
         async for event in stream.events:
-            yield b"data: " + json.dumps(event).encode() + b"\n\n"
+            yield sse_event(event)
     finally:
         await stream.events.aclose()  # type: ignore[attr-defined]
 

@@ -219,8 +219,29 @@ def test_a_replica_outside_ray_serves_and_stops_its_triton_on_shutdown():
     y, answer = asyncio.run(calls())
     np.testing.assert_array_equal(y, x * 2)
     assert answer.status_code == 200 and b'"data": [2.0, 4.0, 6.0, 8.0]' in answer.body
+
     info = asyncio.run(replica.replica())
     assert info["requests"] == 1 and info["models"]["Scale"]["inference_count"] == 2 and info["replica"] is None
+
+    async def post(replica: TritonDeployment, data: bytes):
+        scope = {"type": "http", "method": "POST", "path": "/v2/models/Scale/infer", "root_path": "",
+                 "query_string": b"", "headers": []}  # fmt: skip
+        sent = [{"type": "http.request", "body": data, "more_body": False}]
+
+        async def receive():
+            return sent.pop(0)
+
+        return await replica(Request(scope, receive))
+
+    small = TritonDeployment(bind, max_body_bytes=32)  # hostile bodies: refused, the replica keeps serving
+    try:
+        too_big = asyncio.run(post(small, body))
+        assert too_big.status_code == 413 and b"over the limit of 32 bytes" in too_big.body
+        malformed = asyncio.run(post(replica, b'{"inputs": [{"name": "x", "shape": [1, 4]'))
+        assert malformed.status_code == 400 and b"malformed JSON" in malformed.body
+        assert asyncio.run(post(replica, body)).status_code == 200
+    finally:
+        small.__del__()
     replica.check_health()
     server = replica.server
     replica.__del__()

@@ -86,6 +86,11 @@ def encode(status: int, payload: Any, accept_encoding: bytes | None) -> tuple[li
     return fields, [body, *blobs]
 
 
+def sse_event(event: Any) -> bytes:
+    """One Server-Sent Event carrying ``event`` as JSON."""
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
 async def decompress(encoding: bytes, body: bytes, limit: int) -> bytes:
     """A gzip / deflate request body (as tritonclient sends it), inflated to at most
     max_body_bytes: a small body that would inflate past the limit is refused (413) without
@@ -308,7 +313,7 @@ class Connection(asyncio.Protocol):
         transport.write(head.encode())
         try:
             async for event in events:
-                data = b"data: " + json.dumps(event).encode() + b"\n\n"
+                data = sse_event(event)
                 transport.write(b"%x\r\n%s\r\n" % (len(data), data))
                 await self.writable.wait()
                 if transport.is_closing():
