@@ -64,7 +64,7 @@ def app(tmp_path_factory):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         handle = serve.run(
-            triton_app(bind, num_replicas=2, ray_actor_options={"num_cpus": 1}, max_ongoing_requests=64,
+            triton_app(bind, num_replicas=2, ray_actor_options={"num_cpus": 1}, max_ongoing_requests=16,
                        health_check_period_s=1),
             name="triton", route_prefix="/",
         )  # fmt: skip
