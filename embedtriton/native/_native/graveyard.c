@@ -7,9 +7,16 @@
  * model deletion reads the instance thread's bookkeeping without a lock
  * (TritonBackendThread::StopBackendThread), so it must not start while that
  * thread is still finishing the batch it just ran: it crashes there. So we
- * delete them late, never inside Triton's callbacks, and only 20-40 ms after
- * Triton let go of them: two generations, rotated every 20 ms by whichever
- * caller comes by (drain_graveyard). */
+ * delete them late, never inside Triton's callbacks, and only 20 ms or more
+ * after Triton let go of them: generations rotated every 20 ms (or later) by
+ * whichever caller comes by (drain_graveyard). A generation that is old
+ * enough is deleted a few at a time by each call (GRAVE_STEP_*), not at once:
+ * deleting 20 ms of requests in one go held one caller (with the GIL) for a
+ * millisecond, every 20 ms. A sync caller deletes while it waits for its own
+ * call, without the GIL; an async one as it submits; a callable calling
+ * another model does not (the delete could end its own model). stop() waits until
+ * nothing is left and no delete is under way (drain) before it deletes the
+ * server. */
 typedef struct Grave {
   struct Grave* next;
   TRITONSERVER_InferenceRequest* request;
@@ -17,7 +24,9 @@ typedef struct Grave {
 } Grave;
 #define GRAVE_AGE_NS 20000000ull
 static _Atomic(Grave*) graveyard = NULL; /* buried since the last rotation */
-static Grave* graveyard_old = NULL;      /* buried in the rotation before */
+static Grave* graveyard_old = NULL;      /* buried in the rotation before: still too young */
+static Grave* graveyard_ready = NULL;    /* old enough: being deleted */
+static atomic_int deleting = 0;          /* drains under way */
 static uint64_t graveyard_rotated = 0;
 static pthread_mutex_t graveyard_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -32,36 +41,40 @@ void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse
   }
 }
 
-static long delete_graves(Grave* g)
+/* Delete up to limit (0: all) of the ready graves, under graveyard_lock. */
+static void delete_graves(long limit)
 {
-  long n = 0;
-  while (g != NULL) {
-    Grave* next = g->next;
+  for (long n = 0; graveyard_ready != NULL && (limit == 0 || n < limit); n++) {
+    Grave* g = graveyard_ready;
+    graveyard_ready = g->next;
     if (g->request) api.TRITONSERVER_InferenceRequestDelete(g->request);
     if (g->response) api.TRITONSERVER_InferenceResponseDelete(g->response);
     free(g);
-    g = next;
-    n++;
   }
-  return n;
 }
 
-/* Delete what was buried 20-40 ms ago. Returns how many are still waiting. */
-long drain_graveyard(void)
+/* Delete up to limit (0: all) of what was buried 20 ms ago or more. Returns
+ * how many generations are still waiting, plus the drains under way. */
+long drain_graveyard(long limit)
 {
-  if (graveyard_old == NULL && atomic_load_explicit(&graveyard, memory_order_relaxed) == NULL)
-    return 0;
-  uint64_t now = now_ns();
-  if (now - graveyard_rotated >= GRAVE_AGE_NS && pthread_mutex_trylock(&graveyard_lock) == 0) {
-    if (now - graveyard_rotated >= GRAVE_AGE_NS) {
-      Grave* old = graveyard_old;
+  if (graveyard_ready == NULL && graveyard_old == NULL &&
+      atomic_load_explicit(&graveyard, memory_order_relaxed) == NULL)
+    return atomic_load(&deleting);
+  if (t_in_execute && limit) return 1; /* not on a model's own thread (see above) */
+  atomic_fetch_add(&deleting, 1);
+  if (pthread_mutex_trylock(&graveyard_lock) == 0) {
+    uint64_t now;
+    if (graveyard_ready == NULL && (now = now_ns()) - graveyard_rotated >= GRAVE_AGE_NS) {
+      graveyard_ready = graveyard_old;
       graveyard_old = atomic_exchange(&graveyard, NULL);
       graveyard_rotated = now;
-      delete_graves(old);
     }
+    delete_graves(limit);
     pthread_mutex_unlock(&graveyard_lock);
   }
-  return (graveyard_old != NULL) + (atomic_load(&graveyard) != NULL);
+  long left =
+      (graveyard_ready != NULL) + (graveyard_old != NULL) + (atomic_load(&graveyard) != NULL);
+  return left + atomic_fetch_sub(&deleting, 1) - 1;
 }
 
 /* drain() -> how many are still waiting (see drain_graveyard). */
@@ -70,9 +83,7 @@ PyObject* py_drain(PyObject* self, PyObject* unused)
   (void)self, (void)unused;
   long n;
   Py_BEGIN_ALLOW_THREADS
-  pthread_rwlock_rdlock(&servers_lock);
-  n = drain_graveyard();
-  pthread_rwlock_unlock(&servers_lock);
+  n = drain_graveyard(0);
   Py_END_ALLOW_THREADS
   return PyLong_FromLong(n);
 }

@@ -115,7 +115,6 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   PyObject* result = NULL;
   if (ok) {
     pthread_rwlock_rdlock(&servers_lock);
-    drain_graveyard(); /* servers cannot be deleted while we hold the lock */
     if (!server_is_open(server)) {
       pthread_rwlock_unlock(&servers_lock);
       raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
@@ -310,6 +309,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     call_free(c);
     return NULL;
   }
+  if (c->is_async || stream) drain_graveyard(GRAVE_STEP_ASYNC); /* (a sync call: as it waits) */
   if (c->is_async) {
     if (!cancellable) Py_RETURN_NONE;
     PyObject* handle = PyCapsule_New(c, "embedtriton.request", request_handle_free);
