@@ -78,7 +78,7 @@ def stream_close(stream: _Stream, /) -> None:
 def cancel(handle: _RequestHandle, /) -> None:
     """Cancel a request by the handle submit() gave (cancellable=True)."""
 
-def _complete(calls: list[CapsuleType], /) -> None:
+def _complete(loop: Any, calls: list[CapsuleType], /) -> None:
     """Finish asyncio calls (runs on their event loop)."""
 
 def pending(server: _ServerHandle, /) -> tuple[int, int]:

@@ -273,18 +273,20 @@ static int complete_one(Call* c)
   return 0;
 }
 
-/* _complete(calls): runs on the event loop; resolves each call's future. */
-PyObject* py_complete(PyObject* self, PyObject* calls)
+/* _complete(loop, calls): runs on the event loop; resolves each call's future,
+ * including those added to the list after it was handed over (the loop's mailbox). */
+PyObject* py_complete(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  int failed = 0;
+  if (nargs != 2 || !PyList_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "_complete(loop, calls)");
+    return NULL;
+  }
+  PyObject* calls = args[1];
+  take_mailbox(args[0], calls);
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); i++) {
     Call* c = (Call*)PyCapsule_GetPointer(PyList_GET_ITEM(calls, i), "embedtriton.call");
-    if (c == NULL || complete_one(c) < 0) {
-      PyErr_WriteUnraisable(calls);
-      failed = 1;
-    }
+    if (c == NULL || complete_one(c) < 0) PyErr_WriteUnraisable(calls);
   }
-  (void)failed;
   Py_RETURN_NONE;
 }

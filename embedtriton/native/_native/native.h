@@ -106,9 +106,7 @@ extern __thread atomic_int** t_wake;
 extern __thread size_t t_wake_len, t_wake_cap;
 extern __thread int t_in_execute;
 extern __thread int t_model_thread;
-extern __thread const char* t_model_name;
-    /* the model whose sync callable this thread runs */ /* the library's event loop: it runs async
-                                                            callables */
+extern __thread const char* t_model_name; /* the model whose sync callable this thread runs */
 PyObject* py_finish_batch(PyObject* self, PyObject* args);
 
 int gil_enter(void);
@@ -120,6 +118,7 @@ int wait_interruptible(atomic_int* state);
 struct Call;
 void schedule_async(struct Call* c);
 void flush_deferred(void);
+void take_mailbox(PyObject* loop, PyObject* calls);
 void flush_wakes(void);
 
 /* ---- convert.c: dtypes and errors --------------------------------------- */
@@ -215,7 +214,7 @@ void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags,
 void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
 PyObject* call_collect(Call* c);
 PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c);
-PyObject* py_complete(PyObject* self, PyObject* calls);
+PyObject* py_complete(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 /* ---- servers.c: open servers and the calls Triton holds ----------------- */
 

@@ -107,18 +107,85 @@ int wait_interruptible(atomic_int* state)
 
 /* Async completions met inside one execute are handed to each event loop in
  * one call_soon_threadsafe (one wake-up of the loop per batch, not per
- * request): t_deferred maps loop -> list of calls while execute runs. */
+ * request): t_deferred maps loop -> list of calls while execute runs.
+ * Across executes, a loop that has not yet run the _complete it was handed
+ * gets later completions added to that same list (its mailbox) instead of
+ * another call_soon_threadsafe: under load one wake-up of the loop resolves
+ * the completions of many batches. g_mailboxes maps loop -> the list its
+ * pending _complete will take; all of it under the GIL. */
 __thread PyObject* t_deferred = NULL;
+static PyObject* g_mailboxes = NULL;
+
+static void free_calls(PyObject* calls)
+{
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); i++)
+    call_free((Call*)PyCapsule_GetPointer(PyList_GET_ITEM(calls, i), "embedtriton.call"));
+  PyList_SetSlice(calls, 0, PyList_GET_SIZE(calls), NULL);
+}
+
+/* Whether an asyncio loop was closed (its pending callbacks will never run). */
+static int loop_closed(PyObject* loop)
+{
+  static PyObject* s_is_closed = NULL;
+  if (s_is_closed == NULL && (s_is_closed = PyUnicode_InternFromString("is_closed")) == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  PyObject* r = PyObject_CallMethodNoArgs(loop, s_is_closed);
+  int closed = r == Py_True;
+  if (r == NULL) PyErr_Clear(); /* not an asyncio loop: it runs what it is handed */
+  Py_XDECREF(r);
+  return closed;
+}
 
 static void hand_to_loop(PyObject* loop, PyObject* calls)
 {
-  PyObject* r = PyObject_CallMethodObjArgs(loop, s_call_soon_threadsafe, g_complete, calls, NULL);
+  if (g_mailboxes == NULL && (g_mailboxes = PyDict_New()) == NULL) {
+    PyErr_WriteUnraisable(loop);
+    free_calls(calls);
+    return;
+  }
+  int closed = 0;
+  PyObject* mailbox = PyDict_GetItemWithError(g_mailboxes, loop); /* borrowed */
+  if (mailbox != NULL) {
+    closed = loop_closed(loop); /* Python code: the loop may take its mailbox meanwhile */
+    mailbox = PyDict_GetItemWithError(g_mailboxes, loop);
+  }
+  if (mailbox != NULL) {
+    if (!closed) {
+      if (PyList_SetSlice(mailbox, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, calls) == 0) return;
+      PyErr_WriteUnraisable(loop);
+      free_calls(calls);
+      return;
+    }
+    Py_INCREF(mailbox); /* its _complete will never run */
+    take_mailbox(loop, mailbox);
+    free_calls(mailbox);
+    Py_DECREF(mailbox);
+  }
+  PyErr_Clear();
+  if (PyDict_SetItem(g_mailboxes, loop, calls) < 0) {
+    PyErr_WriteUnraisable(loop);
+    free_calls(calls);
+    return;
+  }
+  /* (an immediate loop runs _complete inside this call, which takes the mailbox back) */
+  PyObject* r =
+      PyObject_CallMethodObjArgs(loop, s_call_soon_threadsafe, g_complete, loop, calls, NULL);
   if (r == NULL) { /* the loop is closed: nobody is waiting any more */
     PyErr_WriteUnraisable(loop);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); i++)
-      call_free((Call*)PyCapsule_GetPointer(PyList_GET_ITEM(calls, i), "embedtriton.call"));
+    take_mailbox(loop, calls);
+    free_calls(calls);
   }
   Py_XDECREF(r);
+}
+
+/* With the GIL, on the loop (from _complete): the mailbox stops taking completions. */
+void take_mailbox(PyObject* loop, PyObject* calls)
+{
+  PyObject* mailbox = g_mailboxes ? PyDict_GetItemWithError(g_mailboxes, loop) : NULL;
+  if (mailbox == calls && PyDict_DelItem(g_mailboxes, loop) < 0) PyErr_WriteUnraisable(loop);
+  PyErr_Clear();
 }
 
 /* With the GIL: hand an async call's completion to its event loop. */
