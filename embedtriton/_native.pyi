@@ -68,6 +68,24 @@ def submit(
     wakes the consumer). ``sequence`` is (correlation id, Triton sequence flags).
     """
 
+def submit_many(
+    server: _ServerHandle,
+    model: str,
+    version: int,
+    inputs: list[dict[str, Any]],
+    outputs: Sequence[str] | None,
+    priority: int | None,
+    timeout_us: int | None,
+    parameters: abc.Mapping[str, Any] | None,
+    parameters_list: list[abc.Mapping[str, Any] | None] | None,
+    sinks: list[Callable[..., None] | None] | None,
+    window: int,
+    release_gil: bool,
+    /,
+) -> list[_Outputs | BaseException]:
+    """Submit many requests, at most ``window`` in flight; wait for all. Each request's
+    outputs, or its exception, in order."""
+
 def stream_next(stream: _Stream, block: bool, /) -> tuple[Literal[0], _Outputs] | tuple[Literal[1, 2], None]:
     """The next response of a stream: (0, outputs), (1, None) when none is there yet
     (block=False) or (2, None) at the end. An error response raises."""

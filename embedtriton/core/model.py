@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..backend import library
@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 
     from ..backend.binding import Binding
     from ..tracing import Tracer
+
+
+def _as_dict(inputs: Any) -> dict[str, Any]:
+    if not isinstance(inputs, Mapping):
+        raise InvalidArgumentError(
+            f"each item of infer_many()'s inputs must be a mapping of input name -> array, not {type(inputs).__name__}"
+        )
+    return dict(inputs)
 
 
 class ModelHost(Protocol):
@@ -126,19 +134,8 @@ class Model:
         ``cancellable`` (with a loop): returns a handle for ``_native.cancel``.
         """
         server = self._server
-        if server._stopping and not (library._native or library.native()).in_model():  # see CoreServer.stop
-            raise UnavailableError("the server is stopping: it takes no new requests")
-        binding = server._bound.get(self.name)
-        if not stream and binding is not None and binding.decoupled:
-            raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
-        required = getattr(binding, "required_inputs", None)  # (set only when some inputs are optional)
-        if required is not None and hasattr(request.inputs, "keys") and not required <= request.inputs.keys():
-            raise InvalidArgumentError(
-                f"model '{self.name}': missing required input(s) {sorted(required - request.inputs.keys())} "
-                f"(got {sorted(request.inputs.keys())}); only inputs declared optional may be left out"
-            )
-        if request.timeout_us or deadlines.used:
-            self._with_deadline(request)
+        binding = self._admit(request, stream)
+        self._check_required(binding, request.inputs)
         # With a batch rule, Triton's batcher calls Python: hand requests over without the GIL.
         release_gil = binding is not None and binding.batch_rule is not None
         native = library._native or library.native()
@@ -167,6 +164,81 @@ class Model:
             if binding is None or not hasattr(binding, "step_models"):
                 raise
             raise self._ensemble_error(binding, exc) from None  # an ensemble: name the step that is down
+
+    def infer_many(
+        self,
+        inputs: Iterable[Mapping[str, Any]],
+        *,
+        max_in_flight: int = 64,
+        return_exceptions: bool = False,
+        **options: Unpack[RequestOptions],
+    ) -> list[Any]:
+        """Run many requests from one call (offline scoring); their outputs, in order.
+
+        Up to ``max_in_flight`` requests are in Triton's hands at once: the caller waits (GIL
+        released) until half of them are done, takes their outputs and hands over more, so it
+        wakes once per ``max_in_flight / 2`` requests, not once per request. The options apply
+        to every request (``request_id`` and sequences, which are per request, are not taken).
+        A failed request fails alone: with ``return_exceptions=True`` its exception takes its
+        place in the list; otherwise the first one is raised once every request has finished.
+        """
+        request = InferRequest.from_options({}, options)
+        if request.request_id is not None or request.sequence is not None:
+            raise InvalidArgumentError(
+                "infer_many() takes no request_id or correlation_id (they are per request): call infer() for those"
+            )
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or not 1 <= max_in_flight <= 65536:
+            raise InvalidArgumentError(f"max_in_flight must be an int from 1 to 65536, not {max_in_flight!r}")
+        items = [x if type(x) is dict else _as_dict(x) for x in inputs]
+        binding = self._admit(request, False)
+        for x in items:
+            self._check_required(binding, x)
+        server, native = self._server, library._native or library.native()
+        parameters, sinks, spans = None, None, None
+        tracer = server._tracer
+        if tracer is not None:
+            begun = [tracer.begin(self.name, self.version, x, None, request.parameters) for x in items]
+            spans = [(span, traced) for span, _, traced in begun]
+            sinks = [sink for _, sink, _ in begun]
+            parameters = [traced if traced is not None else request.parameters for _, _, traced in begun]
+        outputs = request.outputs
+        if outputs is not None and not isinstance(outputs, (tuple, dict)):
+            outputs = tuple(outputs)
+        results = native.submit_many(
+            server._handle, self.name, self.version, items, outputs, request.priority, request.timeout_us,
+            request.parameters, parameters, sinks, max_in_flight, binding is not None and binding.batch_rule is not None,
+        )  # fmt: skip
+        first = None
+        for i, result in enumerate(results):
+            if isinstance(result, BaseException):
+                if spans is not None:
+                    tracer.abandon(spans[i][0], spans[i][1], result)  # (ends it only if Triton never saw it)
+                if isinstance(result, InvalidArgumentError):
+                    results[i] = result = self._explained(items[i], result)
+                first = first or (i, result)
+        if first is not None and not return_exceptions:
+            raise first[1]
+        return results
+
+    def _admit(self, request: InferRequest, stream: bool) -> Binding | None:
+        """The checks every request passes before the native path; the model's binding."""
+        server = self._server
+        if server._stopping and not (library._native or library.native()).in_model():  # see CoreServer.stop
+            raise UnavailableError("the server is stopping: it takes no new requests")
+        binding = server._bound.get(self.name)
+        if not stream and binding is not None and binding.decoupled:
+            raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
+        if request.timeout_us or deadlines.used:
+            self._with_deadline(request)
+        return binding
+
+    def _check_required(self, binding: Binding | None, inputs: Any) -> None:
+        required = getattr(binding, "required_inputs", None)  # (set only when some inputs are optional)
+        if required is not None and hasattr(inputs, "keys") and not required <= inputs.keys():
+            raise InvalidArgumentError(
+                f"model '{self.name}': missing required input(s) {sorted(required - inputs.keys())} "
+                f"(got {sorted(inputs.keys())}); only inputs declared optional may be left out"
+            )
 
     def _with_deadline(self, request: InferRequest) -> None:
         """A model-to-model call without its own timeout gets what is left of the calling

@@ -237,7 +237,11 @@ srv.stop()
 """
 
 
-@pytest.mark.parametrize("call", ["infer({'x': x})", "stream({'x': x}).__next__()"], ids=["infer", "stream"])
+@pytest.mark.parametrize(
+    "call",
+    ["infer({'x': x})", "stream({'x': x}).__next__()", "infer_many([{'x': x}] * 3)"],
+    ids=["infer", "stream", "infer_many"],
+)
 def test_ctrl_c_interrupts_a_blocking_call_and_cancels_it(tmp_path, call):
     done = subprocess.run(
         [sys.executable, "-c", CTRL_C % call], capture_output=True, text=True, timeout=60, cwd=tmp_path

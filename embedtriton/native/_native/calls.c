@@ -77,13 +77,27 @@ int call_claim(Call* c)
   return 1;
 }
 
+/* A sync call is complete: wake its caller (for a call of submit_many, once
+ * enough of its group are). */
+void sync_done(Call* c)
+{
+  Group* g = c->group;
+  if (g == NULL) {
+    wait_signal(&c->done);
+    return;
+  }
+  atomic_store(&c->done, WAIT_DONE);
+  if (atomic_fetch_sub(&g->left, 1) - 1 <= atomic_load(&g->wake_at)) wait_signal(&g->state);
+}
+
 /* The final response arrived: wake the caller or resolve its future. */
 static void call_complete(Call* c)
 {
   if (!call_claim(c)) return; /* stop() or the caller got there first */
   if (!c->is_async) {
-    if (t_in_execute && t_wake_cap > t_wake_len) t_wake[t_wake_len++] = &c->done;
-    else wait_signal(&c->done);
+    if (c->group == NULL && t_in_execute && t_wake_cap > t_wake_len)
+      t_wake[t_wake_len++] = &c->done;
+    else sync_done(c);
     return;
   }
   int entered = gil_enter();

@@ -82,6 +82,8 @@ static PyMethodDef methods[] = {
     {"set_hooks", py_set_hooks, METH_VARARGS, "Install the Python hooks."},
     {"submit", (PyCFunction)(void (*)(void))py_submit, METH_FASTCALL,
      "Submit one inference request."},
+    {"submit_many", (PyCFunction)(void (*)(void))py_submit_many, METH_FASTCALL,
+     "Submit many requests, a window at a time; wait for all of them."},
     {"stream_next", (PyCFunction)(void (*)(void))py_stream_next, METH_FASTCALL,
      "Next response of a stream."},
     {"stream_close", py_stream_close, METH_O, "Close a stream (cancels it if unfinished)."},

@@ -194,6 +194,8 @@ typedef struct Call {
   int aborted;                            /* completed by stop(), not by Triton */
   int released;                           /* Triton released the request (under held_lock) */
   atomic_int done;                        /* sync calls: WAIT_* */
+  struct Group* group;                    /* a call of submit_many() (many.c) */
+  Py_ssize_t group_index;
   _Atomic(TRITONSERVER_InferenceResponse*) response;
   PyObject* loop;
   PyObject* future;
@@ -205,7 +207,15 @@ typedef struct Call {
   struct TraceRecord* trace; /* when traced: Triton's timestamps for this request */
 } Call;
 
+/* The calls of one submit_many(): their caller waits for several at once. */
+typedef struct Group {
+  atomic_int left;    /* calls handed to Triton and not completed */
+  atomic_int wake_at; /* wake the caller once left is at most this */
+  atomic_int state;   /* WAIT_* */
+} Group;
+
 void call_unref(Call* c);
+void sync_done(Call* c);
 const Preset* call_preset(struct Call* c, const char* name);
 void call_drop_inputs(Call* c);
 void call_free(Call* c);
@@ -240,6 +250,18 @@ PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_t nargs
 void mark_stream_closed(void* request);
 int take_stream_closed(void* request);
 PyObject* py_stream_close(PyObject* self, PyObject* capsule);
+
+/* ---- submit.c, many.c: requests from Python ---------------------------- */
+
+PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
+                        PyObject* inputs, PyObject* outputs, PyObject* request_id,
+                        unsigned long long priority, unsigned long long timeout_us,
+                        PyObject* parameters, PyObject* loop, PyObject* future, int stream,
+                        PyObject* sequence, int release_gil, PyObject* trace_sink, int cancellable,
+                        Group* group, Call** out);
+PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+int target_args(PyObject* const* args, TRITONSERVER_Server** server, const char** model,
+                long long* version);
 
 /* ---- graveyard.c: late deletes ------------------------------------------ */
 

@@ -84,7 +84,7 @@ static void call_abort(Call* c)
   } else if (c->is_async) {
     schedule_async(c);
   } else {
-    wait_signal(&c->done);
+    sync_done(c);
   }
 }
 

@@ -34,12 +34,21 @@ PyObject* py_cancel(PyObject* self, PyObject* capsule)
   Py_RETURN_NONE;
 }
 
-static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
-                               PyObject* inputs, PyObject* outputs, PyObject* request_id,
-                               unsigned long long priority, unsigned long long timeout_us,
-                               PyObject* parameters, PyObject* loop, PyObject* future, int stream,
-                               PyObject* sequence, int release_gil, PyObject* trace_sink,
-                               int cancellable);
+/* The (server, model, version) that submit() and submit_many() start with; -1 when the
+ * server is not running. (A bad model or version leaves a Python error for the caller.) */
+int target_args(PyObject* const* args, TRITONSERVER_Server** server, const char** model,
+                long long* version)
+{
+  if (!api_loaded || args[0] == Py_None) {
+    raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
+                 "the server is not running; call start() or use 'with server:'");
+    return -1;
+  }
+  *server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(args[0]);
+  *model = PyUnicode_AsUTF8(args[1]);
+  *version = PyLong_AsLongLong(args[2]);
+  return 0;
+}
 
 /* submit(server, model, version, inputs, outputs, request_id, priority,
  *        timeout_us, parameters, loop, future[, stream, sequence, release_gil,
@@ -59,12 +68,10 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   int release_gil = nargs >= 14 && PyObject_IsTrue(args[13]) == 1;
   int stream = nargs >= 12 && PyObject_IsTrue(args[11]) == 1;
   PyObject* sequence = nargs >= 13 ? args[12] : Py_None; /* (correlation id, flags) */
-  if (!api_loaded || args[0] == Py_None)
-    return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
-                        "the server is not running; call start() or use 'with server:'");
-  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(args[0]);
-  const char* model = PyUnicode_AsUTF8(args[1]);
-  long long version = PyLong_AsLongLong(args[2]);
+  TRITONSERVER_Server* server;
+  const char* model;
+  long long version;
+  if (target_args(args, &server, &model, &version) < 0) return NULL;
   PyObject* request_id = args[5];
   unsigned long long priority = args[6] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[6]);
   unsigned long long timeout_us = args[7] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[7]);
@@ -122,7 +129,7 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
     } else {
       result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
                              timeout_us, parameters, loop, args[10], stream, sequence, release_gil,
-                             trace_sink, cancellable);
+                             trace_sink, cancellable, NULL, NULL);
     }
   }
   Py_XDECREF(inputs);
@@ -131,12 +138,14 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   return result;
 }
 
-static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
-                               PyObject* inputs, PyObject* outputs, PyObject* request_id,
-                               unsigned long long priority, unsigned long long timeout_us,
-                               PyObject* parameters, PyObject* loop, PyObject* future, int stream,
-                               PyObject* sequence, int release_gil, PyObject* trace_sink,
-                               int cancellable)
+/* With servers_lock held (read), which it lets go of: one request to Triton.
+ * With a group (submit_many): returns None once Triton took it, the call in *out. */
+PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
+                        PyObject* inputs, PyObject* outputs, PyObject* request_id,
+                        unsigned long long priority, unsigned long long timeout_us,
+                        PyObject* parameters, PyObject* loop, PyObject* future, int stream,
+                        PyObject* sequence, int release_gil, PyObject* trace_sink, int cancellable,
+                        Group* group, Call** out)
 {
   TRITONSERVER_InferenceRequest* req = NULL;
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
@@ -158,6 +167,7 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
   c->is_stream = stream;
   c->is_async = !stream && loop != Py_None;
   c->request = req;
+  c->group = group;
   if (stream) {
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -308,6 +318,10 @@ static PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, l
     atomic_fetch_sub(&c->refs, 2 + handle_ref); /* never taken (the caller's remains) */
     call_free(c);
     return NULL;
+  }
+  if (group != NULL) { /* (submit_many counted it in before, and waits for it) */
+    *out = c;
+    Py_RETURN_NONE;
   }
   if (c->is_async || stream) drain_graveyard(GRAVE_STEP_ASYNC); /* (a sync call: as it waits) */
   if (c->is_async) {

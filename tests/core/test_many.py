@@ -1,0 +1,106 @@
+"""Many requests from one call: ``Model.infer_many``."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from embedtriton import InvalidArgumentError, ModelConfig, TritonError, UnavailableError
+
+F32 = np.float32
+
+
+def pair(i: float) -> dict[str, np.ndarray]:
+    return {"a": np.full((1, 1), i, F32), "b": np.full((1, 1), 1.0, F32)}
+
+
+@pytest.mark.parametrize("window", [1, 2, 7, 64])
+def test_infer_many_returns_every_output_in_order(add_sub_counted, window):
+    model, counted = add_sub_counted
+    results = model.infer_many([pair(i) for i in range(300)], max_in_flight=window)
+    assert [float(r["add"][0, 0]) for r in results] == [i + 1.0 for i in range(300)]
+    assert [float(r["sub"][0, 0]) for r in results] == [i - 1.0 for i in range(300)]
+    assert counted.requests == 300
+    if window > 1:
+        assert counted.batches < 300  # requests in flight together were batched
+
+
+def test_infer_many_takes_any_iterable_of_mappings(server):
+    from types import MappingProxyType
+
+    results = server.model("AddSub").infer_many(MappingProxyType(pair(i)) for i in range(5))
+    assert [float(r["add"][0, 0]) for r in results] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert server.model("AddSub").infer_many([]) == []
+
+
+def test_infer_many_options_apply_to_every_request(server):
+    results = server.model("AddSub").infer_many([pair(i) for i in range(10)], outputs=["sub"], priority=0)
+    assert all(set(r) == {"sub"} for r in results)
+
+
+def test_a_failed_request_fails_alone(server):
+    items = [pair(i) for i in range(20)]
+    items[7] = {"a": np.ones((1, 1), np.float64), "b": np.ones((1, 1), F32)}  # wrong dtype
+    items[13] = {"a": np.ones((1, 1), F32)}  # an input missing
+    results = server.model("AddSub").infer_many(items, return_exceptions=True)
+    assert isinstance(results[7], InvalidArgumentError) and "astype(np.float32)" in str(results[7])
+    assert isinstance(results[13], TritonError)
+    assert [float(results[i]["add"][0, 0]) for i in (0, 6, 8, 19)] == [1.0, 7.0, 9.0, 20.0]
+    # without return_exceptions: the first error, raised once every request finished
+    with pytest.raises(InvalidArgumentError, match="float32"):
+        server.model("AddSub").infer_many(items)
+    assert server.model("AddSub").infer(pair(2))["add"][0, 0] == 3.0  # it keeps serving
+
+
+def test_infer_many_refuses_what_is_per_request(server):
+    model = server.model("AddSub")
+    with pytest.raises(InvalidArgumentError, match="request_id or correlation_id"):
+        model.infer_many([pair(1)], request_id="x")
+    with pytest.raises(InvalidArgumentError, match="request_id or correlation_id"):
+        model.infer_many([pair(1)], correlation_id=3)
+    for bad in (0, -1, 70000, 2.5, True):
+        with pytest.raises(InvalidArgumentError, match="max_in_flight"):
+            model.infer_many([pair(1)], max_in_flight=bad)
+    with pytest.raises(InvalidArgumentError, match="mapping of input name"):
+        model.infer_many([pair(1), [1, 2]])
+    with pytest.raises(InvalidArgumentError, match="unknown request option"):
+        model.infer_many([pair(1)], bogus=1)
+
+
+def test_infer_many_from_threads_at_once(server):
+    model, out, errors = server.model("AddSub"), {}, []
+
+    def run(k: int) -> None:
+        try:
+            out[k] = model.infer_many([pair(k * 1000 + i) for i in range(200)], max_in_flight=16)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for k in range(4):
+        assert [float(r["add"][0, 0]) for r in out[k]] == [k * 1000 + i + 1.0 for i in range(200)]
+
+
+def test_infer_many_on_a_stopped_server_fails_each_request():
+    from embedtriton import Server, Tensor, batch
+
+    srv = Server()
+    srv.bind(
+        "M",
+        batch(lambda x: {"y": x}),
+        [Tensor(name="x", dtype=F32, shape=(1,))],
+        [Tensor(name="y", dtype=F32, shape=(1,))],
+        ModelConfig(max_batch_size=4),
+    )
+    with srv:
+        model = srv.model("M")
+        assert float(model.infer_many([{"x": np.ones((1, 1), F32)}])[0]["y"][0, 0]) == 1.0
+    with pytest.raises(UnavailableError):
+        model.infer_many([{"x": np.ones((1, 1), F32)}])
