@@ -8,9 +8,11 @@ the same options as embedtriton's AddSub, which is measured in the same rounds. 
 
 - sequential p50 (and p99), dynamic batcher (max 8) and batching off;
 - 64 threads, each one request at a time, req/s;
-- 64 in flight from one thread (C: a completion queue; ours: asyncio tasks), req/s;
-- the bare Python call of the function, and a plain two-thread hand-off (a Python thread
-  handing each call to another and waiting for it): what Python itself costs.
+- 64 in flight from one thread (C: a completion queue; ours: asyncio tasks, and
+  ``Model.infer_many`` with max_in_flight=64), req/s;
+- the bare Python call of the function, a plain two-thread hand-off (a Python thread
+  handing each call to another and waiting for it), and 64 Python threads handing calls to
+  one worker thread (no Triton): what Python itself costs, and allows, on this machine.
 
 Medians of --rounds interleaved rounds; the table prints embedtriton / floor for each row and
 writes benchmarks/results/floor.json.
@@ -137,8 +139,17 @@ def asyncio_rps(model, inputs, in_flight: int, seconds: float) -> float:
     return asyncio.run(go())
 
 
-def handoff_us(n: int) -> float:
-    """A Python thread hands each call to a worker thread and waits for its answer."""
+def many_rps(model, inputs, in_flight: int, seconds: float) -> float:
+    batch = [inputs] * (in_flight * 16)
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        count += len(model.infer_many(batch, max_in_flight=in_flight))
+    return count / (time.perf_counter() - started)
+
+
+def through_worker(measure):
+    """``measure(call)`` where ``call`` hands one add/sub to a Python worker thread and waits
+    for its answer (threading.Event): Python's own cost of a hand-off, with no Triton."""
     jobs: queue.SimpleQueue = queue.SimpleQueue()
     a, b = np.ones((1, 1), F32), np.ones((1, 1), F32)
 
@@ -156,10 +167,20 @@ def handoff_us(n: int) -> float:
         job[0].wait()
 
     try:
-        return statistics.median(sequential_latencies(call, n))
+        return measure(call)
     finally:
         jobs.put(None)
         thread.join()
+
+
+def python_threads_rps(threads: int, seconds: float) -> float:
+    """64 Python threads each hand calls to one Python worker thread and wait (no Triton)."""
+    return through_worker(lambda call: threads_rps(call, threads, seconds))
+
+
+def handoff_us(n: int) -> float:
+    """A Python thread hands each call to a worker thread and waits for its answer."""
+    return through_worker(lambda call: statistics.median(sequential_latencies(call, n)))
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
@@ -216,13 +237,14 @@ def run(args: argparse.Namespace, work: Path) -> None:
                     threads_rps(lambda m=model, i=inputs: m.infer(i), 64, args.seconds),
                     driver.floor_threads(floor_name, batched, 64, args.seconds),
                 )
-                record(
-                    f"64 in flight, one thread, {label} (req/s)",
-                    asyncio_rps(model, inputs, 64, args.seconds),
-                    driver.floor_inflight(floor_name, batched, 64, args.seconds),
-                )
+                ours = asyncio_rps(model, inputs, 64, args.seconds)
+                floor_inflight = driver.floor_inflight(floor_name, batched, 64, args.seconds)
+                record(f"64 in flight, one thread, {label} (req/s)", ours, floor_inflight)
+                record(f"infer_many, 64 in flight, {label} (req/s)", many_rps(model, inputs, 64, args.seconds),
+                       floor_inflight)  # fmt: skip
             bare = statistics.median(sequential_latencies(lambda: add_sub_raw(batched_in["a"], batched_in["b"]), 20000))
             record("Python: bare call / two-thread hand-off (µs)", bare, handoff_us(5000))
+            record("Python: 64 threads to one worker thread (req/s)", python_threads_rps(64, args.seconds), 0)
 
     table = {row: {k: statistics.median(v) for k, v in values.items()} for row, values in rows.items()}
     print(f"\nembedtriton against Triton's C floor: medians of {args.rounds} interleaved rounds\n")
@@ -234,7 +256,9 @@ def run(args: argparse.Namespace, work: Path) -> None:
         ratio = m["ours"] / m["floor"] if m["floor"] > 0 else float("nan")
         print(f"| {row} | {m['floor']:,.1f} | {m['ours']:,.1f} | {ratio:.2f}x |")
     py = table["Python: bare call / two-thread hand-off (µs)"]
-    print(f"\nPython itself: the bare call {py['ours']:.2f} µs; a two-thread hand-off {py['floor']:.1f} µs")
+    threads = table["Python: 64 threads to one worker thread (req/s)"]["ours"]
+    print(f"\nPython itself: the bare call {py['ours']:.2f} µs; a two-thread hand-off {py['floor']:.1f} µs; "
+          f"64 threads handing calls to one worker thread {threads:,.0f} req/s")  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "floor.json").write_text(json.dumps({"rounds": args.rounds, "medians": table, "all": rows}, indent=1))
     log(f"written: {RESULTS / 'floor.json'}")

@@ -189,3 +189,10 @@ def test_ray_serve_example(tmp_path):
     ]
     assert sum(executions) < 1000, out  # Triton batched inside the replicas
     assert "over Ray Serve HTTP (KServe-v2 REST): [2.0, 4.0, 6.0, 8.0]" in out and "shut down" in out
+
+
+def test_offline_scoring_example(tmp_path):
+    out = run_example("offline_scoring.py", tmp_path)
+    assert "all scores correct" in out
+    assert "6 results, failed: [3] (InvalidArgumentError)" in out
+    assert "infer_many(max_in_flight=64)" in out and "rows/s" in out
