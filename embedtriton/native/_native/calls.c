@@ -86,8 +86,10 @@ void sync_done(Call* c)
     wait_signal(&c->done);
     return;
   }
+  atomic_fetch_add(&g->busy, 1); /* (left still counts this call: its caller is still there) */
   atomic_store(&c->done, WAIT_DONE);
   if (atomic_fetch_sub(&g->left, 1) - 1 <= atomic_load(&g->wake_at)) wait_signal(&g->state);
+  atomic_fetch_sub(&g->busy, 1); /* the last touch: its caller may return now */
 }
 
 /* The final response arrived: wake the caller or resolve its future. */

@@ -49,6 +49,12 @@ static int wait_group(Group* g, int target, long graves)
   }
 }
 
+/* Before the group's stack frame goes: no completion is still touching it. */
+static void leave(Group* g)
+{
+  while (atomic_load(&g->busy) > 0) __builtin_ia32_pause();
+}
+
 /* Ctrl-C: cancel what is still in flight and wait for Triton to let go of it. */
 static void abandon(Group* g, Call** window, Py_ssize_t n)
 {
@@ -112,6 +118,7 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   atomic_init(&g.left, 0);
   atomic_init(&g.wake_at, 0);
   atomic_init(&g.state, WAIT_PENDING);
+  atomic_init(&g.busy, 0);
   Py_ssize_t held = 0; /* calls in the window: in flight or done, not collected */
   for (Py_ssize_t i = 0; i < n; i++) {
     if (held == size) {
@@ -157,11 +164,13 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     if (wait_group(&g, 0, 2 * size) < 0) goto interrupted;
     held = collect_done(window, held, results);
   }
+  leave(&g);
   free(window);
   return results;
 
 interrupted:
   abandon(&g, window, held);
+  leave(&g);
   free(window);
   Py_DECREF(results);
   return NULL;

@@ -212,6 +212,7 @@ typedef struct Group {
   atomic_int left;    /* calls handed to Triton and not completed */
   atomic_int wake_at; /* wake the caller once left is at most this */
   atomic_int state;   /* WAIT_* */
+  atomic_int busy;    /* completions touching the group: it lives on its caller's stack */
 } Group;
 
 void call_unref(Call* c);
