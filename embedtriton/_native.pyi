@@ -73,7 +73,8 @@ def submit_many(
     model: str,
     version: int,
     inputs: list[dict[str, Any]],
-    outputs: Sequence[str] | None,
+    outputs: Sequence[str] | abc.Mapping[str, Any] | None,
+    request_id: str | None,
     priority: int | None,
     timeout_us: int | None,
     parameters: abc.Mapping[str, Any] | None,
@@ -84,7 +85,8 @@ def submit_many(
     /,
 ) -> list[_Outputs | BaseException]:
     """Submit many requests, at most ``window`` in flight; wait for all. Each request's
-    outputs, or its exception, in order."""
+    outputs, or its exception, in order. The options are submit()'s; a None entry of
+    ``parameters_list`` takes ``parameters``."""
 
 def stream_next(stream: _Stream, block: bool, /) -> tuple[Literal[0], _Outputs] | tuple[Literal[1, 2], None]:
     """The next response of a stream: (0, outputs), (1, None) when none is there yet

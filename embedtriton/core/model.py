@@ -200,13 +200,11 @@ class Model:
             begun = [tracer.begin(self.name, self.version, x, None, request.parameters) for x in items]
             spans = [(span, traced) for span, _, traced in begun]
             sinks = [sink for _, sink, _ in begun]
-            parameters = [traced if traced is not None else request.parameters for _, _, traced in begun]
-        outputs = request.outputs
-        if outputs is not None and not isinstance(outputs, (tuple, dict)):
-            outputs = tuple(outputs)
+            parameters = [traced for _, _, traced in begun]  # (None: the shared parameters)
         results = native.submit_many(
-            server._handle, self.name, self.version, items, outputs, request.priority, request.timeout_us,
-            request.parameters, parameters, sinks, max_in_flight, binding is not None and binding.batch_rule is not None,
+            server._handle, self.name, self.version, items, request.outputs, None, request.priority,
+            request.timeout_us, request.parameters, parameters, sinks, max_in_flight,
+            binding is not None and binding.batch_rule is not None,
         )  # fmt: skip
         first = None
         for i, result in enumerate(results):
@@ -215,9 +213,9 @@ class Model:
                     tracer.abandon(spans[i][0], spans[i][1], result)  # (ends it only if Triton never saw it)
                 if isinstance(result, InvalidArgumentError):
                     results[i] = result = self._explained(items[i], result)
-                first = first or (i, result)
+                first = result if first is None else first
         if first is not None and not return_exceptions:
-            raise first[1]
+            raise first
         return results
 
     def _admit(self, request: InferRequest, stream: bool) -> Binding | None:

@@ -104,3 +104,34 @@ def test_infer_many_on_a_stopped_server_fails_each_request():
         assert float(model.infer_many([{"x": np.ones((1, 1), F32)}])[0]["y"][0, 0]) == 1.0
     with pytest.raises(UnavailableError):
         model.infer_many([{"x": np.ones((1, 1), F32)}])
+
+
+def test_infer_many_checks_its_options_as_infer_does(server):
+    model = server.model("AddSub")
+    for bad in ({"outputs": 5}, {"priority": -1}, {"timeout_us": -3}, {"parameters": [1, 2]}):
+        with pytest.raises(InvalidArgumentError) as one:
+            model.infer(pair(1), **bad)
+        with pytest.raises(InvalidArgumentError) as many:
+            model.infer_many([pair(1)], **bad)
+        assert str(many.value) == str(one.value), bad
+
+
+def test_parameters_of_any_mapping_reach_every_request():
+    from types import MappingProxyType
+
+    from embedtriton import Server, Tensor
+
+    def echo(requests):
+        return [{"y": np.array([[r.parameters.get("k", 0)]], F32)} for r in requests]
+
+    srv = Server()
+    srv.bind(
+        "Echo",
+        echo,
+        [Tensor(name="x", dtype=F32, shape=(1,))],
+        [Tensor(name="y", dtype=F32, shape=(1,))],
+        ModelConfig(max_batch_size=4),
+    )
+    with srv:
+        got = srv.model("Echo").infer_many([{"x": np.ones((1, 1), F32)}] * 3, parameters=MappingProxyType({"k": 7}))
+    assert [float(r["y"][0, 0]) for r in got] == [7.0, 7.0, 7.0]

@@ -5,6 +5,18 @@
  * queue never runs dry while the caller refills it. */
 #include "native.h"
 
+/* With the GIL: the raised exception, taken (a new reference; None if there is none). */
+static PyObject* take_exception(void)
+{
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  return value != NULL ? value : Py_NewRef(Py_None);
+}
+
 /* With the GIL: move the completed calls of the window into results. */
 static Py_ssize_t collect_done(Call** window, Py_ssize_t n, PyObject* results)
 {
@@ -15,38 +27,37 @@ static Py_ssize_t collect_done(Call** window, Py_ssize_t n, PyObject* results)
       continue;
     }
     PyObject* result = call_collect(c);
-    if (result == NULL) { /* its error, in its place */
-      PyObject *type, *value, *tb;
-      PyErr_Fetch(&type, &value, &tb);
-      PyErr_NormalizeException(&type, &value, &tb);
-      if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-      Py_XDECREF(type);
-      Py_XDECREF(tb);
-      result = value != NULL ? value : Py_NewRef(Py_None);
-    }
-    PyList_SetItem(results, c->group_index, result);
+    PyList_SetItem(results, c->group_index, result != NULL ? result : take_exception());
     call_free(c);
     window[i] = window[--n];
   }
   return n;
 }
 
-/* With the GIL: wait until at most `target` calls of the group are not done.
- * Returns -1 with KeyboardInterrupt (or another signal handler's error) set. */
+/* Without the GIL: whether at most `target` calls of the group are not done, waiting up
+ * to timeout_ns (0: for ever) for it. */
+static int group_reached(Group* g, int target, uint64_t timeout_ns)
+{
+  atomic_store(&g->wake_at, target);
+  atomic_store(&g->state, WAIT_PENDING); /* (a completion after this signals it) */
+  return atomic_load(&g->left) <= target || wait_for(&g->state, 0, timeout_ns);
+}
+
+/* With the GIL: wait until at most `target` calls of the group are not done, deleting
+ * up to `graves` graves meanwhile. Returns -1 with KeyboardInterrupt (or another signal
+ * handler's error) set. */
 static int wait_group(Group* g, int target, long graves)
 {
   int main = on_main_thread();
-  for (;;) {
-    atomic_store(&g->wake_at, target);
-    atomic_store(&g->state, WAIT_PENDING);
-    if (atomic_load(&g->left) <= target) return 0;
+  while (atomic_load(&g->left) > target) {
     int done;
     Py_BEGIN_ALLOW_THREADS
     drain_graveyard(graves); /* as many as the calls since the last wait buried */
-    done = wait_for(&g->state, 0, main ? SIGNAL_CHECK_NS : 0);
+    done = group_reached(g, target, main ? SIGNAL_CHECK_NS : 0);
     Py_END_ALLOW_THREADS
     if (!done && PyErr_CheckSignals() < 0) return -1;
   }
+  return 0;
 }
 
 /* Before the group's stack frame goes: no completion is still touching it. */
@@ -64,37 +75,31 @@ static void abandon(Group* g, Call** window, Py_ssize_t n)
       call_cancel(window[i]);
     }
   Py_BEGIN_ALLOW_THREADS
-  atomic_store(&g->wake_at, 0);
-  while (atomic_load(&g->left) > 0) {
-    atomic_store(&g->state, WAIT_PENDING);
-    if (atomic_load(&g->left) > 0) wait_for(&g->state, 0, SIGNAL_CHECK_NS);
+  while (!group_reached(g, 0, SIGNAL_CHECK_NS)) {
   }
   Py_END_ALLOW_THREADS
   for (Py_ssize_t i = 0; i < n; i++) call_free(window[i]);
 }
 
-/* submit_many(server, model, version, inputs_list, outputs, priority, timeout_us,
- *             parameters, parameters_list, sinks, window, release_gil)
- * -> a list: each request's outputs dict, or its exception. parameters_list and
- * sinks (per request, from tracing) may be None. */
+/* submit_many(server, model, version, inputs_list, outputs, request_id, priority,
+ *             timeout_us, parameters, parameters_list, sinks, window, release_gil)
+ * -> a list: each request's outputs dict, or its exception. The options are submit()'s
+ * (request_options); parameters_list and sinks (per request, from tracing) may be None,
+ * and so may an entry of parameters_list (the shared parameters then). */
 PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs != 12) {
-    PyErr_SetString(PyExc_TypeError, "submit_many() takes 12 arguments");
+  if (nargs != 13) {
+    PyErr_SetString(PyExc_TypeError, "submit_many() takes 13 arguments");
     return NULL;
   }
   TRITONSERVER_Server* server;
   const char* model;
   long long version;
   if (target_args(args, &server, &model, &version) < 0) return NULL;
-  PyObject* inputs = args[3];
-  PyObject* outputs = args[4];
-  unsigned long long priority = args[5] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[5]);
-  unsigned long long timeout_us = args[6] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[6]);
-  PyObject *parameters = args[7], *parameters_list = args[8], *sinks = args[9];
-  long size = PyLong_AsLong(args[10]);
-  int release_gil = PyObject_IsTrue(args[11]) == 1;
+  PyObject *inputs = args[3], *parameters_list = args[9], *sinks = args[10];
+  long size = PyLong_AsLong(args[11]);
+  int release_gil = PyObject_IsTrue(args[12]) == 1;
   if (PyErr_Occurred()) return NULL;
   if (t_model_thread || (t_in_execute && t_model_name != NULL && strcmp(model, t_model_name) == 0))
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
@@ -105,12 +110,15 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     PyErr_SetString(PyExc_TypeError, "submit_many(): bad arguments");
     return NULL;
   }
+  Options o;
+  if (request_options(args, &o) < 0) return NULL;
   Py_ssize_t n = PyList_GET_SIZE(inputs);
   PyObject* results = PyList_New(n);
   Call** window = calloc((size_t)size, sizeof(Call*));
   if (results == NULL || window == NULL) {
     Py_XDECREF(results);
     free(window);
+    options_clear(&o);
     return PyErr_NoMemory();
   }
   for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(results, i, Py_NewRef(Py_None));
@@ -130,21 +138,15 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
       raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
                    "inputs must be a mapping of input name -> array");
     } else {
-      PyObject* params =
-          parameters_list == Py_None ? parameters : PyList_GET_ITEM(parameters_list, i);
+      PyObject* params = parameters_list == Py_None ? Py_None : PyList_GET_ITEM(parameters_list, i);
       PyObject* sink = sinks == Py_None ? Py_None : PyList_GET_ITEM(sinks, i);
       Call* c = NULL;
       PyObject* r = NULL;
       atomic_fetch_add(&g.left, 1); /* before Triton may complete it */
-      pthread_rwlock_rdlock(&servers_lock);
-      if (server_is_open(server)) {
-        r = submit_locked(server, model, version, item, outputs, Py_None, priority, timeout_us,
-                          params, Py_None, Py_None, 0, Py_None, release_gil, sink, 0, &g, &c);
-      } else {
-        pthread_rwlock_unlock(&servers_lock);
-        raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
-                     "the server is not running; call start() or use 'with server:'");
-      }
+      if (lock_open_server(server) == 0)
+        r = submit_locked(server, model, version, item, o.outputs, o.request_id, o.priority,
+                          o.timeout_us, params == Py_None ? o.parameters : params, Py_None, Py_None,
+                          0, Py_None, release_gil, sink, 0, &g, &c);
       if (r != NULL) {
         Py_DECREF(r);
         c->group_index = i;
@@ -153,12 +155,7 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
       }
       atomic_fetch_sub(&g.left, 1);
     }
-    PyObject *type, *value, *tb; /* this request's error, in its place */
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    PyList_SetItem(results, i, value != NULL ? value : Py_NewRef(Py_None));
+    PyList_SetItem(results, i, take_exception()); /* this request's error, in its place */
   }
   while (held > 0) {
     if (wait_group(&g, 0, 2 * size) < 0) goto interrupted;
@@ -166,12 +163,14 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   }
   leave(&g);
   free(window);
+  options_clear(&o);
   return results;
 
 interrupted:
   abandon(&g, window, held);
   leave(&g);
   free(window);
+  options_clear(&o);
   Py_DECREF(results);
   return NULL;
 }

@@ -254,6 +254,20 @@ PyObject* py_stream_close(PyObject* self, PyObject* capsule);
 
 /* ---- submit.c, many.c: requests from Python ---------------------------- */
 
+#define NOT_RUNNING "the server is not running; call start() or use 'with server:'"
+
+/* The per-request options submit() and submit_many() share (request_options). */
+typedef struct Options {
+  PyObject* outputs;    /* None, a tuple of names or a dict name -> buffer (a reference) */
+  PyObject* request_id; /* None or str (borrowed) */
+  unsigned long long priority, timeout_us;
+  PyObject* parameters; /* None or a dict (a reference) */
+} Options;
+
+int request_options(PyObject* const* args, Options* o);
+void options_clear(Options* o);
+int lock_open_server(TRITONSERVER_Server* server);
+
 PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
                         PyObject* inputs, PyObject* outputs, PyObject* request_id,
                         unsigned long long priority, unsigned long long timeout_us,

@@ -40,14 +40,68 @@ int target_args(PyObject* const* args, TRITONSERVER_Server** server, const char*
                 long long* version)
 {
   if (!api_loaded || args[0] == Py_None) {
-    raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
-                 "the server is not running; call start() or use 'with server:'");
+    raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, NOT_RUNNING);
     return -1;
   }
   *server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(args[0]);
   *model = PyUnicode_AsUTF8(args[1]);
   *version = PyLong_AsLongLong(args[2]);
   return 0;
+}
+
+/* The options that submit() and submit_many() share, args[4] to args[8]: outputs,
+ * request_id, priority, timeout_us, parameters. The common case costs nothing; other
+ * mappings and sequences are converted. Returns -1 with an InvalidArgumentError. */
+int request_options(PyObject* const* args, Options* o)
+{
+  o->outputs = o->parameters = NULL;
+  o->request_id = args[5];
+  o->priority = args[6] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[6]);
+  o->timeout_us = args[7] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[7]);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
+                 "priority and timeout_us must be non-negative integers");
+    return -1;
+  }
+  if (o->request_id != Py_None && !PyUnicode_Check(o->request_id)) {
+    raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "request_id must be a string");
+    return -1;
+  }
+  PyObject* outputs = args[4];
+  if (outputs == Py_None || PyTuple_Check(outputs) || PyDict_Check(outputs)) {
+    o->outputs = Py_NewRef(outputs);
+  } else if ((o->outputs = PySequence_Tuple(outputs)) == NULL) {
+    PyErr_Clear();
+    raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "outputs must be a sequence of output names");
+    return -1;
+  }
+  PyObject* parameters = args[8];
+  o->parameters = parameters == Py_None || PyDict_Check(parameters)
+                      ? Py_NewRef(parameters)
+                      : as_dict(parameters, "parameters must be a mapping of name -> value");
+  if (o->parameters == NULL) {
+    Py_CLEAR(o->outputs);
+    return -1;
+  }
+  return 0;
+}
+
+void options_clear(Options* o)
+{
+  Py_CLEAR(o->outputs);
+  Py_CLEAR(o->parameters);
+}
+
+/* Take servers_lock (read) for a request to server: -1 (the lock not held) with an
+ * UnavailableError when the server is not running. */
+int lock_open_server(TRITONSERVER_Server* server)
+{
+  pthread_rwlock_rdlock(&servers_lock);
+  if (server_is_open(server)) return 0;
+  pthread_rwlock_unlock(&servers_lock);
+  raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, NOT_RUNNING);
+  return -1;
 }
 
 /* submit(server, model, version, inputs, outputs, request_id, priority,
@@ -72,9 +126,6 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   const char* model;
   long long version;
   if (target_args(args, &server, &model, &version) < 0) return NULL;
-  PyObject* request_id = args[5];
-  unsigned long long priority = args[6] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[6]);
-  unsigned long long timeout_us = args[7] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[7]);
   PyObject* loop = args[9];
   if (t_model_thread && loop == Py_None && !PyErr_Occurred()) /* it would wait on its own loop */
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
@@ -87,54 +138,18 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
                         "a sync callable cannot call its own model: the instance running it would "
                         "wait for itself; write it as an async def callable and await "
                         "model.infer_async(...) to recurse");
-  if (PyErr_Occurred()) {
-    PyErr_Clear();
-    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
-                        "priority and timeout_us must be non-negative integers");
-  }
-  if (request_id != Py_None && !PyUnicode_Check(request_id))
-    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "request_id must be a string");
-  /* The common case costs nothing; other mappings and sequences are converted. */
-  PyObject* inputs = Py_NewRef(args[3]);
-  PyObject* outputs = args[4] == Py_None || PyTuple_Check(args[4]) || PyDict_Check(args[4])
-                          ? Py_NewRef(args[4])
-                          : NULL;
-  PyObject* parameters = args[8] == Py_None ? Py_NewRef(Py_None) : NULL;
-  int ok = 1;
-  if (!PyDict_Check(inputs)) {
-    Py_SETREF(inputs, as_dict(inputs, "inputs must be a mapping of input name -> array"));
-    ok = inputs != NULL;
-  }
-  if (ok && outputs == NULL) {
-    outputs = PySequence_Tuple(args[4]);
-    if (outputs == NULL) {
-      PyErr_Clear();
-      raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "outputs must be a sequence of output names");
-    }
-    ok = outputs != NULL;
-  }
-  if (ok && parameters == NULL) {
-    parameters = PyDict_Check(args[8])
-                     ? Py_NewRef(args[8])
-                     : as_dict(args[8], "parameters must be a mapping of name -> value");
-    ok = parameters != NULL;
-  }
+  Options o;
+  if (request_options(args, &o) < 0) return NULL;
+  PyObject* inputs = PyDict_Check(args[3])
+                         ? Py_NewRef(args[3])
+                         : as_dict(args[3], "inputs must be a mapping of input name -> array");
   PyObject* result = NULL;
-  if (ok) {
-    pthread_rwlock_rdlock(&servers_lock);
-    if (!server_is_open(server)) {
-      pthread_rwlock_unlock(&servers_lock);
-      raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
-                   "the server is not running; call start() or use 'with server:'");
-    } else {
-      result = submit_locked(server, model, version, inputs, outputs, request_id, priority,
-                             timeout_us, parameters, loop, args[10], stream, sequence, release_gil,
-                             trace_sink, cancellable, NULL, NULL);
-    }
-  }
+  if (inputs != NULL && lock_open_server(server) == 0)
+    result = submit_locked(server, model, version, inputs, o.outputs, o.request_id, o.priority,
+                           o.timeout_us, o.parameters, loop, args[10], stream, sequence,
+                           release_gil, trace_sink, cancellable, NULL, NULL);
   Py_XDECREF(inputs);
-  Py_XDECREF(outputs);
-  Py_XDECREF(parameters);
+  options_clear(&o);
   return result;
 }
 
