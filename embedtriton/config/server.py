@@ -40,6 +40,12 @@ class ServerConfig:
     model_repository: list[str] = field(default_factory=list)
     model_control_mode: str = "explicit"  # "none": all at start; "explicit": load()/unload(); "poll": watched
     repository_poll_secs: float = 15.0
+    # Triton's --model-load-retry-count: how often a model that failed to load is tried again
+    model_load_retry_count: int = 0
+    # Triton's --disable-auto-complete-config: by default (as in tritonserver) backends complete
+    # a repository model's config (the python backend's auto_complete_config, a folder without
+    # config.pbtxt)
+    disable_auto_complete_config: bool = False
     tracing: Tracing | None = None  # OpenTelemetry spans from Triton's trace timestamps; off by default
 
     def validate(self) -> None:
@@ -58,7 +64,7 @@ class ServerConfig:
         if not isinstance(poll, (int, float)) or isinstance(poll, bool) or not poll > 0:
             raise InvalidArgumentError(f"ServerConfig.repository_poll_secs must be > 0, not {poll!r}")
         self.cache_settings()
-        for name, least in (("exit_timeout_secs", 0), ("metrics_interval_ms", 1)):
+        for name, least in (("exit_timeout_secs", 0), ("metrics_interval_ms", 1), ("model_load_retry_count", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise InvalidArgumentError(f"ServerConfig.{name} must be an integer >= {least}, not {value!r}")

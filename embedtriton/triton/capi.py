@@ -57,6 +57,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "TRITONSERVER_ServerOptionsSetModelRepositoryPath": (_P, [_P, c_char_p]),
     "TRITONSERVER_ServerOptionsSetModelControlMode": (_P, [_P, c_int]),
     "TRITONSERVER_ServerOptionsSetStrictModelConfig": (_P, [_P, c_bool]),
+    "TRITONSERVER_ServerOptionsSetModelLoadRetryCount": (_P, [_P, c_uint]),
+    "TRITONSERVER_ServerOptionsSetEnablePeerAccess": (_P, [_P, c_bool]),
     "TRITONSERVER_ServerOptionsSetStrictReadiness": (_P, [_P, c_bool]),
     "TRITONSERVER_ServerOptionsSetExitTimeout": (_P, [_P, c_uint]),
     "TRITONSERVER_ServerOptionsSetBackendDirectory": (_P, [_P, c_char_p]),

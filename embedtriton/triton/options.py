@@ -4,7 +4,6 @@ settings into Triton's."""
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from ctypes import byref
@@ -15,6 +14,7 @@ from ..errors import NotFoundError
 from . import capi
 from .devices import require_gpu
 from .runtime import Runtime
+from .stubs import prefix as stub_prefix
 
 _servers = itertools.count(1)
 
@@ -32,7 +32,11 @@ def server_options(
         api.ServerOptionsSetServerId(options, cfg.id.encode())
         api.ServerOptionsSetModelRepositoryPath(options, str(repository).encode())
         api.ServerOptionsSetModelControlMode(options, capi.MODEL_CONTROL_EXPLICIT)
-        api.ServerOptionsSetStrictModelConfig(options, True)
+        api.ServerOptionsSetStrictModelConfig(options, cfg.disable_auto_complete_config)
+        # Triton's options object leaves these two uninitialised (tritonserver's command line
+        # always sets them): an unset retry count reloads a failing model forever.
+        api.ServerOptionsSetModelLoadRetryCount(options, cfg.model_load_retry_count)
+        api.ServerOptionsSetEnablePeerAccess(options, True)
         api.ServerOptionsSetStrictReadiness(options, cfg.strict_readiness)
         api.ServerOptionsSetExitTimeout(options, cfg.exit_timeout_secs)
         api.ServerOptionsSetBackendDirectory(options, str(backends).encode())
@@ -56,7 +60,7 @@ def server_options(
         # is the same for every process on the host, and two servers' stubs would read each
         # other's tensors. One prefix per server.
         backend_config.setdefault("python", {}).setdefault(
-            "shm-region-prefix-name", f"embedtriton_{os.getpid()}_{next(_servers)}_"
+            "shm-region-prefix-name", f"{stub_prefix()}{next(_servers)}_"
         )
         for backend, settings in backend_config.items():
             for key, value in settings.items():
