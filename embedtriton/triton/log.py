@@ -44,8 +44,9 @@ def log_size(path: Path | None) -> int:
         return 0
 
 
-def logged_errors(path: Path | None, offset: int) -> str:
-    """The error lines Triton logged since ``offset`` (its load errors say more than its return codes)."""
+def logged_errors(path: Path | None, offset: int, known: str = "") -> str:
+    """The error lines Triton logged since ``offset`` (its load errors say more than its return
+    codes), leaving out those whose reason ``known`` (the error returned) already gives."""
     if path is None:
         return ""
     try:
@@ -54,8 +55,17 @@ def logged_errors(path: Path | None, offset: int) -> str:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    found = []
+    found: list[str] = []
     for line in text.splitlines():
         if line.startswith("E") and "CudaDriverHelper" not in line and "modification time" not in line:
-            found.append(line.split("] ", 1)[-1].strip().strip('"'))
+            entry = line.split("] ", 1)[-1].strip().strip('"').replace("\\n", "\n").strip()
+            if entry not in found and not _told(entry, known):
+                found.append(entry)
     return "; ".join(found)
+
+
+def _told(entry: str, known: str) -> bool:
+    """Whether ``known`` already holds the reason of the log ``entry`` (what follows one of its
+    'context: ' prefixes, e.g. "failed to load 'm' version 1: Internal: <reason>")."""
+    parts = entry.split(": ")
+    return any(len(tail) >= 16 and tail in known for tail in (": ".join(parts[i:]) for i in range(len(parts))))
