@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from ..backend.binding import Binding
     from ..tracing import Tracer
+    from .repositories import LoadedModel
 
 
 def _as_dict(inputs: Any) -> dict[str, Any]:
@@ -36,6 +37,7 @@ class ModelHost(Protocol):
 
     _handle: int | None
     _bound: dict[str, Binding]
+    _native: dict[str, LoadedModel]
     _stopping: bool
     _tracer: Tracer | None
 
@@ -224,7 +226,7 @@ class Model:
         if server._stopping and not (library._native or library.native()).in_model():  # see CoreServer.stop
             raise UnavailableError("the server is stopping: it takes no new requests")
         binding = server._bound.get(self.name)
-        if not stream and binding is not None and binding.decoupled:
+        if not stream and self.decoupled:
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
         if request.timeout_us or deadlines.used:
             self._with_deadline(request)
@@ -269,15 +271,22 @@ class Model:
 
     @property
     def decoupled(self) -> bool:
-        """Whether the model is decoupled (answered by :meth:`stream`, not :meth:`infer`)."""
+        """Whether the model is decoupled (answered by :meth:`stream`, not :meth:`infer`): as
+        bound, or for a repository's Triton model as Triton loaded it."""
         binding = self._server._bound.get(self.name)
-        return binding is not None and binding.decoupled
+        if binding is not None:
+            return binding.decoupled
+        loaded = self._server._native.get(self.name)
+        return loaded is not None and loaded.decoupled
 
     @property
     def batched(self) -> bool:
         """Whether the model's tensors have a batch axis first (``max_batch_size`` > 0)."""
         binding = self._server._bound.get(self.name)
-        return binding is not None and binding.config.batching
+        if binding is not None:
+            return binding.config.batching
+        loaded = self._server._native.get(self.name)
+        return loaded is not None and loaded.max_batch_size > 0
 
     def labels(self, output: str) -> tuple[str, ...] | None:
         """The class labels declared for ``output`` (``Tensor(labels=...)``), if any."""

@@ -22,7 +22,7 @@ from .declarations import check_config, check_declarations, check_versions
 from .ensembles import bind_ensemble
 from .model import Model
 from .onnx import onnx_model
-from .repositories import Repositories
+from .repositories import LoadedModel, Repositories
 from .repository import Repository
 
 log = logging.getLogger("embedtriton")
@@ -285,12 +285,13 @@ class ModelsMixin:
             if not link.is_symlink():
                 link.symlink_to(path, target_is_directory=True)
             log_offset = log_size(self._log)
+            handle = self._require_handle()
             try:
-                control.load_model(self._require_handle(), name, None)
+                control.load_model(handle, name, None)
             except TritonError as exc:
-                details = logged_errors(self._log, log_offset)
+                details = logged_errors(self._log, log_offset, str(exc))
                 raise type(exc)(f"{exc}: {details}" if details else str(exc)) from None
-            self._native[name] = path
+            self._native[name] = LoadedModel.read(handle, name, path)
 
     def _unload_native(self, name: str) -> None:
         with self._lock:
@@ -318,6 +319,33 @@ class ModelsMixin:
             raise NotFoundError(f"no model '{name}' (bound: {sorted(self._bound)})")
         return Model(self, name, version)
 
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's RepositoryIndex: every version of every bound model (READY or UNAVAILABLE),
+        the repositories' Triton models as Triton lists them (a failed one UNAVAILABLE with its
+        reason), and the repositories' other models by name alone (not loaded) or UNAVAILABLE
+        with the reason their last load failed."""
+        entries: list[dict[str, str]] = []
+        triton: dict[str, list[dict[str, str]]] = {}
+        if self._handle is not None:
+            for entry in control.model_index(self._handle):
+                triton.setdefault(entry["name"], []).append(entry)
+        for name in self._bound:
+            for version in self.versions(name):
+                ready = Model(self, name, version).ready
+                entries.append({"name": name, "version": str(version), "state": "READY" if ready else "UNAVAILABLE"})
+        for name in self._native:
+            entries += triton.get(name, [])
+        for name, reason in sorted(self._repositories.unloaded().items()):
+            if name in triton:  # a Triton model whose load failed: Triton says why
+                entries += triton[name]
+            elif reason is not None:
+                entries.append({"name": name, "state": "UNAVAILABLE", "reason": reason})
+            else:
+                entries.append({"name": name})
+        if ready_only:
+            entries = [e for e in entries if e.get("state") == "READY"]
+        return [{k: str(v) for k, v in e.items() if k in ("name", "version", "state", "reason")} for e in entries]
+
     def models(self) -> list[Model]:
         """Handles on every bound model (and the repositories' loaded ones)."""
         return [Model(self, name) for name in [*self._bound, *self._native]]
@@ -338,7 +366,7 @@ class ModelsMixin:
             control.load_model(self._require_handle(), binding.name, config)
         except TritonError as exc:
             library.bindings.pop(self._repository.key(binding), None)
-            details = logged_errors(self._log, log_offset)
+            details = logged_errors(self._log, log_offset, str(exc))
             if details:
                 raise type(exc)(f"{exc}: {details}") from None
             raise

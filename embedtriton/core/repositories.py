@@ -1,13 +1,16 @@
 """Triton model repositories served next to bound callables (``ServerConfig.model_repository``).
 
-A model folder holds version folders (``1/``, ``2/``, ...). Two kinds:
+A model folder holds version folders (``1/``, ``2/``, ...). Three formats, told apart by what
+the files hold (:func:`scan`):
 
 - **Python callables**: a version folder's ``model.py`` defines ``infer_func`` (plain or
   ``@batch``), ``inputs`` and ``outputs`` (lists of ``Tensor``) and optionally ``config`` (a
   ``ModelConfig``). Each version is imported and bound like ``server.bind(..., version=N)``.
-- **Triton models**: a folder with a ``config.pbtxt`` naming a ``backend`` or ``platform``
-  (an ensemble, a python-backend model, ...): Triton loads it as it is (through a link in the
-  server's own repository folder).
+- **Triton models**: a folder with a ``config.pbtxt`` naming a ``backend`` or ``platform`` (an
+  ensemble, ...), or whose ``model.py`` defines Triton's ``TritonPythonModel`` (a python-backend
+  model, with or without ``config.pbtxt``: Triton auto-completes it): Triton loads it as it is
+  (through a link in the server's own repository folder), and what it loaded (decoupled,
+  batching, tensors) is read back from Triton, never assumed.
 - **ONNX models**: version folders holding ``model.onnx`` (with no ``config.pbtxt``, or one
   naming onnxruntime): run by the onnxruntime package through our backend, tensors read from
   the graph (see :mod:`.onnx`).
@@ -16,11 +19,12 @@ Control modes, as Triton's: ``"none"`` loads every model at start; ``"explicit"`
 unloads on ``server.load(name)`` / ``server.unload(name)`` (and gRPC RepositoryModelLoad /
 Unload); ``"poll"`` loads everything at start, then every ``repository_poll_secs`` picks up new
 models and versions, edited files and removed models, without a restart. A model that fails to
-load (a broken ``model.py``) keeps what was serving before.
+load fails alone, with the reason, and keeps what was serving before.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import itertools
 import logging
@@ -37,6 +41,8 @@ from typing import Any
 from ..config import ModelConfig, Tensor, name_tensors
 from ..config.override import parse_pbtxt
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnsupportedError
+from ..triton import control
+from ..triton.stubs import guard_stubs
 from .onnx import onnx_model
 
 log = logging.getLogger("embedtriton")
@@ -50,9 +56,51 @@ class Found:
 
     name: str
     path: Path
-    kind: str  # "callable" or "triton"
+    kind: str  # "callable", "triton" or "onnx"
     versions: dict[int, Path] = field(default_factory=dict)
     stamp: tuple[Any, ...] = ()  # what POLL compares: every file's name, size and mtime
+    python_backend: bool = False  # a Triton model run by Triton's python backend
+
+    def read_as(self) -> str:
+        """Which format the folder was read as, and why (for error messages)."""
+        if self.kind == "onnx":
+            return "an ONNX model (a version folder holds model.onnx)"
+        if self.kind == "callable":
+            return "an embedtriton callable model (its model.py defines no TritonPythonModel)"
+        if self.python_backend:
+            return 'a model of Triton\'s python backend (TritonPythonModel in model.py, or backend "python")'
+        return "a model in Triton's format (its config.pbtxt names a backend or platform)"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A repository's Triton-format model as Triton loaded it: what callers need to know of it
+    is read back from the config Triton applied (auto-completed, overridden), never assumed."""
+
+    path: Path
+    decoupled: bool
+    max_batch_size: int
+
+    @classmethod
+    def read(cls, handle: int, name: str, path: Path) -> LoadedModel:
+        config = control.model_config(handle, name, -1)
+        policy = config.get("model_transaction_policy") or {}
+        return cls(path, bool(policy.get("decoupled", False)), int(config.get("max_batch_size", 0) or 0))
+
+
+def triton_python_model(path: Path) -> bool:
+    """Whether ``model.py`` is written for Triton's python backend: it defines a top-level
+    ``TritonPythonModel`` class (read, never imported; a file Python cannot parse is judged by
+    whether it names that class at all)."""
+    try:
+        source = path.read_text(errors="replace")
+    except OSError:
+        return False
+    try:
+        tree = ast.parse(source, str(path))
+    except (SyntaxError, ValueError):
+        return "TritonPythonModel" in source
+    return any(isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel" for node in tree.body)
 
 
 def scan(repositories: list[str]) -> dict[str, Found]:
@@ -72,15 +120,19 @@ def scan(repositories: list[str]) -> dict[str, Found]:
             versions = {int(v.name): v for v in folder.iterdir() if v.is_dir() and v.name.isdigit() and int(v.name) > 0}
             config = folder / "config.pbtxt"
             text = config.read_text(errors="replace") if config.is_file() else ""
-            native = _BACKEND_LINE.search(text) is not None
-            callable_ = any((v / "model.py").is_file() for v in versions.values())
+            sources = [v / "model.py" for v in versions.values() if (v / "model.py").is_file()]
+            python_backend = bool(re.search(r'^\s*backend\s*:\s*"python"', text, re.MULTILINE)) or any(
+                triton_python_model(p) for p in sources
+            )
+            native = _BACKEND_LINE.search(text) is not None or python_backend
+            callable_ = bool(sources) and not python_backend
             onnx = any((v / "model.onnx").is_file() for v in versions.values()) and (not native or "onnx" in text)
             if not native and not callable_ and not onnx:
                 continue  # not a model (yet): no config naming a backend, no model.py or model.onnx
             files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
             stamp = tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
             kind = "onnx" if onnx else "triton" if native else "callable"  # (ONNX: see Repositories._load)
-            found[folder.name] = Found(folder.name, folder, kind, versions, stamp)
+            found[folder.name] = Found(folder.name, folder, kind, versions, stamp, python_backend and kind == "triton")
     return found
 
 
@@ -125,43 +177,86 @@ def import_version(found: Found, version: int) -> tuple[Any, list[Tensor], list[
     return module.infer_func, inputs, outputs, config
 
 
-def stub_numpy() -> tuple[str, str | None]:
+def execution_env(config: Path) -> Path | None:
+    """The ``EXECUTION_ENV_PATH`` parameter of a python-backend model's ``config.pbtxt`` (the
+    Python environment Triton runs its stub in), or None."""
+    try:
+        text = config.read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(r'key\s*:\s*"EXECUTION_ENV_PATH"\s*value\s*:?\s*\{\s*string_value\s*:\s*"([^"]*)"', text)
+    if match is None:
+        return None
+    value = match.group(1).replace("$$TRITON_MODEL_DIRECTORY", str(config.parent))
+    return Path(value)
+
+
+def _site_numpy(prefix: Path) -> str | None:
+    """The numpy version installed in the environment at ``prefix`` (read from its metadata)."""
+    version = "{}.{}".format(*sys.version_info)
+    infos = sorted((prefix / "lib" / f"python{version}" / "site-packages").glob("numpy-*.dist-info"))
+    return infos[-1].name.removeprefix("numpy-").removesuffix(".dist-info") if infos else None
+
+
+def stub_numpy(env: Path | None = None) -> tuple[str, str | None]:
     """(the Python, its numpy version or None) that Triton's python backend stub will run.
 
-    The stub embeds a libpython and finds its prefix as Python does: the first ``python3`` on
-    PATH when that is a virtual environment (an activated venv, nox, tox), else the system's."""
+    With a model's ``EXECUTION_ENV_PATH`` (a folder), that environment. Otherwise the stub
+    embeds a libpython that finds its prefix as Python does for a program named ``python3``:
+    the first ``python3`` on PATH when that is a virtual environment (an activated venv, nox,
+    tox), else the system's."""
+    if env is not None:
+        return str(env), _site_numpy(env)
     version = "{}.{}".format(*sys.version_info)
     found = shutil.which("python3")
     venv = Path(found).parent.parent if found else None
     if venv is not None and (venv / "pyvenv.cfg").is_file():
-        site = venv / "lib" / f"python{version}" / "site-packages"
-        infos = sorted(site.glob("numpy-*.dist-info"))
-        return str(venv), infos[-1].name.removeprefix("numpy-").removesuffix(".dist-info") if infos else None
+        return str(venv), _site_numpy(venv)
     system = f"/usr/bin/python{version}"
     try:
         done = subprocess.run(
             [system, "-c", "import numpy; print(numpy.__version__)"], capture_output=True, text=True, timeout=30
         )
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):
         return system, None
     return system, done.stdout.strip() if done.returncode == 0 else None
 
 
-def check_python_backend(name: str) -> None:
-    """Refuse a python-backend model whose stub would run on numpy 2: Triton 2.51's python
-    backend predates numpy 2 and reads its arrays wrongly (the answers are garbage)."""
-    python, numpy_version = stub_numpy()
-    if numpy_version is None:
-        raise UnsupportedError(
-            f"model '{name}' runs on Triton's python backend, whose stub runs the Python at {python}; it has "
-            "no numpy (on Debian: apt install python3-numpy, or activate a venv with numpy<2)"
+def check_python_backend(name: str, env: Path | None = None) -> None:
+    """Refuse a python-backend model whose stub would run without numpy or on numpy 2 (Triton
+    2.51's python backend predates numpy 2 and reads its arrays wrongly: its answers would be
+    garbage), saying what to install where. ``env``: the model's ``EXECUTION_ENV_PATH``."""
+    if env is not None and not env.is_dir():
+        return  # a conda-pack archive: Triton unpacks it; what it holds is not ours to read
+    python, numpy_version = stub_numpy(env)
+    if numpy_version is not None and int(numpy_version.split(".")[0]) < 2:
+        return
+    version = "{}.{}".format(*sys.version_info)
+    if env is not None:
+        where = f"its EXECUTION_ENV_PATH {python}"
+        fix = f'{python}/bin/pip install "numpy<2"'
+    elif python.startswith("/usr/bin/"):
+        where = f"the system's Python ({python}, as no virtual environment's python3 is first on PATH)"
+        fix = (
+            "apt install python3-numpy (Debian/Ubuntu), or start the server with a virtual environment "
+            f'of Python {version} holding "numpy<2" first on PATH'
         )
-    if int(numpy_version.split(".")[0]) >= 2:
-        raise UnsupportedError(
-            f"model '{name}' runs on Triton's python backend, whose stub runs the Python at {python} with numpy "
-            f"{numpy_version}: Triton 2.51's python backend reads numpy 2 arrays wrongly (its answers would be "
-            "garbage). Give that Python numpy<2, or start the server with another Python first on PATH"
+    else:
+        where = f"the virtual environment {python} (the first python3 on PATH)"
+        fix = (
+            f'{python}/bin/pip install "numpy<2", or start the server with another virtual environment of '
+            f'Python {version} holding "numpy<2" first on PATH (PATH=/path/to/venv/bin:$PATH), or set '
+            "EXECUTION_ENV_PATH in the model's config.pbtxt to one"
         )
+    has = (
+        "has no numpy"
+        if numpy_version is None
+        else f"has numpy {numpy_version}, which Triton 2.51's stub reads wrongly"
+    )
+    raise UnsupportedError(
+        f"Triton's python backend runs model '{name}' in a stub process that needs numpy<2, and the stub would "
+        f"run {where}, which {has}. Fix: {fix}"
+    )
 
 
 class Repositories:
@@ -173,6 +268,7 @@ class Repositories:
         self.mode: str = server.config.model_control_mode
         self.known: dict[str, Found] = {}  # what is loaded, as it was when loaded
         self.failed: dict[str, tuple[Any, ...]] = {}  # what failed to load, not tried again until it changes
+        self.reasons: dict[str, str] = {}  # why each model that is not loaded failed its last load
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -211,6 +307,7 @@ class Repositories:
         self._load(found)
 
     def unload(self, name: str) -> None:
+        self.reasons.pop(name, None)
         item = self.known.pop(name, None)
         if item is None:
             return
@@ -220,10 +317,33 @@ class Repositories:
             self.server._unload_native(name)
 
     def _load(self, found: Found) -> None:
-        """Load (or reload) one model as it is on disk now; on failure what served stays."""
-        config = found.path / "config.pbtxt"
-        if found.kind == "triton" and re.search(r'backend\s*:\s*"python"', config.read_text(errors="replace")):
-            check_python_backend(found.name)
+        """Load (or reload) one model as it is on disk now; on failure what served stays, and
+        the error says which format the folder was read as."""
+        try:
+            self._load_as_read(found)
+        except TritonError as exc:
+            error = type(exc)(f"model '{found.name}', read as {found.read_as()}: {str(exc).rstrip('; ' + chr(10))}")
+            if found.name not in self.known:
+                self.reasons[found.name] = str(error)
+            raise error from None
+        self.reasons.pop(found.name, None)
+        self.known[found.name] = found
+
+    def unloaded(self) -> dict[str, str | None]:
+        """The repositories' models that are not loaded: name -> why the last load failed (None:
+        never tried, or unloaded)."""
+        if not self.paths:
+            return {}
+        try:
+            names = scan(self.paths)
+        except TritonError:
+            names = {}
+        return {name: self.reasons.get(name) for name in names if name not in self.known}
+
+    def _load_as_read(self, found: Found) -> None:
+        if found.python_backend:
+            check_python_backend(found.name, execution_env(found.path / "config.pbtxt"))
+            guard_stubs()  # no stub of its outlives this process
         backend_dir = self.server._repository.backend_dir
         onnx_backend = backend_dir is not None and (backend_dir / "onnxruntime").is_dir()
         if found.kind == "triton" or (
@@ -244,7 +364,6 @@ class Repositories:
                 if (found.versions[v] / "model.py").is_file()
             }
             self.server._bind_versions(found.name, imported)
-        self.known[found.name] = found
 
     def _watch(self) -> None:
         while not self._stop.wait(self.server.config.repository_poll_secs):

@@ -20,7 +20,7 @@ from ..triton.options import server_options
 from ..triton.runtime import load_runtime
 from .lifecycle import live_servers, new_server, retire
 from .models import ModelsMixin
-from .repositories import Repositories
+from .repositories import LoadedModel, Repositories
 from .repository import Repository
 
 log = logging.getLogger("embedtriton")
@@ -51,7 +51,7 @@ class CoreServer(ModelsMixin):
         # Bindings replaced (a reload with another config, a changed repository model) whose old
         # copy Triton may still be finalizing: stop() waits for them too before deleting Triton.
         self._replaced: list[Binding] = []
-        self._native: dict[str, Any] = {}  # the user's repositories' Triton models that are loaded
+        self._native: dict[str, LoadedModel] = {}  # the user's repositories' Triton models that are loaded
         self._repositories = Repositories(self)
         self._log: Path | None = None
         self._endpoints: dict[str, Endpoint] = {}  # kind ("grpc", "metrics") -> endpoint

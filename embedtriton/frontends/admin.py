@@ -13,15 +13,8 @@ from ..errors import InternalError, InvalidArgumentError, TritonError, Unavailab
 
 
 def repository_index(server: CoreServer, ready_only: bool) -> list[dict[str, str]]:
-    """One entry per bound version, as Triton lists them (``name``, ``version``, ``state``)."""
-    entries = []
-    for model in server.models():
-        for version in server.versions(model.name):
-            ready = server.model(model.name, version).ready
-            if ready_only and not ready:
-                continue
-            entries.append({"name": model.name, "version": str(version), "state": "READY" if ready else "UNAVAILABLE"})
-    return entries
+    """Triton's RepositoryIndex entries (``name``, ``version``, ``state``, ``reason``)."""
+    return server.repository_index(ready_only)
 
 
 def _check_mode(server: CoreServer) -> None:
