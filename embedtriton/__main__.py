@@ -1,4 +1,6 @@
 """``embedtriton serve module:attr`` — bind models and serve them until interrupted;
+``embedtriton serve --model-repository DIR`` — serve a Triton model repository, as
+``tritonserver --model-repository DIR`` does (both may be given);
 ``embedtriton tune module:attr --model NAME`` — sweep Triton's batcher settings for one of them.
 
 ``attr`` is a function that takes a :class:`embedtriton.Server` and binds models on it.
@@ -28,7 +30,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"embedtriton {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="bind models with module:attr and serve them")
-    serve.add_argument("target", help="module:function that binds models on the Server it is given")
+    serve.add_argument(
+        "target",
+        nargs="?",
+        help="module:function that binds models on the Server it is given (optional with --model-repository)",
+    )
+    serve.add_argument(
+        "--model-repository",
+        action="append",
+        default=[],
+        help="a Triton model repository folder to serve (repeatable), as tritonserver's option",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit", "poll"],
+        default="none",
+        help="for --model-repository: 'none' loads every model at start (tritonserver's default), 'explicit' on "
+        "request (RepositoryModelLoad), 'poll' watches the folders",
+    )
+    serve.add_argument(
+        "--repository-poll-secs", type=float, default=15.0, help="with --model-control-mode poll (default 15)"
+    )
     serve.add_argument("--grpc", default="127.0.0.1:8001", help="gRPC address ('' for none)")
     serve.add_argument("--metrics", default="127.0.0.1:8002", help="Prometheus /metrics address ('' for none)")
     serve.add_argument("--http", default="", help="KServe-v2 HTTP/REST address, e.g. 127.0.0.1:8000 (default: none)")
@@ -71,20 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("embedtriton")
-    module_name, _, attr = args.target.partition(":")
-    if not module_name or not attr:
-        parser.error(f"target must look like module:function, not {args.target!r}")
-    sys.path.insert(0, "")
-    try:
-        bind = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        parser.error(f"cannot load {args.target}: {exc}")
-    problem = _bind_problem(bind)
-    if problem:
-        parser.error(
-            f"{args.target} {problem}; it must be a function that takes the Server and binds models:\n"
-            "    def bind(server):\n        server.bind('Name', infer_func, inputs=[...], outputs=[...])"
-        )
+    if args.target is None and not getattr(args, "model_repository", None):
+        parser.error("name what to serve: a module:function that binds models, or --model-repository DIR (or both)")
+    bind = _load_target(parser, args.target) if args.target else _no_bind
 
     try:  # the native module and Triton's runtime, before anything is bound
         library.native()
@@ -96,7 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         config = ServerConfig(cache_config=[f"local,size={args.cache_bytes}"] if args.cache_bytes else [])
     else:
         config = ServerConfig(exit_timeout_secs=args.exit_timeout)
-    server = Server(config)
+        if args.model_repository:
+            config.model_repository = list(args.model_repository)
+            config.model_control_mode = args.model_control_mode
+            config.repository_poll_secs = args.repository_poll_secs
+    try:
+        server = Server(config)
+    except TritonError as exc:
+        print(f"embedtriton {args.command}: {exc}", file=sys.stderr)
+        return 2
     interrupted = []
 
     def while_binding(signum: int, frame: object) -> None:
@@ -145,6 +164,29 @@ def main(argv: list[str] | None = None) -> int:
     except TritonError as exc:  # e.g. the port is in use: one line, not a traceback
         print(f"embedtriton serve: {exc}", file=sys.stderr)
         return 1
+
+
+def _no_bind(server: Server) -> None:
+    """What ``serve`` binds when only repositories are served: nothing."""
+
+
+def _load_target(parser: argparse.ArgumentParser, target: str) -> object:
+    """The bind function that ``module:function`` names (the usage error if it cannot be used)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        parser.error(f"target must look like module:function, not {target!r}")
+    sys.path.insert(0, "")
+    try:
+        bind = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        parser.error(f"cannot load {target}: {exc}")
+    problem = _bind_problem(bind)
+    if problem:
+        parser.error(
+            f"{target} {problem}; it must be a function that takes the Server and binds models:\n"
+            "    def bind(server):\n        server.bind('Name', infer_func, inputs=[...], outputs=[...])"
+        )
+    return bind
 
 
 def _bind_problem(bind: object) -> str:
