@@ -45,7 +45,10 @@ def demo(session: nox.Session) -> None:
 
 
 # kubernetes-validate checks deploy/k8s against Kubernetes' schemas (bundled: works offline)
-TEST_TOOLS = ("pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk", "kubernetes-validate==1.37.0")
+# requests: Triton's custom_metrics example client (tests/upstream) reads /metrics with it
+TEST_TOOLS = (
+    "pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk", "kubernetes-validate==1.37.0", "requests",
+)  # fmt: skip
 # PyTriton's own client (in the nvidia-pytriton wheel, installed --no-deps) is tested against our
 # endpoints; these are the dependencies it imports.
 PYTRITON_CLIENT_DEPS = ("typing_inspect", "wrapt", "pyzmq", "sh", "typer", "importlib_metadata")

@@ -132,3 +132,48 @@ def own_process(request):
     )
     assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     return False
+
+
+def _python_backend_missing() -> str | None:
+    """Why Triton's python backend cannot run a model here, or None: the runtime carries a stub
+    per Python version, and the stub embeds the system's libpython of that version."""
+    from pathlib import Path
+
+    from embedtriton.triton.runtime import find_runtime
+
+    wheel = find_runtime().lib_dir.parent / "pytriton" / "tritonserver"
+    version = "{}.{}".format(*sys.version_info)
+    if not (wheel / "python_backend_stubs" / version / "triton_python_backend_stub").is_file():
+        return f"the Triton runtime has no python backend stub for Python {version}"
+    if not Path(f"/usr/lib/x86_64-linux-gnu/libpython{version}.so.1.0").exists():
+        return f"the python backend's stub embeds the system's libpython{version}, which this system lacks"
+    return None
+
+
+@pytest.fixture(scope="session")
+def stub_python(tmp_path_factory):
+    """A virtual environment for the stub of Triton's python backend (its models run in a
+    process embedding the system's libpython, on the first virtual environment's python3 on
+    PATH), with what Triton 2.51's examples need: numpy<2, and torch (CPU) where this machine has
+    its wheel. Made once per session; ``{"bin": <venv>/bin, "torch": bool}``. Put ``bin`` first
+    on PATH for a server whose python-backend models should run on it. Skips where the runtime
+    cannot run python-backend models at all (no stub for this Python, or no system libpython)."""
+    reason = _python_backend_missing()
+    if reason:
+        pytest.skip(reason)
+    import venv
+    from pathlib import Path
+
+    root = Path(os.environ.get("EMBEDTRITON_TEST_STUB_VENV") or tmp_path_factory.mktemp("stub") / "venv")
+    python = root / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    if not python.exists():
+        venv.EnvBuilder(with_pip=True).create(root)
+    if subprocess.run([str(python), "-c", "import numpy"], capture_output=True).returncode:
+        done = subprocess.run([*pip, "numpy<2"], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"installing numpy<2 for the python backend's stub failed: {done.stderr[-2000:]}"
+    # torch's CPU build only ('+cpu' is a local version: never the multi-GB CUDA build from PyPI)
+    torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
+    if not torch:
+        torch = subprocess.run([*pip, "torch==2.13.0+cpu"], capture_output=True, timeout=900).returncode == 0
+    return {"bin": str(root / "bin"), "torch": torch}

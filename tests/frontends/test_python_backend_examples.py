@@ -1,0 +1,122 @@
+"""Triton's own python_backend examples (``tests/upstream/python_backend``: r24.10, unmodified),
+served from a model repository by ``embedtriton serve --model-repository`` as their READMEs
+serve them with ``tritonserver --model-repository``, each driven by its own unchanged client on
+the ports those clients use (HTTP 8000, gRPC 8001, metrics 8002).
+
+The models run in Triton's python backend (stub processes of their own), on the ``stub_python``
+environment (numpy<2; torch for the two BLS examples, whose repository holds the example's
+PyTorch model)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("tritonclient.http")
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "upstream" / "python_backend"
+PORTS = (8000, 8001, 8002)
+
+# The repository each README builds: model folder -> (model.py, config.pbtxt or None)
+LAYOUT = {
+    "add_sub": ("add_sub/model.py", "add_sub/config.pbtxt"),
+    "nobatch_auto_complete": ("auto_complete/nobatch_model.py", None),
+    "batch_auto_complete": ("auto_complete/batch_model.py", None),
+    "bls_sync": ("bls/sync_model.py", "bls/sync_config.pbtxt"),
+    "bls_async": ("bls/async_model.py", "bls/async_config.pbtxt"),
+    "pytorch": ("pytorch/model.py", "pytorch/config.pbtxt"),
+    "bls_decoupled_sync": ("bls_decoupled/sync_model.py", "bls_decoupled/sync_config.pbtxt"),
+    "bls_decoupled_async": ("bls_decoupled/async_model.py", "bls_decoupled/async_config.pbtxt"),
+    "repeat_int32": ("decoupled/repeat_model.py", "decoupled/repeat_config.pbtxt"),
+    "square_int32": ("decoupled/square_model.py", "decoupled/square_config.pbtxt"),
+    "custom_metrics": ("custom_metrics/model.py", "custom_metrics/config.pbtxt"),
+}
+CLIENTS = {  # client -> what it prints when it passes
+    "add_sub/client.py": "PASS: add_sub",
+    "auto_complete/client.py": "PASS: auto_complete",
+    "bls/sync_client.py": "PASS: BLS Sync",
+    "bls/async_client.py": "PASS: BLS Async",
+    "bls_decoupled/sync_client.py": "PASS: BLS Decoupled Sync",
+    "bls_decoupled/async_client.py": "PASS: BLS Decoupled Async",
+    "decoupled/repeat_client.py": "PASS: repeat_int32",
+    "decoupled/square_client.py": "PASS: square_int32",
+    "custom_metrics/client.py": "PASS: custom_metrics",
+}
+NEEDS_TORCH = {"bls/sync_client.py", "bls/async_client.py"}
+
+
+def lay_out(root: Path, models: dict[str, tuple[str, str | None]]) -> Path:
+    """A model repository made as the examples' READMEs make it (``cp`` of unchanged files)."""
+    for name, (model, config) in models.items():
+        (root / name / "1").mkdir(parents=True)
+        shutil.copy(UPSTREAM / model, root / name / "1" / "model.py")
+        if config is not None:
+            shutil.copy(UPSTREAM / config, root / name / "config.pbtxt")
+    return root
+
+
+def ports_free() -> None:
+    for port in PORTS:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                pytest.fail(f"port {port} is in use: the upstream clients only talk to ports {PORTS}")
+
+
+def serve(repository: Path, stub_bin: str, log: Path) -> subprocess.Popen:
+    """``embedtriton serve --model-repository`` on the clients' ports, the stub environment first
+    on PATH; returns once it serves (or fails the test with its log)."""
+    ports_free()
+    command = [
+        sys.executable, "-m", "embedtriton", "serve", "--model-repository", str(repository),
+        "--http", "127.0.0.1:8000", "--grpc", "127.0.0.1:8001", "--metrics", "127.0.0.1:8002",
+    ]  # fmt: skip
+    env = {**os.environ, "PATH": f"{stub_bin}{os.pathsep}{os.environ['PATH']}"}
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, cwd=repository.parent, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while " ready: " not in log.read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"embedtriton serve did not start:\n{log.read_text(errors='replace')[-4000:]}")
+        time.sleep(0.2)
+    return process
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, stub_python):
+    root = tmp_path_factory.mktemp("python_backend_examples")
+    models = dict(LAYOUT)
+    if not stub_python["torch"]:
+        models.pop("pytorch")  # its BLS examples skip below
+    repository = lay_out(root / "models", models)
+    log = root / "serve.log"
+    process = serve(repository, stub_python["bin"], log)
+    yield {"log": log, "stub": stub_python}
+    process.send_signal(signal.SIGINT)
+    try:
+        assert process.wait(timeout=60) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        process.kill()
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_upstream_client_passes(served, client):
+    if client in NEEDS_TORCH and not served["stub"]["torch"]:
+        pytest.skip("its repository needs the example's PyTorch model, and torch's CPU wheel is not on this machine")
+    done = subprocess.run(
+        [sys.executable, str(UPSTREAM / client)], cwd=UPSTREAM, capture_output=True, text=True, timeout=120
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and CLIENTS[client] in output, output[-3000:]
