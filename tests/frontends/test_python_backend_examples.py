@@ -120,3 +120,42 @@ def test_upstream_client_passes(served, client):
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0 and CLIENTS[client] in output, output[-3000:]
+
+
+def test_non_streaming_calls_to_a_decoupled_repository_model_get_tritons_answer(served):
+    """What Triton answers when a decoupled model is called without a stream (read from what
+    Triton loaded: the repository's config.pbtxt says decoupled, nothing was bound)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    for module, url, code in (
+        (grpcclient, "127.0.0.1:8001", "StatusCode.UNIMPLEMENTED"),
+        (httpclient, "127.0.0.1:8000", "501"),
+    ):
+        x = module.InferInput("IN", [1], "INT32")
+        x.set_data_from_numpy(np.array([2], dtype=np.int32))
+        with module.InferenceServerClient(url) as client, pytest.raises(InferenceServerException) as caught:
+            client.infer("square_int32", [x])
+        protocol = "ModelInfer RPC" if module is grpcclient else "HTTP end point"
+        assert f"{protocol} doesn't support models with decoupled transaction policy" in str(caught.value)
+        assert code in str(caught.value.status())
+
+
+def test_generate_stream_of_a_decoupled_repository_model(served):
+    """HTTP generate_stream sends every response of the python-backend model as an event, and
+    an answer of the final flag alone ends the stream without an error."""
+    import json
+    import urllib.request
+
+    def events(n: int) -> list[dict]:
+        request = urllib.request.Request(
+            "http://127.0.0.1:8000/v2/models/square_int32/generate_stream", data=json.dumps({"IN": n}).encode()
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = response.read().decode()
+        return [json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")]
+
+    assert [e["OUT"] for e in events(3)] == [3, 3, 3]
+    assert events(0) == []

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2
 from ...backend import library
 from ...backend.library import STREAM_EMPTY, STREAM_END, STREAM_ITEM
 from ...core import CoreServer
-from ...errors import InvalidArgumentError, TritonError, UnavailableError
+from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from ...tensors import triton_dtype
 from .. import kserve
 from ..shared_memory import SystemSharedMemory
@@ -282,6 +282,8 @@ class Inference:
 
     def model_infer(self, request: Any, call: Call) -> None:
         decoded = self.decode(request)
+        if decoded.model.decoupled:  # Triton's check and words (grpc/infer_handler.cc)
+            raise UnsupportedError("ModelInfer RPC doesn't support models with decoupled transaction policy")
         handle = self._submit(call, decoded, Reply(call, request, decoded, None), False)
         if handle is not None:
             call.user = InFlight(handle)  # on_cancel cancels it in Triton

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 import numpy as np
 
 from ...core import CoreServer
-from ...errors import InvalidArgumentError, TritonError, UnavailableError
+from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from ...tensors import triton_dtype
 from .. import kserve
 from ..shared_memory import regions_of
@@ -134,6 +134,8 @@ class RestApi:
     async def _infer(self, model: Any, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Any:
         if self.draining:
             raise UnavailableError("the server is stopping: it takes no new requests")
+        if model.decoupled:  # Triton's check and words (http_server.cc, CheckTransactionPolicy)
+            raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
         header_size = headers.get(b"inference-header-content-length")
         binary = memoryview(b"")
         if header_size is not None:  # the binary tensor data extension: JSON, then the inputs' bytes
