@@ -78,7 +78,8 @@ class Server(CoreServer):
         ``settings`` override the fields of ``options`` (:class:`HttpOptions`):
         ``max_body_bytes``, ``max_header_bytes``, ``max_connections``, ``idle_timeout_s``,
         ``request_timeout_s``, ``shared_memory``, ``tls_cert``, ``tls_key``, ``tls_client_ca``.
-        Returns the port. Needs ``pip install "embedtriton[http]"``.
+        Returns the port. Needs ``pip install "embedtriton[http]"`` (without ``httptools`` it
+        raises :class:`UnsupportedError` saying so, before any port opens).
         """
         from .frontends.http.rest import RestEndpoint
 

@@ -15,6 +15,17 @@ from typing import Any
 
 from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
 
+
+def httptools_module() -> Any:
+    """The ``httptools`` module the endpoint parses requests with, or :class:`UnsupportedError`
+    naming the extra that installs it (checked when the endpoint starts, before any port opens)."""
+    try:
+        import httptools
+    except ImportError as exc:
+        raise UnsupportedError(f'the HTTP endpoint needs httptools ({exc}): pip install "embedtriton[http]"') from None
+    return httptools
+
+
 # Triton's HTTP status for each error (http_server.cc HttpCodeFromError)
 _STATUS = [(NotFoundError, 404), (UnavailableError, 503), (UnsupportedError, 501), (InvalidArgumentError, 400)]
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
@@ -127,11 +138,9 @@ class Connection(asyncio.Protocol):
     queued and answered in order."""
 
     def __init__(self, endpoint: Any) -> None:
-        import httptools
-
         self.endpoint = endpoint
-        self.parser = httptools.HttpRequestParser(self)
-        self.parse_error = httptools.HttpParserError
+        self.parser = endpoint.httptools.HttpRequestParser(self)
+        self.parse_error = endpoint.httptools.HttpParserError
         self.transport: asyncio.Transport | None = None
         self.url = b""
         self.headers: dict[bytes, bytes] = {}

@@ -25,7 +25,7 @@ from ...tensors import triton_dtype
 from .. import kserve
 from ..shared_memory import regions_of
 from . import extensions
-from .connection import Binary, Connection, Refused, Text, decompress, status_of
+from .connection import Binary, Connection, Refused, Text, decompress, httptools_module, status_of
 from .generate import generate
 from .options import HttpOptions
 
@@ -245,6 +245,7 @@ class RestEndpoint(RestApi):
     """A KServe-v2 HTTP/REST server for a server's models (see the module's docstring)."""
 
     def __init__(self, server: CoreServer, options: HttpOptions) -> None:
+        self.httptools = httptools_module()  # before anything starts: without it, say what to install
         super().__init__(server, options)
         self.connections: set[Connection] = set()
         context = options.ssl_context()
