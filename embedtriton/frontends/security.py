@@ -67,8 +67,10 @@ GRPC_TRANSPORT_HEADERS = frozenset(
 
 
 def _digest(value: str | bytes) -> bytes:
+    """SHA-256 of a received header value: the bytes as they came (our transports hand text
+    over as the latin-1 decoding of those bytes)."""
     if isinstance(value, str):
-        try:  # transports hand header values over as latin-1 text of the bytes received
+        try:
             value = value.encode("latin-1")
         except UnicodeEncodeError:
             value = value.encode("utf-8", "surrogatepass")
@@ -114,7 +116,8 @@ class RestrictedApis:
                         f"(--{option}): name each group in one spec only"
                     )
                 message = f"This {refusal} is restricted, expecting header '{header}'"
-                self._by_group[group] = Restriction(header, message, _digest(value))
+                expected = hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()  # as Triton's argv bytes
+                self._by_group[group] = Restriction(header, message, expected)
 
     def __bool__(self) -> bool:
         return bool(self._by_group)

@@ -285,6 +285,9 @@ def test_specs_parse_as_triton_splits_them():
     http_options = HttpOptions(restricted_api=("logging:k=v", "trace:K2=w"))
     assert http_options.restrictions.groups == {"logging": "k", "trace": "k2"}
     assert not HttpOptions().restrictions and not GrpcOptions().restrictions
+    accented = HttpOptions(restricted_api="inference:k=clé").restrictions.get("inference")
+    assert accented.admits("clé".encode()) and accented.admits("clé".encode().decode("latin-1"))  # UTF-8 bytes
+    assert not accented.admits("clé".encode("latin-1"))
 
 
 def test_secrets_stay_out_of_repr():
