@@ -84,7 +84,7 @@ class RestApi:
     # -- routes
     def resolve(self, method: str, url: str) -> tuple[str | None, Handler]:
         """The restricted-API group of a request's route (Triton's, None for routes in no group)
-        and the handler that answers it. Nothing runs and no body is read before the group's
+        and the handler that answers it. Nothing runs and no body is parsed before the group's
         restriction is checked."""
         path = url.split("?", 1)[0]
         parts = path.strip("/").split("/")
