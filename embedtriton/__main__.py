@@ -22,6 +22,8 @@ from .backend import library
 from .config import ServerConfig
 from .errors import TritonError
 from .frontends.grpc import GrpcLimits
+from .frontends.security import GROUPS, RestrictedApis, forward_pattern
+from .frontends.security import GRPC_HEADER_PREFIX as GRPC_PREFIX
 from .server import Server
 
 
@@ -72,6 +74,31 @@ def main(argv: list[str] | None = None) -> int:
         help="compress inference responses for clients that accept gzip/deflate (as Triton's option)",
     )
     serve.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="GROUPS:HEADER=VALUE",
+        help="Triton's option: gRPC calls to these groups (comma-separated: " + ", ".join(GROUPS) + ") need "
+        "the metadata triton-grpc-protocol-HEADER: VALUE, else UNAVAILABLE; repeatable, a group in one only",
+    )
+    serve.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="GROUPS:HEADER=VALUE",
+        help="Triton's option: HTTP requests to these groups need the header HEADER: VALUE, else 403; repeatable",
+    )
+    serve.add_argument(
+        "--grpc-header-forward-pattern",
+        metavar="REGEX",
+        help="gRPC metadata whose key this regex finds (ignoring case) reaches models as request parameters",
+    )
+    serve.add_argument(
+        "--http-header-forward-pattern",
+        metavar="REGEX",
+        help="HTTP headers whose name this regex finds (ignoring case) reach models as request parameters",
+    )
+    serve.add_argument(
         "--exit-timeout",
         type=int,
         default=30,
@@ -90,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--cache-bytes", type=int, default=0, help="give the server a response cache of this size")
     tune.add_argument("--output", default="tuning", help="folder for report.json, report.png, best_config.py")
     args = parser.parse_args(argv)
+    if args.command == "serve" and (problem := _security_problem(args)):
+        parser.error(problem)  # before anything is imported or bound
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("embedtriton")
@@ -189,6 +218,29 @@ def _load_target(parser: argparse.ArgumentParser, target: str) -> object:
     return bind
 
 
+def _security_problem(args: argparse.Namespace) -> str:
+    """Why the restriction and header-forwarding flags cannot be used, or '' (checked before
+    any model is bound, in Triton's words)."""
+    for endpoint, on, flags in (
+        ("gRPC", args.grpc, ("grpc_restricted_protocol", "grpc_header_forward_pattern")),
+        ("HTTP", args.http, ("http_restricted_api", "http_header_forward_pattern")),
+    ):
+        for flag in flags:
+            if getattr(args, flag) and not on:
+                option = "--" + flag.replace("_", "-")
+                return f"{option} applies to the {endpoint} endpoint, which is off: add --{endpoint.lower()} HOST:PORT"
+    try:
+        RestrictedApis(
+            args.grpc_restricted_protocol, option="grpc-restricted-protocol", noun="protocol", header_prefix=GRPC_PREFIX
+        )
+        RestrictedApis(args.http_restricted_api, option="http-restricted-api", noun="api")
+        forward_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
+        forward_pattern(args.http_header_forward_pattern, "--http-header-forward-pattern")
+    except TritonError as exc:
+        return str(exc)
+    return ""
+
+
 def _bind_problem(bind: object) -> str:
     """Why ``bind`` cannot be called with the Server, or ''."""
     if not callable(bind):
@@ -215,6 +267,8 @@ def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log:
                 limits=GrpcLimits(max_connections=args.max_connections, idle_timeout_s=args.idle_timeout),
                 shared_memory=not args.no_shared_memory,
                 infer_response_compression_level=args.grpc_infer_response_compression_level,
+                restricted_protocol=args.grpc_restricted_protocol,
+                header_forward_pattern=args.grpc_header_forward_pattern,
             )
         if args.http and not stop.is_set():
             server.serve_http(  # it logs where it serves
@@ -226,6 +280,8 @@ def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log:
                 max_connections=args.max_connections,
                 idle_timeout_s=args.idle_timeout,
                 shared_memory=not args.no_shared_memory,
+                restricted_api=args.http_restricted_api,
+                header_forward_pattern=args.http_header_forward_pattern,
             )
         if args.metrics and not stop.is_set():
             port = server.serve_metrics(args.metrics)

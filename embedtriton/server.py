@@ -44,11 +44,12 @@ class Server(CoreServer):
         ``"host:0"`` picks a free port) and
         ``settings`` override the fields of ``options`` (:class:`GrpcOptions`):
         ``max_message_bytes``, ``tls_cert``, ``tls_key``, ``tls_client_ca``, ``transport``
-        (``"native"`` or ``"grpcio"``), ``limits`` (:class:`GrpcLimits`), ``shared_memory`` and
-        ``infer_response_compression_level``.
+        (``"native"`` or ``"grpcio"``), ``limits`` (:class:`GrpcLimits`), ``shared_memory``,
+        ``infer_response_compression_level``, ``restricted_protocol`` (Triton's
+        ``--grpc-restricted-protocol`` specs) and ``header_forward_pattern``.
         Returns the port. Needs ``pip install "embedtriton[grpc]"``.
         """
-        fields = {f.name for f in dataclasses.fields(GrpcOptions)} - {"address"}
+        fields = {f.name for f in dataclasses.fields(GrpcOptions) if f.init} - {"address"}
         unknown = sorted(set(settings) - fields)
         if unknown:
             raise InvalidArgumentError(f"unknown gRPC setting(s) {unknown}; the settings are {sorted(fields)}")
@@ -77,12 +78,14 @@ class Server(CoreServer):
         ``address`` (``"127.0.0.1:8000"`` by default; ``"host:0"`` picks a free port) and
         ``settings`` override the fields of ``options`` (:class:`HttpOptions`):
         ``max_body_bytes``, ``max_header_bytes``, ``max_connections``, ``idle_timeout_s``,
-        ``request_timeout_s``, ``shared_memory``, ``tls_cert``, ``tls_key``, ``tls_client_ca``.
-        Returns the port. Needs ``pip install "embedtriton[http]"``.
+        ``request_timeout_s``, ``shared_memory``, ``tls_cert``, ``tls_key``, ``tls_client_ca``,
+        ``restricted_api`` (Triton's ``--http-restricted-api`` specs) and ``header_forward_pattern``.
+        Returns the port. Needs ``pip install "embedtriton[http]"`` (without ``httptools`` it
+        raises :class:`UnsupportedError` saying so, before any port opens).
         """
         from .frontends.http.rest import RestEndpoint
 
-        fields = {f.name for f in dataclasses.fields(HttpOptions)} - {"address"}
+        fields = {f.name for f in dataclasses.fields(HttpOptions) if f.init} - {"address"}
         unknown = sorted(set(settings) - fields)
         if unknown:
             raise InvalidArgumentError(f"unknown HTTP setting(s) {unknown}; the settings are {sorted(fields)}")

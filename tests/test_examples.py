@@ -158,6 +158,21 @@ def test_serve_repository_example(tmp_path):
     assert "failed requests while the repository changed: 0" in out
 
 
+def test_restricted_apis_example(tmp_path):
+    pytest.importorskip("httptools")
+    pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("tritonclient.http")
+    out = run_example("restricted_apis.py", tmp_path)
+    assert "gRPC live (health is open): True" in out
+    assert (
+        "gRPC infer without the key: StatusCode.UNAVAILABLE This protocol is restricted, expecting header "
+        "'triton-grpc-protocol-infer-key'" in out
+    )
+    assert "gRPC infer with it: hello, acme" in out
+    assert "HTTP unload without the admin key: 403 This API is restricted, expecting header 'admin-key'" in out
+    assert "HTTP log settings with it: 0" in out and "HTTP infer with the key: hello, globex" in out
+
+
 def test_http_serving_example(tmp_path):
     pytest.importorskip("httptools")
     pytest.importorskip("tritonclient.http")

@@ -4,12 +4,15 @@ format into plain Python values, calls these, and encodes what they return."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config.override import parse_override
 from ..core import CoreServer
 from ..errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
+
+log = logging.getLogger("embedtriton")
 
 
 def repository_index(server: CoreServer, ready_only: bool) -> list[dict[str, str]]:
@@ -28,8 +31,15 @@ def load_work(
 ) -> Callable[[], None]:
     """Check a load request (its ``parameters`` as plain values) and return the slow part, the
     load itself, for the endpoint to run off its I/O thread. A name that nothing provides is
-    ``missing`` (Triton answers INTERNAL)."""
+    ``missing`` (Triton answers INTERNAL).
+
+    ``file:<path>`` parameters upload model files, which this server cannot use: such a load
+    fails as Triton 2.51 fails a file override it cannot use (its core's model repository
+    manager: the model is not polled), with INTERNAL "failed to load '<name>', failed to poll
+    from model repository" after the control-mode check; the reason goes to the log, as
+    Triton's "Poll failed for model directory" does, and what served before serves on."""
     config_text = None
+    files = []
     for key, value in parameters.items():  # as Triton reads them, in Triton's words
         if key == "config":
             if not isinstance(value, str):
@@ -38,13 +48,18 @@ def load_work(
                 )
             config_text = value
         elif key.startswith("file:"):
-            raise InvalidArgumentError(
-                f"failed to load '{name}': load parameter '{key}' uploads model files, which a server of bound "
-                "Python callables does not take; send a 'config' override, or bind the model in the application"
-            )
+            files.append(key)
         else:
             raise InvalidArgumentError(f"unrecognized load parameter '{key}'.")
     _check_mode(server)
+    if files:
+        log.warning(
+            "load of '%s' failed: its parameters %s upload model files, which embedtriton does not take (send a "
+            "'config' override, or bind the model in the application)",
+            name,
+            ", ".join(repr(f) for f in files),
+        )
+        raise InternalError(f"failed to load '{name}', failed to poll from model repository")
     binding = server.binding(name)
     in_repository = binding is None and server._repository_model(name)
     if binding is None and not in_repository:  # Triton: a name its repository does not have

@@ -24,9 +24,23 @@ from . import _convert
 from ._serving import Served, TritonContext, serving
 from .exceptions import PyTritonValidationError
 from .model_config.model_config import ModelConfig
-from .triton_config import TritonConfig, plan
+from .triton_config import (
+    DEFAULT_PROTECTED_ENDPOINTS,
+    TRITON_ACCESS_HEADER,
+    VALID_TRITON_ENDPOINTS,
+    TritonConfig,
+    TritonSecurityConfig,
+    plan,
+)
 
-__all__ = ["Triton", "TritonConfig"]
+__all__ = [
+    "DEFAULT_PROTECTED_ENDPOINTS",
+    "TRITON_ACCESS_HEADER",
+    "VALID_TRITON_ENDPOINTS",
+    "Triton",
+    "TritonConfig",
+    "TritonSecurityConfig",
+]
 
 log = logging.getLogger("embedtriton.pytriton")
 
@@ -39,9 +53,13 @@ class Triton:
 
     ``config`` is merged over ``PYTRITON_TRITON_CONFIG_*`` environment variables, as in
     PyTriton. ``workspace`` is accepted and not used (embedtriton writes no model store or
-    sockets there). ``triton_lifecycle_policy`` and ``security_config`` must be left out:
-    there is no remote Triton and there are no access tokens (gRPC shared memory, which PyTriton
-    guards with a token by default, is off instead).
+    sockets there). ``triton_lifecycle_policy`` must be left out: there is no remote Triton.
+    ``security_config`` (:class:`TritonSecurityConfig`) is applied as PyTriton 0.7 applies it:
+    left out, a token is generated and shared memory, the model repository, statistics, trace
+    and logging need it on both endpoints (``get_access_token()`` returns it; clients pass it as
+    ``ModelClient(..., access_token=...)``); ``TritonSecurityConfig(restricted_endpoints=[])``
+    restricts nothing, and then ``TritonConfig``'s own ``http_restricted_api`` /
+    ``grpc_restricted_protocol`` apply.
     """
 
     def __init__(
@@ -52,16 +70,20 @@ class Triton:
         triton_lifecycle_policy: Any = None,
         security_config: Any = None,
     ) -> None:
-        for name, value in (("triton_lifecycle_policy", triton_lifecycle_policy), ("security_config", security_config)):
-            if value is not None:
-                raise PyTritonValidationError(
-                    f"Triton({name}=...) is not supported by embedtriton: the server always runs in this process "
-                    "and has no access tokens; leave it out"
-                )
+        if triton_lifecycle_policy is not None:
+            raise PyTritonValidationError(
+                "Triton(triton_lifecycle_policy=...) is not supported by embedtriton: the server always runs in this "
+                "process; leave it out"
+            )
+        if security_config is not None and not isinstance(security_config, TritonSecurityConfig):
+            raise PyTritonValidationError(
+                f"Triton(security_config=...) takes a TritonSecurityConfig, not {type(security_config).__name__}"
+            )
         merged = {k: v for k, v in TritonConfig.from_env().to_dict().items() if v is not None}
         merged.update({k: v for k, v in (config.to_dict() if config else {}).items() if v is not None})
         self._config = TritonConfig(**merged)
-        self._plan = plan(self._config)
+        self._security_config = security_config or TritonSecurityConfig()  # PyTriton's default: a token
+        self._plan = plan(self._config, self._security_config)
         self._server = Server(self._plan.server)
         self._triton_context = TritonContext()
         self._lock = threading.RLock()
@@ -119,7 +141,7 @@ class Triton:
             try:
                 p = self._plan
                 if p.http is not None:
-                    self._ports["http"] = self._server.serve_http(p.http)
+                    self._ports["http"] = self._server.serve_http(p.http, **p.http_settings)
                 if p.grpc is not None:
                     self._ports["grpc"] = self._server.serve_grpc(**p.grpc)
                 if p.metrics is not None:
@@ -217,6 +239,7 @@ class Triton:
         """The embedtriton Server underneath (for in-process calls: ``triton.server.model(name).infer``)."""
         return self._server
 
-    def get_access_token(self) -> None:
-        """PyTriton returns the endpoints' access token; embedtriton has none."""
-        return None
+    def get_access_token(self) -> str | None:
+        """The access token the restricted endpoints need (given or generated; None when the
+        security config restricts nothing)."""
+        return self._security_config.access_token

@@ -6,20 +6,36 @@ Defaults are PyTriton's, which are ``tritonserver``'s: HTTP on 0.0.0.0:8000, gRP
 all three on unless ``allow_http``/``allow_grpc``/``allow_metrics`` is False. A port of 0
 picks a free one (an embedtriton extension: ``Triton.http_port`` etc. say which).
 Settings embedtriton has no equivalent for are refused at ``Triton(...)`` with the reason.
+
+``TritonSecurityConfig`` is PyTriton 0.7's token-based access restriction: by default a token
+is generated and shared memory, the model repository, statistics, trace and logging need it
+(header ``triton-access-token`` over HTTP, ``triton-grpc-protocol-triton-access-token`` over
+gRPC), applied to both endpoints in place of ``http_restricted_api`` / ``grpc_restricted_protocol``,
+as PyTriton does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import pathlib
 import re
+import secrets
 from typing import Any
 
 from ..config import ServerConfig
+from ..frontends.security import GROUPS, GRPC_HEADER_PREFIX, RestrictedApis, forward_pattern, specs
 from .exceptions import PyTritonValidationError
 
-__all__ = ["TritonConfig"]
+__all__ = ["TritonConfig", "TritonSecurityConfig"]
+
+log = logging.getLogger("embedtriton.pytriton")
+
+# PyTriton 0.7's names (pytriton/triton.py)
+VALID_TRITON_ENDPOINTS = frozenset(GROUPS)  # Triton's restricted-API groups
+DEFAULT_PROTECTED_ENDPOINTS = ["shared-memory", "model-repository", "statistics", "trace", "logging"]
+TRITON_ACCESS_HEADER = "triton-access-token"
 
 ENV_PREFIX = "PYTRITON_TRITON_CONFIG_"
 DEFAULT_ADDRESS = "0.0.0.0"  # tritonserver's (and so PyTriton's) default for every endpoint
@@ -147,15 +163,44 @@ def _convert(name: str, kind: str, value: Any) -> Any:
         raise PyTritonValidationError(f"TritonConfig.{name}: {value!r} is not a valid {kind}") from None
 
 
+@dataclasses.dataclass
+class TritonSecurityConfig:
+    """PyTriton's token-based access restriction (``Triton(security_config=...)``).
+
+    ``restricted_endpoints``: the groups that need the token (Triton's restricted-API groups:
+    health, metadata, inference, shared-memory, model-config, model-repository, statistics,
+    trace, logging); None means PyTriton's default (shared-memory, model-repository, statistics,
+    trace, logging), ``[]`` none. ``access_token``: the token; None with groups to protect
+    generates one (``secrets.token_urlsafe(32)``; ``Triton.get_access_token()`` returns it).
+    Clients send it as ``ModelClient(url, model, access_token=...)`` does.
+    """
+
+    access_token: str | None = None
+    restricted_endpoints: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.restricted_endpoints is None:
+            self.restricted_endpoints = list(DEFAULT_PROTECTED_ENDPOINTS)
+        invalid = set(self.restricted_endpoints) - VALID_TRITON_ENDPOINTS
+        if invalid:
+            raise PyTritonValidationError(
+                f"Invalid endpoint names: {', '.join(sorted(invalid))}. "
+                f"Valid endpoints are: {', '.join(sorted(VALID_TRITON_ENDPOINTS))}"
+            )
+        if self.access_token is None and self.restricted_endpoints:
+            self.access_token = secrets.token_urlsafe(32)
+
+    def restriction(self) -> str | None:
+        """The ``--http-restricted-api`` / ``--grpc-restricted-protocol`` value PyTriton builds
+        (None: nothing is restricted)."""
+        if not self.access_token or not self.restricted_endpoints:
+            return None
+        return f"{','.join(self.restricted_endpoints)}:{TRITON_ACCESS_HEADER}={self.access_token}"
+
+
 # Settings embedtriton cannot honour: field -> what to do instead.
 _REFUSED = {
-    "http_header_forward_pattern": "headers are not forwarded as request parameters; send the values as "
-    "parameters (client.infer_batch(..., parameters={...}))",
-    "grpc_header_forward_pattern": "headers are not forwarded as request parameters; send the values as "
-    "parameters (client.infer_batch(..., parameters={...}))",
     "http_thread_count": "the HTTP endpoint runs on one event loop; remove it",
-    "http_restricted_api": "endpoints cannot be restricted by header; put the server behind your gateway",
-    "grpc_restricted_protocol": "endpoints cannot be restricted by header; put the server behind your gateway",
     "grpc_infer_allocation_pool_size": "there is no such pool in embedtriton; remove it",
     "grpc_keepalive_time": "gRPC keepalive is not configurable; remove it",
     "grpc_keepalive_timeout": "gRPC keepalive is not configurable; remove it",
@@ -189,10 +234,12 @@ class Plan:
     http: str | None
     grpc: dict[str, Any] | None  # serve_grpc keywords
     metrics: str | None
+    http_settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # serve_http keywords
 
 
-def plan(config: TritonConfig) -> Plan:
-    """Translate ``config``; refuse what embedtriton cannot honour, saying what to do."""
+def plan(config: TritonConfig, security: TritonSecurityConfig | None = None) -> Plan:
+    """Translate ``config`` (and ``security``, whose restriction replaces the config's restricted
+    APIs on both endpoints, as in PyTriton); refuse what embedtriton cannot honour, saying what to do."""
     for name, why in _REFUSED.items():
         if getattr(config, name) is not None:
             raise PyTritonValidationError(f"TritonConfig.{name} is not supported by embedtriton: {why}")
@@ -224,10 +271,19 @@ def plan(config: TritonConfig) -> Plan:
         server["cpu_metrics"] = config.allow_cpu_metrics
     http_host = config.http_address or DEFAULT_ADDRESS
     http = _address(http_host, config.http_port, "http") if config.allow_http is not False else None
+    http_restricted, grpc_restricted = _restrictions(config, security)
+    http_settings: dict[str, Any] = {}
+    if http_restricted:
+        http_settings["restricted_api"] = http_restricted
+    if config.http_header_forward_pattern is not None:
+        http_settings["header_forward_pattern"] = config.http_header_forward_pattern
     grpc = None
     if config.allow_grpc is not False:
         grpc = {"address": _address(config.grpc_address or DEFAULT_ADDRESS, config.grpc_port, "grpc")}
-        grpc["shared_memory"] = False  # PyTriton 0.7 keeps shared memory behind an access token by default
+        if grpc_restricted:
+            grpc["restricted_protocol"] = grpc_restricted
+        if config.grpc_header_forward_pattern is not None:
+            grpc["header_forward_pattern"] = config.grpc_header_forward_pattern
         if config.grpc_infer_response_compression_level is not None:
             grpc["infer_response_compression_level"] = config.grpc_infer_response_compression_level
         if config.grpc_use_ssl or config.grpc_use_ssl_mutual:
@@ -246,7 +302,31 @@ def plan(config: TritonConfig) -> Plan:
         server_config.validate()
     except Exception as exc:  # InvalidArgumentError: say it in TritonConfig's terms
         raise PyTritonValidationError(f"TritonConfig: {exc}") from None
-    return Plan(server_config, http, grpc, metrics)
+    return Plan(server_config, http, grpc, metrics, http_settings)
+
+
+def _restrictions(config: TritonConfig, security: TritonSecurityConfig | None) -> tuple[tuple[str, ...], ...]:
+    """The HTTP and gRPC restriction specs, checked now (Triton would refuse them at start)."""
+    http, grpc = config.http_restricted_api, config.grpc_restricted_protocol
+    restriction = security.restriction() if security is not None else None
+    if restriction is not None:  # PyTriton sets both options to it, over the config's own
+        if http is not None or grpc is not None:
+            log.warning(
+                "TritonConfig's http_restricted_api / grpc_restricted_protocol are replaced by the security "
+                "config's restriction, as in PyTriton; to keep them, pass "
+                "Triton(security_config=TritonSecurityConfig(restricted_endpoints=[]))"
+            )
+        http = grpc = restriction
+    try:
+        http_specs = specs(http, "TritonConfig.http_restricted_api")
+        grpc_specs = specs(grpc, "TritonConfig.grpc_restricted_protocol")
+        RestrictedApis(http_specs, option="http-restricted-api", noun="api")
+        RestrictedApis(grpc_specs, option="grpc-restricted-protocol", noun="protocol", header_prefix=GRPC_HEADER_PREFIX)
+        forward_pattern(config.http_header_forward_pattern, "TritonConfig.http_header_forward_pattern")
+        forward_pattern(config.grpc_header_forward_pattern, "TritonConfig.grpc_header_forward_pattern")
+    except Exception as exc:  # InvalidArgumentError: say it in TritonConfig's terms
+        raise PyTritonValidationError(f"TritonConfig: {exc}") from None
+    return http_specs, grpc_specs
 
 
 def _address(host: str, port: int | None, kind: str) -> str:

@@ -1,5 +1,6 @@
 """RepositoryModelLoad with a ``config`` override: a bound model reloaded live with another
-configuration, validated like ``bind``; file uploads and unknown names refused in Triton's words."""
+configuration, validated like ``bind``; file uploads and unknown names refused with Triton's
+status and words."""
 
 from __future__ import annotations
 
@@ -120,12 +121,38 @@ def test_bad_overrides_are_refused_and_the_model_keeps_serving(endpoint, config,
 
 
 def test_file_parameters_and_unknown_names(endpoint):
+    """A file upload fails as Triton 2.51 fails one it cannot use (INTERNAL, the poll failure that
+    simple_grpc_model_control.py checks), whether or not a config comes with it."""
     _, client = endpoint
-    with pytest.raises(InferenceServerException, match="load parameter 'file:1/model.onnx' uploads model files"):
-        client.load_model("AddSub", config=json.dumps({"max_batch_size": 8}), files={"file:1/model.onnx": b"\0"})
+    for config in (json.dumps({"max_batch_size": 4}), None):
+        with pytest.raises(InferenceServerException) as refused:
+            client.load_model("AddSub", config=config, files={"file:1/model.onnx": b"\0"})
+        assert refused.value.status() == "StatusCode.INTERNAL"
+        assert refused.value.message() == "failed to load 'AddSub', failed to poll from model repository"
+    assert client.get_model_config("AddSub").config.max_batch_size == 8  # what served before serves on
     with pytest.raises(InferenceServerException, match="failed to load 'Nope', failed to poll from model repository"):
         client.load_model("Nope", config=json.dumps({"max_batch_size": 8}))
     assert infer(client).shape == (1, 1)
+
+
+def test_a_file_parameter_that_is_not_bytes_is_invalid_as_in_triton(endpoint):
+    """Triton's gRPC handler wants bytes_param for file: parameters (INVALID_ARGUMENT otherwise)."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    server, _ = endpoint
+    request = service_pb2.RepositoryModelLoadRequest(model_name="AddSub")
+    request.parameters["file:1/model.py"].string_param = "not bytes"
+    with grpc.insecure_channel(f"127.0.0.1:{server.endpoint('grpc').port}") as channel:
+        load = channel.unary_unary(
+            "/inference.GRPCInferenceService/RepositoryModelLoad",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=service_pb2.RepositoryModelLoadResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            load(request, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "invalid value type for load parameter 'file:1/model.py', expected bytes_param."
 
 
 def test_a_model_with_warmup_round_trips(endpoint):

@@ -118,8 +118,11 @@ def test_repository_index_load_and_unload(endpoints):
     assert client.is_model_ready("Double") and client.get_model_config("Double")["max_batch_size"] == 4
     with pytest.raises(InferenceServerException, match="failed to load 'Nope', failed to poll from model repository"):
         client.load_model("Nope")
-    with pytest.raises(InferenceServerException, match="uploads model files"):
-        client.load_model("Double", files={"file:1/model.py": b"evil"})
+    with pytest.raises(InferenceServerException) as refused:  # an upload: Triton 2.51's poll failure, 500
+        client.load_model("Double", config='{"max_batch_size": 2}', files={"file:1/model.py": b"evil"})
+    assert refused.value.status() == "500"
+    assert refused.value.message() == "failed to load 'Double', failed to poll from model repository"
+    assert client.get_model_config("Double")["max_batch_size"] == 4  # what served before serves on
     client.unload_model("Nope")  # as Triton: nothing to unload is success
 
 

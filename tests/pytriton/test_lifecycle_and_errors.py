@@ -44,7 +44,7 @@ def double(x):
 def test_defaults_are_pytritons():
     p = plan(TritonConfig())
     assert (p.http, p.grpc["address"], p.metrics) == ("0.0.0.0:8000", "0.0.0.0:8001", "0.0.0.0:8002")
-    assert p.grpc["shared_memory"] is False  # PyTriton 0.7 guards it with an access token
+    assert "restricted_protocol" not in p.grpc and p.http_settings == {}  # the security config restricts (below)
     p = plan(TritonConfig(http_address="127.0.0.1", allow_grpc=False, metrics_port=9102, exit_timeout_secs=5))
     assert (p.http, p.grpc, p.metrics, p.server.exit_timeout_secs) == ("127.0.0.1:8000", None, "127.0.0.1:9102", 5)
     p = plan(TritonConfig(allow_metrics=False, cache_config=["local,size=1024"], log_verbose=1))
@@ -52,8 +52,8 @@ def test_defaults_are_pytritons():
 
 
 def test_unsupported_settings_are_refused_with_what_to_do():
-    with pytest.raises(InvalidArgumentError, match="http_header_forward_pattern.*parameters"):
-        Triton(config=TritonConfig(http_header_forward_pattern="header.*"))
+    with pytest.raises(InvalidArgumentError, match="http_thread_count.*one event loop"):
+        Triton(config=TritonConfig(http_thread_count=4))
     with pytest.raises(PyTritonValidationError, match="allow_sagemaker"):
         Triton(config=TritonConfig(allow_sagemaker=True))
     with pytest.raises(PyTritonValidationError, match="security_config"):

@@ -39,7 +39,13 @@ class GrpcEndpoint:
         options = options or GrpcOptions()
         self.options = options
         self.address = options.address
-        self.service = Service(server, options.shared_memory, options.infer_response_compression_level)
+        self.service = Service(
+            server,
+            options.shared_memory,
+            options.infer_response_compression_level,
+            options.restrictions,
+            options.forward,
+        )
         self._native: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         if options.transport == "native":

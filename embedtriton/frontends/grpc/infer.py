@@ -6,6 +6,7 @@ completes them (Triton's), with no event-loop hop. KServe semantics come from
 from __future__ import annotations
 
 import logging
+import re
 import struct
 import threading
 import weakref
@@ -21,6 +22,7 @@ from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from ...tensors import triton_dtype
 from .. import kserve
+from ..security import forwarded
 from ..shared_memory import SystemSharedMemory
 from .transport import OK, UNAVAILABLE, Call, code_of
 
@@ -68,8 +70,9 @@ class Stream:
     """One ModelStreamInfer call: requests run as they arrive; the call ends once the
     client has half-closed (or the server drains) and every request has finished."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, headers: dict[str, str] | None = None) -> None:
         self.call = call
+        self.headers = headers  # metadata forwarded as parameters to each of its requests
         self.lock = threading.Lock()
         self.pending = 0
         self.half_closed = False
@@ -201,9 +204,10 @@ class Reply:
 class Inference:
     """ModelInfer and ModelStreamInfer for one server."""
 
-    def __init__(self, server: CoreServer, shm: SystemSharedMemory) -> None:
+    def __init__(self, server: CoreServer, shm: SystemSharedMemory, forward: re.Pattern[str] | None = None) -> None:
         self.server = server
         self.shm = shm
+        self.forward = forward  # --grpc-header-forward-pattern, compiled
         self.draining = False
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()  # ModelStreamInfer calls, to drain
         self._streams_lock = threading.Lock()
@@ -216,8 +220,15 @@ class Inference:
         for stream in streams:
             stream.drain()
 
-    def decode(self, request: Any) -> kserve.Decoded:
-        """A ModelInferRequest, checked, as the core's request object.
+    def forwarded(self, call: Call) -> dict[str, str] | None:
+        """The call's metadata that the forward pattern turns into request parameters."""
+        if self.forward is None:
+            return None
+        return forwarded(self.forward, call.metadata, grpc=True) or None
+
+    def decode(self, request: Any, headers: dict[str, str] | None = None) -> kserve.Decoded:
+        """A ModelInferRequest, checked, as the core's request object; ``headers``: forwarded
+        metadata, string parameters set after (so over) the request's own, as Triton sets them.
 
         Every size is checked against the bytes actually received before anything is
         allocated; a client's mistake is an InvalidArgumentError for that request only.
@@ -243,6 +254,8 @@ class Inference:
         except (ValueError, TypeError, OverflowError, struct.error) as exc:  # malformed values: the client's
             raise InvalidArgumentError(f"malformed ModelInferRequest: {exc}") from None
         kserve.apply_parameters(decoded, params, request.id)
+        if headers:
+            decoded.request.parameters = {**(decoded.request.parameters or {}), **headers}
         return decoded
 
     def _input_array(self, request: Any, tensor: Any, raw: Any, used: int, decoded: kserve.Decoded) -> tuple[Any, int]:
@@ -281,7 +294,7 @@ class Inference:
         return decoded.model.submit(decoded.request, _IMMEDIATE, target, stream, cancellable=not stream)
 
     def model_infer(self, request: Any, call: Call) -> None:
-        decoded = self.decode(request)
+        decoded = self.decode(request, self.forwarded(call))
         if decoded.model.decoupled:  # Triton's check and words (grpc/infer_handler.cc)
             raise UnsupportedError("ModelInfer RPC doesn't support models with decoupled transaction policy")
         handle = self._submit(call, decoded, Reply(call, request, decoded, None), False)
@@ -291,7 +304,7 @@ class Inference:
     def stream_message(self, call: Call, data: bytes) -> None:
         stream = call.user
         if stream is None:
-            stream = call.user = Stream(call)
+            stream = call.user = Stream(call, self.forwarded(call))
             with self._streams_lock:
                 self._streams.add(stream)
         try:
@@ -301,7 +314,7 @@ class Inference:
             return
         stream.begin_one()
         try:  # a request's mistake fails that request only; the stream goes on
-            decoded = self.decode(request)
+            decoded = self.decode(request, stream.headers)
             if decoded.model.decoupled:
                 self._stream_decoupled(stream, call, request, decoded)
             else:

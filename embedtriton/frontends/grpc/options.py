@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import InvalidArgumentError
+from ..security import GRPC_HEADER_PREFIX, RestrictedApis, forward_pattern, specs
 
 # Triton's --grpc-infer-response-compression-level values, as grpc-core numbers them (grpc_compression_level).
 COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
@@ -75,6 +78,17 @@ class GrpcOptions:
     ``grpc-accept-encoding``): gzip for low, deflate for medium and high when it accepts both,
     none when it accepts neither. On the grpcio transport grpc-core applies the level itself, to
     the responses of every method, as it hides the client's list from the application.
+
+    ``restricted_protocol`` (Triton's ``--grpc-restricted-protocol``): specs
+    ``"<group>,<group>,...:<header>=<value>"`` (one string or a list; each group in one spec
+    only). A call to a method of a restricted group must carry the metadata
+    ``triton-grpc-protocol-<header>: <value>`` (Triton's prefix), else it is refused with
+    UNAVAILABLE "This protocol is restricted, expecting header 'triton-grpc-protocol-<header>'"
+    and nothing runs. Groups: health, metadata, inference, shared-memory, model-config,
+    model-repository, statistics, trace, logging. Kept out of ``repr`` (it holds secrets).
+    ``header_forward_pattern`` (``--grpc-header-forward-pattern``): a regular expression searched,
+    ignoring case, in each metadata key of ModelInfer and ModelStreamInfer calls; the entries it
+    finds reach the model as string request parameters (``request.parameters[key]``).
     """
 
     address: str | int = "127.0.0.1:8001"
@@ -86,9 +100,23 @@ class GrpcOptions:
     limits: GrpcLimits = field(default_factory=GrpcLimits)
     shared_memory: bool = True
     infer_response_compression_level: str = "none"
+    restricted_protocol: str | Sequence[str] = field(default=(), repr=False)
+    header_forward_pattern: str | None = None
+    restrictions: RestrictedApis = field(init=False, repr=False, compare=False)
+    forward: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", normalize_address(self.address, "gRPC"))
+        restricted = specs(self.restricted_protocol, "restricted_protocol")
+        object.__setattr__(self, "restricted_protocol", restricted)
+        object.__setattr__(
+            self,
+            "restrictions",
+            RestrictedApis(
+                restricted, option="grpc-restricted-protocol", noun="protocol", header_prefix=GRPC_HEADER_PREFIX
+            ),
+        )
+        object.__setattr__(self, "forward", forward_pattern(self.header_forward_pattern, "header_forward_pattern"))
         if bool(self.tls_cert) != bool(self.tls_key):
             raise InvalidArgumentError("TLS needs both tls_cert and tls_key (PEM files)")
         if self.tls_client_ca and not self.tls_cert:

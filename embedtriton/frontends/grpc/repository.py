@@ -36,6 +36,9 @@ class Repository:
         if request.repository_name:
             raise InvalidArgumentError("'repository_name' specification is not supported")
         params = {key: parameter(value) for key, value in request.parameters.items()}
+        for key, value in params.items():  # as Triton's gRPC handler types them, before the core sees them
+            if key.startswith("file:") and not isinstance(value, bytes):
+                raise InvalidArgumentError(f"invalid value type for load parameter '{key}', expected bytes_param.")
         work = admin.load_work(self.server, request.model_name, params)
         self._run_blocking(call, work, service_pb2.RepositoryModelLoadResponse)
 

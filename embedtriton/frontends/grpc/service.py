@@ -9,6 +9,7 @@ and ``grpcio-health-checking``.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ from ...errors import (
 )
 from ...triton.devices import cuda_devices
 from .. import admin, kserve
+from ..security import GRPC_GROUPS, RestrictedApis
 from ..shared_memory import regions_of
 from .infer import STOPPING, Inference, InFlight, Stream
 from .repository import Repository
@@ -47,11 +49,17 @@ class Service:
     """KServe-v2 inference service plus ``grpc.health.v1`` for one server (a transport :class:`Handler`)."""
 
     def __init__(
-        self, server: CoreServer, shared_memory: bool = True, infer_response_compression_level: str = "none"
+        self,
+        server: CoreServer,
+        shared_memory: bool = True,
+        infer_response_compression_level: str = "none",
+        restrictions: RestrictedApis | None = None,
+        forward: re.Pattern[str] | None = None,
     ) -> None:
         self.server = server
         self.shm = regions_of(server)
-        self.inference = Inference(server, self.shm)
+        self.inference = Inference(server, self.shm, forward)
+        self.restrictions = restrictions if restrictions else None  # None: every method is open
         self.repository = Repository(server)
         self.shared_memory = shared_memory
         s = service_pb2
@@ -91,8 +99,11 @@ class Service:
 
     def on_message(self, call: Call, data: bytes) -> None:
         """One request message of ``call``."""
+        if call.user is None and self.restrictions is not None and self._restricted(call):
+            return
         if call.method == _STREAM_INFER:
-            self._stream_message(call, data)
+            if call.user is not _REFUSED:
+                self._stream_message(call, data)
             return
         entry = self._unary_entry(call)
         if entry is None or call.user is _REFUSED:
@@ -109,14 +120,16 @@ class Service:
 
     def on_half_close(self, call: Call) -> None:
         """The client sent its last message: run a unary call; end a drained stream."""
+        if call.user is None and self.restrictions is not None and self._restricted(call):
+            return  # no message came: refused all the same
+        if call.user is _REFUSED:  # already answered with an error: never run it
+            return
         if call.method == _STREAM_INFER:
             stream = call.user
             if stream is None:
                 call.finish(OK)
             else:
                 stream.close()
-            return
-        if call.user is _REFUSED:  # already answered with an error: never run it
             return
         entry = self._unary_entry(call)
         if entry is None:
@@ -139,6 +152,20 @@ class Service:
         if response is not None:  # None: the call completes later (ModelInfer, Watch)
             call.send(response.SerializeToString())
             call.finish(OK)
+
+    def _restricted(self, call: Call) -> bool:
+        """Refuse a call to a restricted group whose metadata lacks the agreed header and value,
+        as Triton does (UNAVAILABLE, naming the header), before its message is even decoded."""
+        assert self.restrictions is not None
+        restriction = self.restrictions.get(GRPC_GROUPS.get(call.method))
+        if restriction is None:
+            return False
+        value = next((v for k, v in call.metadata if k == restriction.header), None)  # the first, as Triton
+        if restriction.admits(value):
+            return False
+        call.finish(UNAVAILABLE, restriction.message)
+        call.user = _REFUSED
+        return True
 
     def _compress_inference(self, level: str) -> None:
         """As Triton's --grpc-infer-response-compression-level: ModelInfer and ModelStreamInfer (only)

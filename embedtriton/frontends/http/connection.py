@@ -15,9 +15,20 @@ from typing import Any
 
 from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
 
+
+def httptools_module() -> Any:
+    """The ``httptools`` module the endpoint parses requests with, or :class:`UnsupportedError`
+    naming the extra that installs it (checked when the endpoint starts, before any port opens)."""
+    try:
+        import httptools
+    except ImportError as exc:
+        raise UnsupportedError(f'the HTTP endpoint needs httptools ({exc}): pip install "embedtriton[http]"') from None
+    return httptools
+
+
 # Triton's HTTP status for each error (http_server.cc HttpCodeFromError)
 _STATUS = [(NotFoundError, 404), (UnavailableError, 503), (UnsupportedError, 501), (InvalidArgumentError, 400)]
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
             413: "Payload Too Large", 415: "Unsupported Media Type", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
             501: "Not Implemented", 503: "Service Unavailable"}  # fmt: skip
 
@@ -127,11 +138,11 @@ class Connection(asyncio.Protocol):
     queued and answered in order."""
 
     def __init__(self, endpoint: Any) -> None:
-        import httptools
-
         self.endpoint = endpoint
-        self.parser = httptools.HttpRequestParser(self)
-        self.parse_error = httptools.HttpParserError
+        self.parser = endpoint.httptools.HttpRequestParser(self)
+        self.parse_error = endpoint.httptools.HttpParserError
+        self.forward = endpoint.options.forward  # --http-header-forward-pattern, compiled (or None)
+        self.forwarded: list[tuple[str, bytes]] | None = None  # the headers it found, names as sent
         self.transport: asyncio.Transport | None = None
         self.url = b""
         self.headers: dict[bytes, bytes] = {}
@@ -226,6 +237,7 @@ class Connection(asyncio.Protocol):
     # -- httptools callbacks
     def on_message_begin(self) -> None:
         self.url, self.headers, self.header_bytes, self.body, self.body_bytes = b"", {}, 0, [], 0
+        self.forwarded = [] if self.forward is not None else None
         self.in_request = True  # it has request_timeout_s to arrive whole
         self._arm()
 
@@ -234,8 +246,10 @@ class Connection(asyncio.Protocol):
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
+        self.headers.setdefault(name.lower(), value)  # a name sent twice: its first value, as Triton reads it
         self._count(len(name) + len(value))
+        if self.forwarded is not None and self.forward.search(name.decode("latin-1")):  # type: ignore[union-attr]
+            self.forwarded.append((name.decode("latin-1"), value))
 
     def on_headers_complete(self) -> None:
         length = self.headers.get(b"content-length")
@@ -255,7 +269,14 @@ class Connection(asyncio.Protocol):
         self._arm()
         method = self.parser.get_method().decode()
         self._put(
-            (method, self.url.decode("latin-1"), self.headers, b"".join(self.body), self.parser.should_keep_alive())
+            (
+                method,
+                self.url.decode("latin-1"),
+                self.headers,
+                b"".join(self.body),
+                self.parser.should_keep_alive(),
+                self.forwarded,
+            )
         )
 
     def _count(self, n: int) -> None:
@@ -286,10 +307,10 @@ class Connection(asyncio.Protocol):
             if isinstance(item, Refused):  # the connection cannot be read further
                 self._send(item.status, {"error": str(item)}, keep_alive=False)
                 return
-            method, url, headers, body, keep_alive = item
+            method, url, headers, body, keep_alive, forwarded = item
             self.busy = True
             try:
-                status, payload = await self.endpoint.answer(method, url, headers, body)
+                status, payload = await self.endpoint.answer(method, url, headers, body, forwarded)
                 if isinstance(payload, EventStream):
                     await self._stream(payload.events, keep_alive)
                 else:

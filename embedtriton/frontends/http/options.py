@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import ssl
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ...errors import InvalidArgumentError
 from ..grpc.options import normalize_address
+from ..security import RestrictedApis, forward_pattern, specs
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,17 @@ class HttpOptions:
     ``max_connections``, ``idle_timeout_s`` and ``request_timeout_s`` bound what a client may
     hold (a request not whole in time gets 408). ``tls_cert``/``tls_key`` (PEM files) serve
     HTTPS; ``tls_client_ca`` also requires client certificates signed by that CA.
+
+    ``restricted_api`` (Triton's ``--http-restricted-api``): specs
+    ``"<group>,<group>,...:<header>=<value>"`` (one string or a list; each group in one spec
+    only). A request to a route of a restricted group must carry the header (any case) with that
+    value, else it gets 403 ``{"error": "This API is restricted, expecting header '<header>'"}``
+    and nothing runs. Groups: health, metadata, inference (``/infer``, ``/generate``,
+    ``/generate_stream``), shared-memory, model-config, model-repository, statistics, trace,
+    logging; ``/metrics`` belongs to none, as in Triton. Kept out of ``repr`` (it holds secrets).
+    ``header_forward_pattern`` (``--http-header-forward-pattern``): a regular expression searched,
+    ignoring case, in each header name of an ``/infer`` request; the headers it finds reach the
+    model as string request parameters under their names as sent (``request.parameters[name]``).
     """
 
     address: str | int = "127.0.0.1:8000"
@@ -29,9 +43,17 @@ class HttpOptions:
     tls_cert: str | None = None  # PEM files: serve HTTPS
     tls_key: str | None = None
     tls_client_ca: str | None = None  # also require client certificates signed by this CA
+    restricted_api: str | Sequence[str] = field(default=(), repr=False)
+    header_forward_pattern: str | None = None
+    restrictions: RestrictedApis = field(init=False, repr=False, compare=False)
+    forward: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", normalize_address(self.address, "HTTP"))
+        restricted = specs(self.restricted_api, "restricted_api")
+        object.__setattr__(self, "restricted_api", restricted)
+        object.__setattr__(self, "restrictions", RestrictedApis(restricted, option="http-restricted-api", noun="api"))
+        object.__setattr__(self, "forward", forward_pattern(self.header_forward_pattern, "header_forward_pattern"))
         for name in ("max_body_bytes", "max_header_bytes", "max_connections"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -22,12 +23,21 @@ import numpy as np
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from ...tensors import triton_dtype
-from .. import kserve
+from .. import kserve, security
 from ..shared_memory import regions_of
 from . import extensions
-from .connection import Binary, Connection, Refused, Text, decompress, status_of
+from .connection import Binary, Connection, Refused, Text, decompress, httptools_module, status_of
 from .generate import generate
 from .options import HttpOptions
+
+# A route's handler: (lower-cased headers, body, forwarded headers) -> (status, answer)
+Handler = Callable[[dict[bytes, bytes], bytes, Any], Awaitable[tuple[int, Any]]]
+
+# /v2/models/{m}[/versions/{v}]/<action> -> Triton's restricted-API group (http_server.cc)
+_MODEL_GROUPS = {
+    "": "metadata", "ready": "health", "config": "model-config", "stats": "statistics", "infer": "inference",
+    "generate": "inference", "generate_stream": "inference", "trace/setting": "trace",
+}  # fmt: skip
 
 
 class RestApi:
@@ -40,13 +50,26 @@ class RestApi:
         self.draining = False
         self.shm = regions_of(server)  # shared with the gRPC endpoint, as in Triton
 
-    async def answer(self, method: str, url: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, Any]:
+    async def answer(
+        self,
+        method: str,
+        url: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        forwarded: list[tuple[str, bytes]] | None = None,
+    ) -> tuple[int, Any]:
         """One request's status and answer (a dict, :class:`Binary`, :class:`Text`, :class:`EventStream`
-        or None); errors as Triton writes them: ``{"error": ...}`` with its status code."""
+        or None); errors as Triton writes them: ``{"error": ...}`` with its status code.
+        ``headers``: lower-cased names; ``forwarded``: the headers the forward pattern found, with
+        their names as sent (without it, the pattern runs over ``headers``)."""
         try:
+            group, handle = self.resolve(method, url)
+            restriction = self.options.restrictions.get(group)  # checked first, as Triton: nothing runs
+            if restriction is not None and not restriction.admits(headers.get(restriction.header.encode())):
+                return 403, {"error": restriction.message}
             if b"content-encoding" in headers:
                 body = await decompress(headers[b"content-encoding"], body, self.options.max_body_bytes)
-            return await self.route(method, url, headers, body)
+            return await handle(headers, body, forwarded)
         except Refused as exc:
             return exc.status, {"error": str(exc)}
         except TritonError as exc:
@@ -59,43 +82,84 @@ class RestApi:
         self.draining = True
 
     # -- routes
-    async def route(self, method: str, url: str, headers: dict[bytes, bytes], body: bytes) -> tuple[int, Any]:
+    def resolve(self, method: str, url: str) -> tuple[str | None, Handler]:
+        """The restricted-API group of a request's route (Triton's, None for routes in no group)
+        and the handler that answers it. Nothing runs and no body is parsed before the group's
+        restriction is checked."""
         path = url.split("?", 1)[0]
         parts = path.strip("/").split("/")
         if "%" in path:
             parts = [unquote(p) for p in parts]
         if len(parts) == 4 and parts[3] == "infer" and parts[1] == "models" and parts[0] == "v2" and method == "POST":
-            model = kserve.model_of(self.server, parts[2], "")  # the common case first
-            return 200, await self._infer(model, parts[2], "", headers, body)
-        if path == "/metrics" and method == "GET":  # also here, besides serve_metrics' own port
-            return 200, Text("text/plain; version=0.0.4", self.server.metrics().encode())
+            name = parts[2]  # the common case first
+            return "inference", lambda h, b, f: self._infer_answer(name, "", h, b, f)
+        if path == "/metrics" and method == "GET":  # also here, besides serve_metrics' own port (no group, as Triton's)
+            return None, self._metrics
         if parts[:1] != ["v2"]:
             raise Refused(404, f"no such endpoint: {path}")
         rest = parts[1:]
-        if rest in ([], [""]) and method == "GET":
-            return 200, self._server_metadata()
-        if rest[:1] == ["health"] and len(rest) == 2 and method == "GET":
-            ok = self.server.live if rest[1] == "live" else self.server.ready and not self.draining
-            return (200 if ok else 400), None
+        if rest in ([], [""]):
+            return "metadata", self._get(method, self._server_metadata)
+        if rest in (["health", "live"], ["health", "ready"]):
+            return "health", self._get(method, lambda: self._health(rest[1]))
         if rest[:1] == ["repository"]:
-            return 200, await extensions.repository(self.server, self.draining, method, rest[1:], body)
+            return "model-repository", lambda h, b, f: self._ok(extensions.repository(
+                self.server, self.draining, method, rest[1:], b))  # fmt: skip
         if rest[:1] in (["systemsharedmemory"], ["cudasharedmemory"]):
-            answer = extensions.shared_memory(
-                self.shm, self.options.shared_memory, self.draining, rest[0], method, rest[1:], body
-            )
-            return 200, answer
-        if rest == ["logging"] and method in ("GET", "POST"):
-            return 200, extensions.logging_settings(self.server, method, body)
-        if rest == ["trace", "setting"] and method in ("GET", "POST"):
-            return 200, extensions.trace_settings(self.server, "", method, body)
+            return "shared-memory", lambda h, b, f: self._now(extensions.shared_memory(
+                self.shm, self.options.shared_memory, self.draining, rest[0], method, rest[1:], b))  # fmt: skip
+        if rest == ["logging"]:
+            return "logging", lambda h, b, f: self._now(self._settings(method, extensions.logging_settings, b))
+        if rest == ["trace", "setting"]:
+            return "trace", lambda h, b, f: self._now(self._settings(method, self._trace(""), b))
+        if rest == ["models", "stats"]:  # every model's statistics (a model named "stats" is shadowed, as in Triton)
+            return "statistics", self._get(method, self._all_stats)
         if rest[:1] == ["models"] and len(rest) >= 2:
             name, version, action = rest[1], "", rest[2:]
             if action[:1] == ["versions"] and len(action) >= 2:
                 version, action = action[1], action[2:]
-            if action == ["trace", "setting"] and method in ("GET", "POST"):
-                return 200, extensions.trace_settings(self.server, name, method, body)
-            return await self._model_route(method, name, version, action, headers, body)
+            group = _MODEL_GROUPS.get("/".join(action))
+            if group is None:
+                raise Refused(404, f"no such endpoint for model '{name}': {'/'.join(action)}")
+            return group, lambda h, b, f: self._model_route(method, name, version, action, h, b, f)
         raise Refused(404, f"no such endpoint: {path}")
+
+    @staticmethod
+    async def _ok(work: Any) -> tuple[int, Any]:
+        return 200, await work
+
+    @staticmethod
+    async def _now(answer: Any) -> tuple[int, Any]:
+        return 200, answer
+
+    @staticmethod
+    def _get(method: str, answer: Any) -> Handler:
+        async def handle(headers: Any, body: bytes, forwarded: Any) -> tuple[int, Any]:
+            if method != "GET":
+                raise Refused(405, "Method Not Allowed")
+            result = answer()
+            return result if isinstance(result, tuple) else (200, result)
+
+        return handle
+
+    async def _metrics(self, headers: Any, body: bytes, forwarded: Any) -> tuple[int, Any]:
+        return 200, Text("text/plain; version=0.0.4", self.server.metrics().encode())
+
+    def _health(self, kind: str) -> tuple[int, Any]:
+        ok = self.server.live if kind == "live" else self.server.ready and not self.draining
+        return (200 if ok else 400), None
+
+    def _settings(self, method: str, apply: Any, body: bytes) -> Any:
+        if method not in ("GET", "POST"):
+            raise Refused(405, "Method Not Allowed")
+        return apply(self.server, method, body)
+
+    @staticmethod
+    def _trace(model_name: str) -> Any:
+        return lambda server, method, body: extensions.trace_settings(server, model_name, method, body)
+
+    def _all_stats(self) -> dict[str, Any]:
+        return {"model_stats": [kserve.model_of(self.server, m.name, "").statistics() for m in self.server.models()]}
 
     def _server_metadata(self) -> dict[str, Any]:
         """Triton's name and version; of its extensions, those this endpoint implements."""
@@ -109,29 +173,54 @@ class RestApi:
         return {"name": meta.get("name"), "version": meta.get("version"), "extensions": names}
 
     async def _model_route(
-        self, method: str, name: str, version: str, action: list[str], headers: dict[bytes, bytes], body: bytes
+        self,
+        method: str,
+        name: str,
+        version: str,
+        action: list[str],
+        headers: dict[bytes, bytes],
+        body: bytes,
+        forwarded: list[tuple[str, bytes]] | None,
     ) -> tuple[int, Any]:
-        model = kserve.model_of(self.server, name, version)
-        if action == [] and method == "GET":
-            return 200, model.metadata()
-        if action == ["ready"] and method == "GET":
-            return (200 if model.ready else 400), None
-        if action == ["config"] and method == "GET":
-            return 200, model.config()
-        if action == ["stats"] and method == "GET":
-            return 200, {"model_stats": [model.statistics()]}
+        if action == ["trace", "setting"]:
+            return 200, self._settings(method, self._trace(name), body)
+        if action in (["infer"], ["generate"], ["generate_stream"]) and method != "POST":
+            raise Refused(405, "Method Not Allowed")
         if action == ["infer"]:
-            if method != "POST":
-                raise Refused(405, "Method Not Allowed")
-            return 200, await self._infer(model, name, version, headers, body)
+            return await self._infer_answer(name, version, headers, body, forwarded)
+        model = kserve.model_of(self.server, name, version)
         if action in (["generate"], ["generate_stream"]):
-            if method != "POST":
-                raise Refused(405, "Method Not Allowed")
             stream = action == ["generate_stream"]
             return 200, await generate(model, name, version, body, stream, self.draining)
-        raise Refused(404, f"no such endpoint for model '{name}': {'/'.join(action)}")
+        if method != "GET":
+            raise Refused(405, "Method Not Allowed")
+        if action == []:
+            return 200, model.metadata()
+        if action == ["ready"]:
+            return (200 if model.ready else 400), None
+        if action == ["config"]:
+            return 200, model.config()
+        return 200, {"model_stats": [model.statistics()]}  # ["stats"]
 
-    async def _infer(self, model: Any, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Any:
+    async def _infer_answer(
+        self, name: str, version: str, headers: dict[bytes, bytes], body: bytes, forwarded: Any
+    ) -> tuple[int, Any]:
+        model = kserve.model_of(self.server, name, version)
+        found = None
+        if self.options.forward is not None:  # without the names as sent (Ray's proxy), the lower-cased ones
+            pairs = forwarded if forwarded is not None else [(k.decode("latin-1"), v) for k, v in headers.items()]
+            found = security.forwarded(self.options.forward, pairs)
+        return 200, await self._infer(model, name, version, headers, body, found)
+
+    async def _infer(
+        self,
+        model: Any,
+        name: str,
+        version: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        forwarded: dict[str, str] | None = None,
+    ) -> Any:
         if self.draining:
             raise UnavailableError("the server is stopping: it takes no new requests")
         if model.decoupled:  # Triton's check and words (http_server.cc, CheckTransactionPolicy)
@@ -214,6 +303,8 @@ class RestApi:
             kserve.requested_outputs(decoded, self.shm, wanted)
         request_id = request.get("id", "")
         kserve.apply_parameters(decoded, params, request_id if isinstance(request_id, str) else "")
+        if forwarded:  # forwarded headers: after (over) the request's own parameters, as Triton sets them
+            decoded.request.parameters = {**(decoded.request.parameters or {}), **forwarded}
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         decoded.model.submit(decoded.request, loop, future)
@@ -247,6 +338,7 @@ class RestEndpoint(RestApi):
     """A KServe-v2 HTTP/REST server for a server's models (see the module's docstring)."""
 
     def __init__(self, server: CoreServer, options: HttpOptions) -> None:
+        self.httptools = httptools_module()  # before anything starts: without it, say what to install
         super().__init__(server, options)
         self.connections: set[Connection] = set()
         context = options.ssl_context()

@@ -16,6 +16,7 @@ import numpy as np
 from .._convert import parse_triton_config
 from ..exceptions import PyTritonClientInvalidUrlError, PyTritonClientTimeoutError, PyTritonClientValueError
 from ..model_config.triton_model_config import TritonModelConfig
+from .auth import create_auth_headers
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 DEFAULT_INIT_TIMEOUT_S = 300.0  # PyTriton's: waiting for the server and the model at the first call
@@ -171,9 +172,6 @@ def wait_for_model_ready(client: Any, model_name: str, version: str | None, time
         pause = min(pause * 2, 1.0)
 
 
-ACCESS_TOKEN_HEADER = "triton-access-token"  # PyTriton's; embedtriton's server does not check it
-
-
 def set_up(
     client: Any, url: str, model_name: str, model_version: str | None, init_timeout_s: float | None,
     inference_timeout_s: float | None, access_token: str | None, model_config: Any, ensure_model_is_ready: bool,
@@ -187,7 +185,7 @@ def set_up(
     client._model_version = None if model_version is None else str(model_version)
     client._init_timeout_s = DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s
     client._inference_timeout_s = DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else inference_timeout_s
-    client._headers = {ACCESS_TOKEN_HEADER: access_token} if access_token is not None else None
+    client._headers = create_auth_headers(access_token, client._triton_url.scheme) if access_token is not None else None
     client._access_token = access_token
     client._lib = client.get_lib()
     client._general_client = client._new_client(min(DEFAULT_NETWORK_TIMEOUT_S, client._init_timeout_s))
