@@ -312,3 +312,32 @@ def test_use_parameters_and_headers(net, tmp_path):
     _, outputs = serve_and_ask(net, tmp_path, "use_parameters_and_headers")
     for out in outputs:  # (2 + 1) / header_divisor 3 and (2 - 1) * parameter_multiplier 2
         assert logged(out, "scaled_add") == ["[[1.0], [1.0]]"] and logged(out, "scaled_sub") == ["[[2.0], [2.0]]"], out
+
+
+@pytest.fixture
+def perf_analyzer_on_path():
+    """PATH and environment for the example's client.sh, which calls ``perf_analyzer`` by name."""
+    from embedtriton.errors import UnavailableError
+    from embedtriton.tuning.perf import perf_analyzer
+
+    try:
+        binary, env = perf_analyzer()
+    except UnavailableError as exc:
+        pytest.skip(str(exc))
+    return {**env, "PATH": f"{Path(binary).parent}{os.pathsep}{env.get('PATH', '')}"}
+
+
+def test_perf_analyzer(net, tmp_path, perf_analyzer_on_path):
+    """The example's server (BART's scores made up by ``stand_ins/transformers.py``: no weights,
+    no GPU here) measured by its client.sh: perf_analyzer over gRPC with the example's strings,
+    concurrency 4 to 16."""
+    env = {k: v for k, v in perf_analyzer_on_path.items() if not k.startswith(("PYTRITON_", "AIP_"))}
+    server = start_server(net, tmp_path, "perf_analyzer", PYTHONPATH=str(STAND_INS))
+    folder = copy_example("perf_analyzer", tmp_path / "client")
+    wait_serving(net, tmp_path, server, 8001)
+    client = net.start(["bash", str(folder / "client.sh")], "perf_analyzer", tmp_path, {**env, "PYTHONUNBUFFERED": "1"})
+    assert client.wait(3 * CLIENT_S, server) == 0, client.output + "\n--- server:\n" + server.output
+    out = client.output
+    for concurrency in (4, 8, 12, 16):
+        assert re.search(rf"^Concurrency: {concurrency}, throughput: [0-9.]+ infer/sec", out, re.MULTILINE), out
+    assert server.interrupt() == 0, server.output
