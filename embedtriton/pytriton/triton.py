@@ -22,7 +22,7 @@ from typing import Any
 from ..server import Server
 from . import _convert
 from ._serving import Served, TritonContext, serving
-from .exceptions import PyTritonValidationError
+from .exceptions import PyTritonInvalidOperationError, PyTritonValidationError
 from .model_config.model_config import ModelConfig
 from .triton_config import TritonConfig, plan
 
@@ -68,6 +68,7 @@ class Triton:
         self._wakeup = threading.Event()  # serve() waits on it: a signal, or the server stopped
         self._running = False
         self._ports: dict[str, int] = {}
+        self._bound: dict[tuple[str, int], str] = {}  # (name in lower case, version) -> name, as PyTriton keys them
 
     # -- models ---------------------------------------------------------------
 
@@ -84,7 +85,8 @@ class Triton:
     ) -> None:
         """Serve ``infer_func`` as ``model_name``: one callable, or a list of them (one model
         instance each). Works before and after the server starts. Outputs are always checked
-        against ``outputs`` (as with ``strict=True``)."""
+        against ``outputs`` (as with ``strict=True``). A name (in any letter case) and version
+        can be bound once until :meth:`stop`, which forgets every model, as in PyTriton."""
         if not isinstance(model_name, str) or not _NAME.match(model_name):
             raise PyTritonValidationError(
                 f"Model name {model_name!r}: it can only contain alphanumeric characters, dots, underscores and dashes"
@@ -94,6 +96,9 @@ class Triton:
                 "bind(trace_config=...) is not supported by embedtriton; for OpenTelemetry spans use "
                 "embedtriton.ServerConfig(tracing=embedtriton.Tracing(...))"
             )
+        key = (model_name.lower(), model_version)
+        if key in self._bound:
+            raise PyTritonInvalidOperationError("Cannot add model with the same name twice.")
         funcs = [infer_func] if callable(infer_func) else list(infer_func)
         if not funcs or not all(callable(f) for f in funcs):
             raise PyTritonValidationError("infer_func has to be a callable or a sequence of callables")
@@ -105,6 +110,7 @@ class Triton:
         served = Served(_convert.served_config(model_name, model_version, ins, outs, given, ours), self._triton_context)
         bound = serving(funcs, served, self._unrecoverable)
         self._server.bind(model_name, bound, ins, outs, ours, strict=strict, version=model_version)
+        self._bound[key] = model_name
         for func in funcs:
             self._triton_context.model_configs[func] = served.config
 
@@ -164,7 +170,9 @@ class Triton:
             self.stop()
 
     def stop(self) -> bool:
-        """Stop the server, draining requests in flight; False when it was not running."""
+        """Stop the server, draining requests in flight, and forget the bound models (as
+        PyTriton does: bind again, then ``run()`` again, to serve anew); False when it was not
+        running."""
         with self._lock:
             if not self._running:
                 return False
@@ -174,6 +182,9 @@ class Triton:
             finally:
                 self._ports.clear()
                 self._wakeup.set()
+                for name in dict.fromkeys(self._bound.values()):
+                    self._server.unbind(name)
+                self._bound.clear()
         return True
 
     def is_alive(self) -> bool:

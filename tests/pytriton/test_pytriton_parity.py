@@ -5,6 +5,7 @@ the decorators' errors, and the clients' details."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tritonclient.http
 
 from embedtriton.pytriton.decorators import batch
@@ -48,3 +49,27 @@ def test_inputs_come_in_the_declared_order_whatever_the_client_sent(local_config
         in_process = triton.server.model("Minus").infer({"b": np.ones((1, 1), F32), "a": np.zeros((1, 1), F32)})
         assert in_process["d"][0, 0] == -1.0
     assert seen == [["a", "b"], [["a", "b"]], ["a", "b"]]
+
+
+def test_stop_forgets_the_models_and_the_same_name_binds_again(local_config, url_of):
+    """PyTriton's notebook flow: bind, run, stop, bind the same name to a new callable, run."""
+    from embedtriton.pytriton.client import ModelClient
+    from embedtriton.pytriton.exceptions import PyTritonInvalidOperationError
+
+    spec = [Tensor(name="x", dtype=F32, shape=(1,))], [Tensor(name="y", dtype=F32, shape=(1,))]
+    triton = Triton(config=local_config())
+    triton.bind("Scale", batch(lambda x: {"y": x * 2}), *spec, config=ModelConfig(max_batch_size=4))
+    with pytest.raises(PyTritonInvalidOperationError, match="^Cannot add model with the same name twice.$"):
+        triton.bind("scale", batch(lambda x: {"y": x}), *spec)  # PyTriton's keys ignore the letter case
+    triton.bind("Scale", batch(lambda x: {"y": x * 5}), *spec, model_version=2)  # another version: fine (served)
+    for factor in (5.0, 3.0):
+        triton.run()
+        try:
+            with ModelClient(url_of(triton, "http"), "Scale", init_timeout_s=10) as client:
+                assert client.infer_sample(np.array([1.0], F32))["y"][0] == factor
+        finally:
+            assert triton.stop() is True
+        assert triton.server.models() == []
+        triton.bind("Scale", batch(lambda x: {"y": x * 3}), *spec, config=ModelConfig(max_batch_size=4))
+    assert triton.stop() is False  # not running: the model bound last stays bound
+    assert [m.name for m in triton.server.models()] == ["Scale"]

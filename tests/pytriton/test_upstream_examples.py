@@ -14,6 +14,7 @@ run on the machine's network, one after another, and a test skips if a port is t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -312,6 +313,30 @@ def test_use_parameters_and_headers(net, tmp_path):
     _, outputs = serve_and_ask(net, tmp_path, "use_parameters_and_headers")
     for out in outputs:  # (2 + 1) / header_divisor 3 and (2 - 1) * parameter_multiplier 2
         assert logged(out, "scaled_add") == ["[[1.0], [1.0]]"] and logged(out, "scaled_sub") == ["[[2.0], [2.0]]"], out
+
+
+def notebook_script(keep_client: bool) -> str:
+    """The notebook's code cells as one script (its ``!pip install`` lines left out), imports
+    rewritten."""
+    cells = json.loads((EXAMPLES / "add_sub_notebook" / "add_sub.ipynb").read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    lines = [line for cell in code for line in cell.splitlines() if not line.lstrip().startswith("!")]
+    return rewrite("\n".join(lines) + "\n", keep_client=keep_client)
+
+
+@pytest.mark.parametrize("client", ["embedtriton", "pytriton"])
+def test_add_sub_notebook(net, tmp_path, client):
+    """The notebook's flow in one process: bind, run, infer, stop, bind the same name again with
+    another callable, run, infer (the new callable answers), stop."""
+    if client == "pytriton" and not stock_client_available():
+        pytest.skip("PyTriton's client (nvidia-pytriton wheel and its dependencies) is not installed")
+    script = tmp_path / "add_sub_notebook.py"
+    script.write_text(notebook_script(keep_client=client == "pytriton"))
+    notebook = net.start([sys.executable, str(script)], "notebook", tmp_path)
+    assert notebook.wait(2 * CLIENT_S) == 0, notebook.output
+    out = notebook.output
+    assert re.findall(r"^add: (.*)$", out, re.MULTILINE) == ["[[2.0], [2.0]]", "[[4.0], [4.0]]"], out
+    assert re.findall(r"^sub: (.*)$", out, re.MULTILINE) == ["[[0.0], [0.0]]", "[[0.0], [0.0]]"], out
 
 
 @pytest.fixture
