@@ -26,7 +26,7 @@ from .exceptions import PyTritonInvalidOperationError, PyTritonValidationError
 from .model_config.model_config import ModelConfig
 from .triton_config import TritonConfig, plan
 
-__all__ = ["Triton", "TritonConfig"]
+__all__ = ["RemoteTriton", "Triton", "TritonConfig"]
 
 log = logging.getLogger("embedtriton.pytriton")
 
@@ -231,3 +231,18 @@ class Triton:
     def get_access_token(self) -> None:
         """PyTriton returns the endpoints' access token; embedtriton has none."""
         return None
+
+
+class RemoteTriton:
+    """PyTriton's ``RemoteTriton(url, workspace=None, access_token=None)`` binds callables of
+    this process into a Triton server running elsewhere (PyTriton's proxy backend calls them
+    over sockets in a shared workspace). embedtriton has no such proxy: a model's callable runs
+    in the process that runs Triton. Constructing one raises :class:`PyTritonValidationError`
+    that says what to do instead."""
+
+    def __init__(self, url: str, workspace: Any = None, access_token: str | None = None) -> None:
+        raise PyTritonValidationError(
+            f"RemoteTriton(url={url!r}) is not supported by embedtriton: a model's callable runs in the process "
+            "that runs Triton. Bind it there with Triton.bind(...) (one process can bind many models), or serve it "
+            "from a Triton of its own in this process and call it over gRPC/HTTP with ModelClient(url, model_name)"
+        )

@@ -73,3 +73,14 @@ def test_stop_forgets_the_models_and_the_same_name_binds_again(local_config, url
         triton.bind("Scale", batch(lambda x: {"y": x * 3}), *spec, config=ModelConfig(max_batch_size=4))
     assert triton.stop() is False  # not running: the model bound last stays bound
     assert [m.name for m in triton.server.models()] == ["Scale"]
+
+
+def test_remote_triton_is_refused_at_construction_naming_the_alternative():
+    from embedtriton import InvalidArgumentError
+    from embedtriton.pytriton.exceptions import PyTritonValidationError
+    from embedtriton.pytriton.triton import RemoteTriton
+
+    with pytest.raises(PyTritonValidationError, match=r"^RemoteTriton\(url='localhost'\) is not supported") as info:
+        RemoteTriton(url="localhost", access_token="token")
+    assert "Triton.bind" in info.value.message and "ModelClient(url, model_name)" in info.value.message
+    assert isinstance(info.value, InvalidArgumentError)

@@ -339,6 +339,37 @@ def test_add_sub_notebook(net, tmp_path, client):
     assert re.findall(r"^sub: (.*)$", out, re.MULTILINE) == ["[[0.0], [0.0]]", "[[0.0], [0.0]]"], out
 
 
+def test_simple_python_remote_mode_remote_scripts_are_refused(net, tmp_path):
+    """``RemoteTriton`` imports, and refuses at construction, naming what to do instead."""
+    folder = copy_example("simple_python_remote_mode", tmp_path)
+    for script in ("server_remote_mul.py", "server_remote_power.py"):
+        done = net.run([sys.executable, str(folder / script)], cwd=folder)
+        assert done.returncode == 1, done
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("embedtriton.pytriton.exceptions.PyTritonValidationError: RemoteTriton"), done.stderr
+        assert "Triton.bind" in last and "ModelClient" in last, last
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the script imports TritonSecurityConfig and passes Triton(security_config=...), which come with "
+    "access tokens on restricted endpoints (being built on the frontends-security branch)",
+)
+def test_simple_python_remote_mode_starting_triton(net, tmp_path):
+    """The script that starts Triton serves AddSub to the example's client; the client's next
+    models (Mul, Power) come from the RemoteTriton scripts, which embedtriton refuses: the client
+    then waits for them (init_timeout_s, 300 s) and is stopped once AddSub has answered."""
+    server = start_server(
+        net, tmp_path, "simple_python_remote_mode", "server_starting_triton.py", TRITON_ACCESS_TOKEN="t"
+    )
+    folder = copy_example("simple_python_remote_mode", tmp_path / "client")
+    client = net.start([sys.executable, str(folder / "client.py")], "client", folder)
+    client.wait_for("sub: [[-1.0], [-1.0]]", CLIENT_S, server)
+    assert logged(client.output, "add") == ["[[3.0], [5.0]]"], client.output
+    client.proc.kill()
+    assert server.interrupt() == 0, server.output
+
+
 @pytest.fixture
 def perf_analyzer_on_path():
     """PATH and environment for the example's client.sh, which calls ``perf_analyzer`` by name."""
