@@ -5,8 +5,11 @@ process (no tritonserver process, no IPC hop per call).
 ``run()`` (in the background) or ``serve()`` (blocking until SIGINT/SIGTERM, then drain and
 return), ``stop()``, ``is_alive()``, or ``with Triton() as triton:``. Endpoints follow
 PyTriton's (tritonserver's) defaults: HTTP on 0.0.0.0:8000, gRPC on 0.0.0.0:8001, metrics on
-0.0.0.0:8002 (see :mod:`.triton_config`). An inference callable that raises
-``PyTritonUnrecoverableError`` fails its requests and stops the server, as in PyTriton.
+0.0.0.0:8002 (see :mod:`.triton_config`); with ``allow_vertex_ai``, Triton's Vertex AI endpoint
+too (routes from ``AIP_PREDICT_ROUTE``/``AIP_HEALTH_ROUTE``; the server then starts at ``run()``
+or ``serve()``, not on ``with``, as PyTriton's Vertex AI lifecycle does). An inference callable
+that raises ``PyTritonUnrecoverableError`` fails its requests and stops the server, as in
+PyTriton. ``RemoteTriton`` is refused at construction (see its docstring).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import InvalidArgumentError
 from ..server import Server
 from . import _convert
 from ._serving import Served, TritonContext, serving
@@ -130,6 +134,8 @@ class Triton:
                     self._ports["grpc"] = self._server.serve_grpc(**p.grpc)
                 if p.metrics is not None:
                     self._ports["metrics"] = self._server.serve_metrics(p.metrics)
+                if p.vertex_ai is not None:
+                    self._ports["vertex_ai"] = self._serve_vertex_ai(**p.vertex_ai)
             except BaseException:
                 self._server.stop()
                 self._ports.clear()
@@ -139,6 +145,14 @@ class Triton:
         for model in self._server.models():
             log.info("Infer function available as model: `/v2/models/%s`", model)
         log.info("Serving: %s", ", ".join(f"{k} on port {v}" for k, v in self._ports.items()))
+
+    def _serve_vertex_ai(self, address: str, default_model: str | None) -> int:
+        """The Vertex AI endpoint, routes from ``AIP_PREDICT_ROUTE``/``AIP_HEALTH_ROUTE`` (read now,
+        as tritonserver reads them when it starts)."""
+        try:
+            return self._server.serve_vertex_ai(address, default_model=default_model)
+        except InvalidArgumentError as exc:
+            raise PyTritonValidationError(f"Vertex AI endpoint: {exc}") from None
 
     def connect(self) -> None:
         """PyTriton's connect: the server here is in process, so this starts it (as ``run``)."""
@@ -195,7 +209,11 @@ class Triton:
         return self._running
 
     def __enter__(self) -> Triton:
-        self.run()
+        """Start serving, except in Vertex AI mode: there, as with PyTriton's Vertex AI lifecycle,
+        the server starts at ``serve()`` or ``run()``, once the models are bound (the endpoint
+        picks its default model when it starts)."""
+        if self._plan.vertex_ai is None:
+            self.run()
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -222,6 +240,11 @@ class Triton:
     def metrics_port(self) -> int | None:
         """The metrics endpoint's port while running."""
         return self._ports.get("metrics")
+
+    @property
+    def vertex_ai_port(self) -> int | None:
+        """The Vertex AI endpoint's port while running (``allow_vertex_ai``)."""
+        return self._ports.get("vertex_ai")
 
     @property
     def server(self) -> Server:

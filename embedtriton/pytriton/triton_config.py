@@ -5,6 +5,9 @@ Defaults are PyTriton's, which are ``tritonserver``'s: HTTP on 0.0.0.0:8000, gRP
 0.0.0.0:8001, metrics on 0.0.0.0:8002 (the HTTP address unless ``metrics_address`` is set),
 all three on unless ``allow_http``/``allow_grpc``/``allow_metrics`` is False. A port of 0
 picks a free one (an embedtriton extension: ``Triton.http_port`` etc. say which).
+``allow_vertex_ai`` serves Triton's Vertex AI endpoint on 0.0.0.0:``vertex_ai_port`` (else
+``AIP_HTTP_PORT``, else 8080); ``AIP_MODE=PREDICTION`` in the environment turns it on and HTTP
+and gRPC off unless set, as it does for tritonserver.
 Settings embedtriton has no equivalent for are refused at ``Triton(...)`` with the reason.
 """
 
@@ -14,6 +17,7 @@ import dataclasses
 import os
 import pathlib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from ..config import ServerConfig
@@ -23,7 +27,7 @@ __all__ = ["TritonConfig"]
 
 ENV_PREFIX = "PYTRITON_TRITON_CONFIG_"
 DEFAULT_ADDRESS = "0.0.0.0"  # tritonserver's (and so PyTriton's) default for every endpoint
-DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002, "vertex_ai": 8080}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -166,16 +170,13 @@ _REFUSED = {
     "sagemaker_port": "there is no SageMaker endpoint; remove it",
     "sagemaker_safe_port_range": "there is no SageMaker endpoint; remove it",
     "sagemaker_thread_count": "there is no SageMaker endpoint; remove it",
-    "vertex_ai_port": "there is no Vertex AI endpoint; remove it",
-    "vertex_ai_thread_count": "there is no Vertex AI endpoint; remove it",
-    "vertex_ai_default_model": "there is no Vertex AI endpoint; remove it",
+    "vertex_ai_thread_count": "the Vertex AI endpoint runs on one event loop; remove it",
     "metrics_config": "Triton's metrics settings are not passed on; remove it",
     "trace_config": "for OpenTelemetry spans use embedtriton.Server(ServerConfig(tracing=embedtriton.Tracing(...)))",
     "buffer_manager_thread_count": "in-process tensors need no copy threads; remove it",
 }
 _REFUSED_TRUE = {
     "allow_sagemaker": "there is no SageMaker endpoint",
-    "allow_vertex_ai": "there is no Vertex AI endpoint",
     "allow_gpu_metrics": "GPU metrics are not collected",
 }
 
@@ -189,10 +190,16 @@ class Plan:
     http: str | None
     grpc: dict[str, Any] | None  # serve_grpc keywords
     metrics: str | None
+    vertex_ai: dict[str, Any] | None = None  # serve_vertex_ai keywords (its routes come from AIP_* at run time)
 
 
-def plan(config: TritonConfig) -> Plan:
-    """Translate ``config``; refuse what embedtriton cannot honour, saying what to do."""
+def plan(config: TritonConfig, environ: Mapping[str, str] | None = None) -> Plan:
+    """Translate ``config``; refuse what embedtriton cannot honour, saying what to do.
+
+    ``environ`` (``os.environ``) is read as tritonserver reads it for Vertex AI: with
+    ``AIP_MODE=PREDICTION`` the Vertex AI endpoint is on and HTTP and gRPC are off unless the
+    config says otherwise; the Vertex AI port defaults to ``AIP_HTTP_PORT``, else 8080."""
+    environ = os.environ if environ is None else environ
     for name, why in _REFUSED.items():
         if getattr(config, name) is not None:
             raise PyTritonValidationError(f"TritonConfig.{name} is not supported by embedtriton: {why}")
@@ -222,10 +229,13 @@ def plan(config: TritonConfig) -> Plan:
     server["metrics"] = metrics_on
     if config.allow_cpu_metrics is not None:
         server["cpu_metrics"] = config.allow_cpu_metrics
+    prediction = environ.get("AIP_MODE", "") == "PREDICTION"
+    vertex_on = config.allow_vertex_ai if config.allow_vertex_ai is not None else prediction
     http_host = config.http_address or DEFAULT_ADDRESS
-    http = _address(http_host, config.http_port, "http") if config.allow_http is not False else None
+    http_on = config.allow_http if config.allow_http is not None else not prediction
+    http = _address(http_host, config.http_port, "http") if http_on else None
     grpc = None
-    if config.allow_grpc is not False:
+    if config.allow_grpc if config.allow_grpc is not None else not prediction:
         grpc = {"address": _address(config.grpc_address or DEFAULT_ADDRESS, config.grpc_port, "grpc")}
         grpc["shared_memory"] = False  # PyTriton 0.7 keeps shared memory behind an access token by default
         if config.grpc_infer_response_compression_level is not None:
@@ -241,12 +251,21 @@ def plan(config: TritonConfig) -> Plan:
     metrics = None
     if metrics_on:
         metrics = _address(config.metrics_address or http_host, config.metrics_port, "metrics")
+    vertex_ai = None
+    if vertex_on:
+        port = config.vertex_ai_port
+        if port is None:
+            port = _convert("vertex_ai_port", "int", environ.get("AIP_HTTP_PORT") or str(DEFAULT_PORTS["vertex_ai"]))
+        vertex_ai = {
+            "address": _address(DEFAULT_ADDRESS, port, "vertex_ai"),
+            "default_model": config.vertex_ai_default_model,
+        }
     try:
         server_config = ServerConfig(**server)
         server_config.validate()
     except Exception as exc:  # InvalidArgumentError: say it in TritonConfig's terms
         raise PyTritonValidationError(f"TritonConfig: {exc}") from None
-    return Plan(server_config, http, grpc, metrics)
+    return Plan(server_config, http, grpc, metrics, vertex_ai)
 
 
 def _address(host: str, port: int | None, kind: str) -> str:

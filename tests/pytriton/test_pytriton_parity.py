@@ -84,3 +84,52 @@ def test_remote_triton_is_refused_at_construction_naming_the_alternative():
         RemoteTriton(url="localhost", access_token="token")
     assert "Triton.bind" in info.value.message and "ModelClient(url, model_name)" in info.value.message
     assert isinstance(info.value, InvalidArgumentError)
+
+
+def test_vertex_ai_settings_follow_tritonserver():
+    from embedtriton.pytriton.exceptions import PyTritonValidationError
+    from embedtriton.pytriton.triton_config import TritonConfig, plan
+
+    p = plan(TritonConfig(allow_vertex_ai=True, vertex_ai_port=9090, vertex_ai_default_model="M"), environ={})
+    assert p.vertex_ai == {"address": "0.0.0.0:9090", "default_model": "M"} and p.http and p.grpc
+    assert plan(TritonConfig(allow_vertex_ai=True), environ={"AIP_HTTP_PORT": "7070"}).vertex_ai["address"] == (
+        "0.0.0.0:7070"
+    )
+    assert plan(TritonConfig(allow_vertex_ai=True), environ={}).vertex_ai["address"] == "0.0.0.0:8080"
+    assert plan(TritonConfig(), environ={}).vertex_ai is None
+    # AIP_MODE=PREDICTION: Vertex AI on, HTTP and gRPC off unless asked for (tritonserver's defaults)
+    p = plan(TritonConfig(), environ={"AIP_MODE": "PREDICTION"})
+    assert (p.http, p.grpc, p.vertex_ai["address"], p.metrics) == (None, None, "0.0.0.0:8080", "0.0.0.0:8002")
+    p = plan(TritonConfig(allow_http=True, allow_vertex_ai=False), environ={"AIP_MODE": "PREDICTION"})
+    assert (p.http, p.grpc, p.vertex_ai) == ("0.0.0.0:8000", None, None)
+    with pytest.raises(PyTritonValidationError, match="vertex_ai_thread_count.*one event loop"):
+        plan(TritonConfig(allow_vertex_ai=True, vertex_ai_thread_count=4), environ={})
+    with pytest.raises(PyTritonValidationError, match="vertex_ai_port must be a port number"):
+        plan(TritonConfig(allow_vertex_ai=True), environ={"AIP_HTTP_PORT": "-1"})
+
+
+def test_vertex_ai_mode_starts_at_serve_with_the_bound_model_as_default(local_config, monkeypatch):
+    """As PyTriton's Vertex AI lifecycle: ``with Triton(...)`` does not start the server, so
+    that the endpoint finds the model bound inside it; the predict route infers it."""
+    import json
+    import urllib.request
+
+    from embedtriton.pytriton.exceptions import PyTritonValidationError
+
+    monkeypatch.setenv("AIP_PREDICT_ROUTE", "/predict")
+    monkeypatch.setenv("AIP_HEALTH_ROUTE", "/health")
+    config = local_config(allow_vertex_ai=True, vertex_ai_port=0)
+    with Triton(config=config) as triton:
+        assert not triton.is_alive()
+        with pytest.raises(PyTritonValidationError, match="^Vertex AI endpoint: Expect the model repository contains"):
+            triton.run()  # no model: tritonserver refuses to start too
+        assert not triton.is_alive() and triton.vertex_ai_port is None
+        triton.bind("Twice", batch(lambda x: {"y": x * 2}), [Tensor(name="x", dtype=F32, shape=(1,))],
+                    [Tensor(name="y", dtype=F32, shape=(1,))], config=ModelConfig(max_batch_size=4))  # fmt: skip
+        triton.run()
+        base = f"http://127.0.0.1:{triton.vertex_ai_port}"
+        assert urllib.request.urlopen(f"{base}/health").status == 200
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [3]}]}).encode()
+        answer = json.load(urllib.request.urlopen(urllib.request.Request(f"{base}/predict", body)))
+        assert answer["model_name"] == "Twice" and answer["outputs"][0]["data"] == [6.0]
+    assert not triton.is_alive()

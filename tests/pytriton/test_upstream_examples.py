@@ -339,6 +339,41 @@ def test_add_sub_notebook(net, tmp_path, client):
     assert re.findall(r"^sub: (.*)$", out, re.MULTILINE) == ["[[0.0], [0.0]]", "[[0.0], [0.0]]"], out
 
 
+def test_add_sub_vertex_ai(net, tmp_path):
+    """The Vertex AI example: its client over the HTTP endpoint, and its two shell scripts (curl)
+    on the Vertex AI endpoint (port 8080, AIP_PREDICT_ROUTE and AIP_HEALTH_ROUTE as the server
+    sets them); also the same two requests without curl."""
+    server = start_server(net, tmp_path, "add_sub_vertex_ai")
+    outputs = run_clients(net, tmp_path, "add_sub_vertex_ai", server)
+    for out in outputs:
+        assert logged(out, "add") == ["[[2.0], [2.0]]"] and logged(out, "sub") == ["[[0.0], [0.0]]"], out
+    probe = (
+        "import json, sys, urllib.request\n"
+        "body = open('examples/add_sub_vertex_ai/data.json', 'rb').read()\n"
+        "ready = urllib.request.urlopen('http://localhost:8080/v2/health/ready')\n"
+        "request = urllib.request.Request('http://localhost:8080/v2/models/AddSub/infer', body,\n"
+        "                                 {'Content-Type': 'application/json'})\n"
+        "answer = json.load(urllib.request.urlopen(request))\n"
+        "print(json.dumps({'ready': ready.status, 'answer': answer}))\n"
+    )
+    done = net.run([sys.executable, "-c", probe], cwd=tmp_path / "server")
+    assert done.returncode == 0, done.stderr + server.output
+    seen = json.loads(done.stdout)
+    assert seen["ready"] == 200
+    outputs_by_name = {o["name"]: o for o in seen["answer"]["outputs"]}
+    assert outputs_by_name["add"]["data"] == [2.0, 4.0, 6.0, 8.0] and outputs_by_name["sub"]["data"] == [0.0] * 4
+    assert seen["answer"]["model_name"] == "AddSub"
+    if shutil.which("curl") and shutil.which("bash"):
+        # the scripts expect to run from PyTriton's root (they name examples/add_sub_vertex_ai/data.json)
+        health = net.run(["bash", "examples/add_sub_vertex_ai/health_vertex_ai_endpoint.sh"], cwd=tmp_path / "server")
+        assert health.returncode == 0 and re.search(r"HTTP/1\.1 200", health.stdout), health
+        infer = net.run(["bash", "examples/add_sub_vertex_ai/infer_vertex_ai_endpoint.sh"], cwd=tmp_path / "server")
+        assert infer.returncode == 0, infer
+        answer = json.loads(infer.stdout)
+        assert {o["name"]: o["data"] for o in answer["outputs"]} == {"add": [2.0, 4.0, 6.0, 8.0], "sub": [0.0] * 4}
+    assert server.interrupt() == 0, server.output
+
+
 def test_simple_python_remote_mode_remote_scripts_are_refused(net, tmp_path):
     """``RemoteTriton`` imports, and refuses at construction, naming what to do instead."""
     folder = copy_example("simple_python_remote_mode", tmp_path)

@@ -88,6 +88,10 @@ class RestApi:
             return 200, extensions.logging_settings(self.server, method, body)
         if rest == ["trace", "setting"] and method in ("GET", "POST"):
             return 200, extensions.trace_settings(self.server, "", method, body)
+        if rest == ["models", "stats"]:  # every model's (as Triton, before any model named "stats")
+            if method != "GET":
+                raise Refused(405, "Method Not Allowed")
+            return 200, {"model_stats": [model.statistics() for model in self.server.models()]}
         if rest[:1] == ["models"] and len(rest) >= 2:
             name, version, action = rest[1], "", rest[2:]
             if action[:1] == ["versions"] and len(action) >= 2:
