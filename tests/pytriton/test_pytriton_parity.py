@@ -133,3 +133,121 @@ def test_vertex_ai_mode_starts_at_serve_with_the_bound_model_as_default(local_co
         answer = json.load(urllib.request.urlopen(urllib.request.Request(f"{base}/predict", body)))
         assert answer["model_name"] == "Twice" and answer["outputs"][0]["data"] == [6.0]
     assert not triton.is_alive()
+
+
+ENSEMBLE_WITH_PARAMETERS = """
+name: "Twice"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+parameters { key: "temperature" value { string_value: "0.7" } }
+parameters { key: "top_k" value { string_value: "5" } }
+ensemble_scheduling {
+  step [
+    { model_name: "Adder" model_version: -1 input_map { key: "x" value: "IN" } output_map { key: "y" value: "mid" } },
+    { model_name: "Adder" model_version: -1 input_map { key: "x" value: "mid" } output_map { key: "y" value: "OUT" } }
+  ]
+}
+"""
+
+ADDER = """
+import numpy as np
+from embedtriton import ModelConfig, Tensor, batch
+
+@batch
+def infer_func(x):
+    return {"y": x + 1}
+
+inputs = [Tensor(name="x", dtype=np.float32, shape=(1,))]
+outputs = [Tensor(name="y", dtype=np.float32, shape=(1,))]
+config = ModelConfig(max_batch_size=8)
+"""
+
+
+@pytest.fixture(scope="module")
+def configured(local_config, tmp_path_factory):
+    """A Triton serving models whose configs use every field PyTriton's client reads: a
+    repository ensemble with parameters, queue policies, warm-up, the response cache, a decoupled
+    model, two instances."""
+    from embedtriton.pytriton.model_config import DynamicBatcher, ModelWarmup, QueuePolicy, WarmupInput
+    from embedtriton.pytriton.model_config.common import TimeoutAction
+
+    repository = tmp_path_factory.mktemp("repository")
+    (repository / "Adder" / "1").mkdir(parents=True)
+    (repository / "Adder" / "1" / "model.py").write_text(ADDER)
+    (repository / "Twice" / "1").mkdir(parents=True)
+    (repository / "Twice" / "config.pbtxt").write_text(ENSEMBLE_WITH_PARAMETERS)
+    x, y = [Tensor(name="x", dtype=F32, shape=(1,))], [Tensor(name="y", dtype=F32, shape=(1,))]
+    same = batch(lambda x: {"y": x})
+    policy = QueuePolicy(timeout_action=TimeoutAction.DELAY, default_timeout_microseconds=5000, max_queue_size=3)
+    batcher = DynamicBatcher(
+        max_queue_delay_microseconds=100,
+        preferred_batch_size=[2, 4],
+        priority_levels=2,
+        default_priority_level=1,
+        default_queue_policy=policy,
+        priority_queue_policy={2: QueuePolicy(allow_timeout_override=True, max_queue_size=7)},
+    )
+    warmup = ModelWarmup(
+        name="w", batch_size=2, inputs={"x": WarmupInput(dtype=F32, shape=(1,), zero_data=True)}, count=3
+    )
+    config = local_config(model_repository=repository, cache_config=[f"local,size={1024 * 1024}"])
+    with Triton(config=config) as triton:
+        triton.bind("Queued", same, x, y, config=ModelConfig(max_batch_size=4, batcher=batcher))
+        triton.bind("Warm", [same, same], x, y, config=ModelConfig(max_batch_size=4, model_warmup=[warmup]))
+        triton.bind("Cached", same, x, y, config=ModelConfig(max_batch_size=4, response_cache=True))
+        triton.bind("Stream", same, x, y, config=ModelConfig(max_batch_size=4, decoupled=True))
+        triton.bind(
+            "Plain", lambda requests: [{"y": r["x"]} for r in requests], x, y, config=ModelConfig(batching=False)
+        )
+        yield triton
+
+
+def _plain(value):
+    """A TritonModelConfig (ours or PyTriton's) as plain data, to compare across the two packages."""
+    import dataclasses
+    import enum
+
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (type, np.dtype)):
+        return np.dtype(value).str
+    return value
+
+
+MODELS = ("Twice", "Adder", "Queued", "Warm", "Cached", "Stream", "Plain")
+
+
+def test_client_model_config_reads_what_pytritons_reads(configured, url_of, protocol):
+    from embedtriton.pytriton.client import ModelClient
+    from embedtriton.pytriton.model_config.common import DeviceKind, QueuePolicy, TimeoutAction
+
+    url = url_of(configured, protocol)
+    ours = {}
+    for name in MODELS:
+        with ModelClient(url, name, init_timeout_s=10) as client:
+            ours[name] = client.model_config
+    assert ours["Twice"].backend_parameters == {"temperature": "0.7", "top_k": "5"}
+    batcher = ours["Queued"].batcher
+    assert batcher.default_queue_policy == QueuePolicy(TimeoutAction.DELAY, 5000, False, 3)
+    assert batcher.priority_queue_policy == {2: QueuePolicy(TimeoutAction.REJECT, 0, True, 7)}
+    assert batcher.preferred_batch_size == [2, 4] and batcher.priority_levels == 2
+    (stage,) = ours["Warm"].model_warmup
+    assert (stage.name, stage.batch_size, stage.count, stage.inputs["x"].shape) == ("w", 2, 3, (1,))
+    assert stage.inputs["x"].zero_data and ours["Warm"].instance_group == {DeviceKind.KIND_CPU: 2}
+    assert ours["Cached"].response_cache.enable is True and ours["Queued"].response_cache is None
+    assert ours["Stream"].decoupled and not ours["Plain"].batching and ours["Plain"].max_batch_size == 0
+    try:
+        from pytriton.client import ModelClient as StockClient
+    except Exception:
+        return  # PyTriton's client is not installed: the checks above stand alone
+    for name in MODELS:
+        with StockClient(url, name, init_timeout_s=10) as stock:
+            assert _plain(ours[name]) == _plain(stock.model_config), name
