@@ -251,3 +251,97 @@ def test_client_model_config_reads_what_pytritons_reads(configured, url_of, prot
     for name in MODELS:
         with StockClient(url, name, init_timeout_s=10) as stock:
             assert _plain(ours[name]) == _plain(stock.model_config), name
+
+
+@pytest.fixture(scope="module")
+def streaming(local_config):
+    """A decoupled model (its stream's length from a request parameter), a coupled one, and one
+    whose callable fails."""
+
+    def count(requests):
+        (request,) = requests
+        for i in range(int(request.parameters.get("n", 2))):
+            yield [{"i": np.array([[i]], np.int32)}]
+
+    def fails(requests):
+        raise ValueError("no luck")
+
+    n = [Tensor(name="x", dtype=F32, shape=(1,))], [Tensor(name="i", dtype=np.int32, shape=(1,))]
+    with Triton(config=local_config()) as triton:
+        triton.bind("Count", count, *n, config=ModelConfig(max_batch_size=1, decoupled=True))
+        triton.bind("Coupled", batch(lambda x: {"i": x.astype(np.int32)}), *n, config=ModelConfig(max_batch_size=4))
+        triton.bind("Fails", fails, *n, config=ModelConfig(max_batch_size=4))
+        yield triton
+
+
+def _stock(name: str):
+    stock = pytest.importorskip("pytriton.client", reason="PyTriton's client is not installed")
+    return getattr(stock, name)
+
+
+async def _first_error(client, model: str | None = None, **options) -> BaseException:
+    try:
+        async for _ in client.infer_sample(np.array([1.0], F32), **options):
+            pass
+    except Exception as exc:
+        return exc
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize("which", ["embedtriton", "pytriton"])
+def test_asyncio_decoupled_client_over_http_fails_at_the_first_inference(streaming, url_of, which):
+    """As PyTriton's: the client is made and reads the config over HTTP; an inference raises
+    PyTritonClientValueError (a coupled model: PyTritonClientInferenceServerError first)."""
+    import asyncio
+
+    from embedtriton.pytriton.client import AsyncioDecoupledModelClient
+
+    client_class = AsyncioDecoupledModelClient if which == "embedtriton" else _stock("AsyncioDecoupledModelClient")
+
+    async def main():
+        url = url_of(streaming, "http")
+        async with client_class(url, "Count", init_timeout_s=10) as client:
+            assert (await client.model_config).decoupled
+            streamed = await _first_error(client)
+        async with client_class(url, "Coupled", init_timeout_s=10) as client:
+            coupled = await _first_error(client)
+        return streamed, coupled
+
+    streamed, coupled = asyncio.run(main())
+    assert type(streamed).__name__ == "PyTritonClientValueError"
+    assert str(streamed) == "AsyncioDecoupledModelClient is only supported for grpc protocol"
+    assert type(coupled).__name__ == "PyTritonClientInferenceServerError"
+    assert str(coupled) == "Model config is coupled. Use AsyncioModelClient instead."
+
+
+def test_asyncio_clients_from_existing_client_and_server_errors_in_pytritons_words(streaming, url_of, protocol):
+    import asyncio
+
+    from embedtriton.pytriton.client import AsyncioDecoupledModelClient, AsyncioModelClient
+    from embedtriton.pytriton.exceptions import PyTritonClientInferenceServerError
+
+    async def main():
+        url = url_of(streaming, protocol)
+        async with AsyncioModelClient(url, "Coupled", init_timeout_s=10, inference_timeout_s=20) as first:
+            await first.model_config
+            async with AsyncioModelClient.from_existing_client(first) as second:
+                assert type(second) is AsyncioModelClient and second._inference_timeout_s == 20
+                assert second._model_config is first._model_config
+                assert (await second.infer_sample(np.array([3.0], F32)))["i"][0] == 3
+        async with AsyncioModelClient(url, "Fails", init_timeout_s=10) as client:
+            with pytest.raises(PyTritonClientInferenceServerError) as info:
+                await client.infer_sample(np.array([3.0], F32))
+        failed = str(info.value)
+        if protocol == "grpc":
+            async with AsyncioDecoupledModelClient(url, "Count", init_timeout_s=10) as first:
+                async with AsyncioDecoupledModelClient.from_existing_client(first) as client:
+                    assert type(client) is AsyncioDecoupledModelClient
+                    # parameters reach the model (PyTriton's stream drops them) and headers are sent
+                    got = [int(r["i"][0]) async for r in client.infer_sample(np.ones(1, F32), parameters={"n": 3})]
+                    assert got == [0, 1, 2]
+                    got = [int(r["i"][0]) async for r in client.infer_sample(np.ones(1, F32), headers={"x-a": "b"})]
+                    assert got == [0, 1]
+        return failed
+
+    failed = asyncio.run(main())
+    assert failed.startswith("Error occurred on Triton Inference Server side:\n ") and "no luck" in failed
