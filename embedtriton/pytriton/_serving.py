@@ -74,10 +74,8 @@ def current() -> Served:
     """The model being served by the running call (for decorators)."""
     served = _current.get()
     if served is None:
-        raise PyTritonValidationError(
-            "this decorator reads the model's configuration: call the function through a model bound with "
-            "Triton.bind (it was called outside of one)"
-        )
+        # PyTriton's words (a decorator that reads the model's config, called outside a bound model)
+        raise PyTritonValidationError("Wrapped function or object must bound with triton to get  __triton_context__")
     return served
 
 
