@@ -25,12 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from ._serving import TritonContext, current
+from ._serving import ModelConfigs, TritonContext, current
 from .exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 from .model_config.triton_model_config import TritonModelConfig
 
 __all__ = [
+    "TRITON_CONTEXT_FIELD_NAME",
     "ConstantPadder",
+    "InferenceRequest",
+    "InferenceRequests",
+    "InferenceResult",
+    "InferenceResults",
+    "InputNames",
+    "ModelConfigDict",
     "TritonContext",
     "batch",
     "convert_output",
@@ -46,7 +53,16 @@ __all__ = [
     "triton_context",
 ]
 
-_SPECIAL = ("triton_context", "__triton_context__")  # keyword arguments that are not inputs
+TRITON_CONTEXT_FIELD_NAME = "triton_context"  # the keyword argument @triton_context adds (PyTriton's name)
+_SPECIAL = (TRITON_CONTEXT_FIELD_NAME, "__triton_context__")  # keyword arguments that are not inputs
+
+# PyTriton's names for what callables take and return, for type hints
+InputNames = list[str]
+InferenceRequest = dict[str, np.ndarray]
+InferenceRequests = list[InferenceRequest] | tuple[InferenceRequest, ...]
+InferenceResult = dict[str, np.ndarray]
+InferenceResults = list[InferenceResult] | tuple[InferenceResult, ...]
+ModelConfigDict = ModelConfigs  # TritonContext.model_configs: callable -> its model's TritonModelConfig
 
 
 def get_model_config(*_: Any) -> TritonModelConfig:
@@ -330,7 +346,7 @@ def triton_context(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs, triton_context=current().context)
+        return func(*args, **kwargs, **{TRITON_CONTEXT_FIELD_NAME: current().context})
 
     return run
 

@@ -14,6 +14,7 @@ PyTriton. ``RemoteTriton`` is refused at construction (see its docstring).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -30,7 +31,14 @@ from .exceptions import PyTritonInvalidOperationError, PyTritonValidationError
 from .model_config.model_config import ModelConfig
 from .triton_config import TritonConfig, plan
 
-__all__ = ["RemoteTriton", "Triton", "TritonConfig"]
+__all__ = [
+    "DefaultTritonLifecyclePolicy",
+    "RemoteTriton",
+    "Triton",
+    "TritonConfig",
+    "TritonLifecyclePolicy",
+    "VertextAILifecyclePolicy",
+]
 
 log = logging.getLogger("embedtriton.pytriton")
 
@@ -38,14 +46,33 @@ MONITORING_PERIOD_S = 10.0  # PyTriton's default for serve()
 _NAME = re.compile(r"^[a-zA-Z0-9._-]+$")  # PyTriton's model names
 
 
+@dataclasses.dataclass
+class TritonLifecyclePolicy:
+    """PyTriton's lifecycle policy: whether ``with Triton(...)`` starts the server
+    (``launch_triton_on_startup``), and ``local_model_store``, which only PyTriton's separate
+    tritonserver process needs (accepted, with no effect here)."""
+
+    launch_triton_on_startup: bool = True
+    local_model_store: bool = False
+
+
+DefaultTritonLifecyclePolicy = TritonLifecyclePolicy()
+VertextAILifecyclePolicy = TritonLifecyclePolicy(
+    launch_triton_on_startup=False, local_model_store=True
+)  # (PyTriton's name)
+
+
 class Triton:
     """NVIDIA Triton Inference Server serving Python callables, PyTriton's API.
 
     ``config`` is merged over ``PYTRITON_TRITON_CONFIG_*`` environment variables, as in
     PyTriton. ``workspace`` is accepted and not used (embedtriton writes no model store or
-    sockets there). ``triton_lifecycle_policy`` and ``security_config`` must be left out:
-    there is no remote Triton and there are no access tokens (gRPC shared memory, which PyTriton
-    guards with a token by default, is off instead).
+    sockets there). ``triton_lifecycle_policy`` says whether ``with Triton(...)`` starts the
+    server (``launch_triton_on_startup``; its ``local_model_store`` has no meaning here: the
+    models live in this process); left out, it is PyTriton's default, or its Vertex AI policy
+    (start at ``run()``/``serve()``) when Vertex AI is on. ``security_config`` must be left out:
+    there are no access tokens (gRPC shared memory, which PyTriton guards with a token by
+    default, is off instead).
     """
 
     def __init__(
@@ -56,16 +83,23 @@ class Triton:
         triton_lifecycle_policy: Any = None,
         security_config: Any = None,
     ) -> None:
-        for name, value in (("triton_lifecycle_policy", triton_lifecycle_policy), ("security_config", security_config)):
-            if value is not None:
-                raise PyTritonValidationError(
-                    f"Triton({name}=...) is not supported by embedtriton: the server always runs in this process "
-                    "and has no access tokens; leave it out"
-                )
+        if security_config is not None:
+            raise PyTritonValidationError(
+                "Triton(security_config=...) is not supported by embedtriton: the server always runs in this process "
+                "and has no access tokens; leave it out"
+            )
+        if triton_lifecycle_policy is not None and not isinstance(triton_lifecycle_policy, TritonLifecyclePolicy):
+            raise PyTritonValidationError(
+                f"triton_lifecycle_policy must be a TritonLifecyclePolicy, not {type(triton_lifecycle_policy).__name__}"
+            )
         merged = {k: v for k, v in TritonConfig.from_env().to_dict().items() if v is not None}
         merged.update({k: v for k, v in (config.to_dict() if config else {}).items() if v is not None})
         self._config = TritonConfig(**merged)
         self._plan = plan(self._config)
+        if triton_lifecycle_policy is None:  # PyTriton picks its Vertex AI policy when Vertex AI is on
+            vertex = self._plan.vertex_ai is not None
+            triton_lifecycle_policy = VertextAILifecyclePolicy if vertex else DefaultTritonLifecyclePolicy
+        self._lifecycle = triton_lifecycle_policy
         self._server = Server(self._plan.server)
         self._triton_context = TritonContext()
         self._lock = threading.RLock()
@@ -91,9 +125,11 @@ class Triton:
         instance each). Works before and after the server starts. Outputs are always checked
         against ``outputs`` (as with ``strict=True``). A name (in any letter case) and version
         can be bound once until :meth:`stop`, which forgets every model, as in PyTriton."""
+        if not model_name:
+            raise PyTritonValidationError("Model name cannot be empty")
         if not isinstance(model_name, str) or not _NAME.match(model_name):
             raise PyTritonValidationError(
-                f"Model name {model_name!r}: it can only contain alphanumeric characters, dots, underscores and dashes"
+                "Model name can only contain alphanumeric characters, dots, underscores and dashes"
             )
         if trace_config is not None:
             raise PyTritonValidationError(
@@ -105,7 +141,7 @@ class Triton:
             raise PyTritonInvalidOperationError("Cannot add model with the same name twice.")
         funcs = [infer_func] if callable(infer_func) else list(infer_func)
         if not funcs or not all(callable(f) for f in funcs):
-            raise PyTritonValidationError("infer_func has to be a callable or a sequence of callables")
+            raise PyTritonValidationError("inference_fn has to be either callable or sequence of callables")
         if any(getattr(t, "optional", False) for t in outputs):
             raise PyTritonValidationError("Output tensors cannot be optional.")
         ins, outs = _convert.tensors(inputs, "INPUT"), _convert.tensors(outputs, "OUTPUT")
@@ -209,10 +245,10 @@ class Triton:
         return self._running
 
     def __enter__(self) -> Triton:
-        """Start serving, except in Vertex AI mode: there, as with PyTriton's Vertex AI lifecycle,
-        the server starts at ``serve()`` or ``run()``, once the models are bound (the endpoint
-        picks its default model when it starts)."""
-        if self._plan.vertex_ai is None:
+        """Start serving, unless the lifecycle policy says not to (PyTriton's Vertex AI policy,
+        taken when Vertex AI is on: the server starts at ``serve()`` or ``run()``, once the
+        models are bound, since the endpoint picks its default model when it starts)."""
+        if self._lifecycle.launch_triton_on_startup:
             self.run()
         return self
 

@@ -345,3 +345,71 @@ def test_asyncio_clients_from_existing_client_and_server_errors_in_pytritons_wor
 
     failed = asyncio.run(main())
     assert failed.startswith("Error occurred on Triton Inference Server side:\n ") and "no luck" in failed
+
+
+def test_bind_refuses_names_and_callables_in_pytritons_words(local_config):
+    from embedtriton.pytriton.exceptions import PyTritonValidationError
+
+    triton = Triton(config=local_config())
+    spec = [Tensor(name="x", dtype=F32, shape=(1,))], [Tensor(name="y", dtype=F32, shape=(1,))]
+    with pytest.raises(PyTritonValidationError, match="^Model name cannot be empty$"):
+        triton.bind("", batch(lambda x: {"y": x}), *spec)
+    with pytest.raises(
+        PyTritonValidationError,
+        match="^Model name can only contain alphanumeric characters, dots, underscores and dashes$",
+    ):
+        triton.bind("a/b", batch(lambda x: {"y": x}), *spec)
+    with pytest.raises(
+        PyTritonValidationError, match="^inference_fn has to be either callable or sequence of callables$"
+    ):
+        triton.bind("M", [], *spec)
+
+
+def test_lifecycle_policy_says_whether_with_starts_the_server(local_config, url_of):
+    from embedtriton.pytriton.client import ModelClient
+    from embedtriton.pytriton.exceptions import PyTritonValidationError
+    from embedtriton.pytriton.triton import (
+        DefaultTritonLifecyclePolicy,
+        TritonLifecyclePolicy,
+        VertextAILifecyclePolicy,
+    )
+
+    assert DefaultTritonLifecyclePolicy == TritonLifecyclePolicy(True, False)
+    assert VertextAILifecyclePolicy == TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
+    with pytest.raises(PyTritonValidationError, match="must be a TritonLifecyclePolicy"):
+        Triton(config=local_config(), triton_lifecycle_policy="later")
+    with Triton(config=local_config(), triton_lifecycle_policy=VertextAILifecyclePolicy) as triton:
+        assert not triton.is_alive()
+        triton.bind("Twice", batch(lambda x: {"y": x * 2}), [Tensor(name="x", dtype=F32, shape=(1,))],
+                    [Tensor(name="y", dtype=F32, shape=(1,))], config=ModelConfig(max_batch_size=4))  # fmt: skip
+        triton.run()
+        with ModelClient(url_of(triton, "http"), "Twice", init_timeout_s=10) as client:
+            assert client.infer_sample(np.array([2.0], F32))["y"][0] == 4.0
+    assert not triton.is_alive()
+    with Triton(config=local_config(), triton_lifecycle_policy=TritonLifecyclePolicy(local_model_store=True)) as t:
+        assert t.is_alive()
+
+
+PUBLIC = {
+    "triton": ["Triton", "TritonConfig", "RemoteTriton", "TritonLifecyclePolicy", "DefaultTritonLifecyclePolicy",
+               "VertextAILifecyclePolicy"],  # (TritonSecurityConfig comes with restricted APIs)
+    "decorators": ["batch", "sample", "group_by_keys", "group_by_values", "fill_optionals", "first_value",
+                   "triton_context", "pad_batch", "ConstantPadder", "TritonContext", "ModelConfigDict",
+                   "get_model_config", "get_triton_context", "get_inference_request_batch_size", "convert_output",
+                   "TRITON_CONTEXT_FIELD_NAME", "InputNames", "InferenceRequest", "InferenceRequests",
+                   "InferenceResult", "InferenceResults"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_pytritons_public_names_import_from_ours(module):
+    import importlib
+
+    ours = importlib.import_module(f"embedtriton.pytriton.{module}")
+    assert [n for n in PUBLIC[module] if not hasattr(ours, n)] == []
+    try:
+        theirs = importlib.import_module(f"pytriton.{module}")
+    except Exception:
+        return
+    assert [n for n in PUBLIC[module] if not hasattr(theirs, n)] == []  # (the list names PyTriton's own)
+    assert ours.TRITON_CONTEXT_FIELD_NAME == theirs.TRITON_CONTEXT_FIELD_NAME if module == "decorators" else True
