@@ -14,6 +14,7 @@ Settings embedtriton has no equivalent for are refused at ``Triton(...)`` with t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import pathlib
 import re
@@ -24,6 +25,8 @@ from ..config import ServerConfig
 from .exceptions import PyTritonValidationError
 
 __all__ = ["TritonConfig"]
+
+log = logging.getLogger("embedtriton.pytriton")
 
 ENV_PREFIX = "PYTRITON_TRITON_CONFIG_"
 DEFAULT_ADDRESS = "0.0.0.0"  # tritonserver's (and so PyTriton's) default for every endpoint
@@ -95,12 +98,16 @@ class TritonConfig:
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> TritonConfig:
         """A config from ``{field: value}``; string values are converted to the field's type
-        (lists from comma-separated strings). Unknown names are refused."""
+        (lists from comma-separated strings). Unknown names are ignored with a warning, as
+        PyTriton does (a newer release's setting does not stop an older one)."""
         kinds = _kinds()
-        unknown = sorted(set(config) - set(kinds))
-        if unknown:
-            raise PyTritonValidationError(f"TritonConfig has no field(s) {unknown}; the fields are {sorted(kinds)}")
-        return cls(**{name: _convert(name, kinds[name], value) for name, value in config.items()})
+        for name, value in config.items():
+            if name not in kinds:
+                log.warning(
+                    "Ignoring %s=%s as could not find matching config field. Available fields: %s",
+                    name, value, ", ".join(kinds),
+                )  # fmt: skip
+        return cls(**{name: _convert(name, kinds[name], value) for name, value in config.items() if name in kinds})
 
     @classmethod
     def from_env(cls) -> TritonConfig:

@@ -413,3 +413,15 @@ def test_pytritons_public_names_import_from_ours(module):
         return
     assert [n for n in PUBLIC[module] if not hasattr(theirs, n)] == []  # (the list names PyTriton's own)
     assert ours.TRITON_CONTEXT_FIELD_NAME == theirs.TRITON_CONTEXT_FIELD_NAME if module == "decorators" else True
+
+
+def test_triton_config_from_dict_ignores_unknown_names_with_a_warning(caplog):
+    from embedtriton.pytriton.triton_config import TritonConfig
+
+    with caplog.at_level("WARNING", logger="embedtriton.pytriton"):
+        config = TritonConfig.from_dict({"http_port": "9000", "allow_grpc": "false", "newer_setting": 1})
+    assert (config.http_port, config.allow_grpc) == (9000, False)
+    assert (
+        "Ignoring newer_setting=1 as could not find matching config field. Available fields: model_repository, id,"
+        in (caplog.text)
+    )
