@@ -24,15 +24,10 @@ from embedtriton.pytriton.model_config.triton_model_config import TensorSpec, Tr
 F32 = np.float32
 
 
-def theirs_or_none() -> Any:
-    try:
-        import pytriton.decorators
-    except Exception:
-        return None
-    return pytriton.decorators
-
-
-THEIRS = theirs_or_none()
+@pytest.fixture(scope="module")
+def theirs(stock_pytriton) -> Any:
+    """PyTriton's decorators module, or None (then each case checks ours alone)."""
+    return stock_pytriton("decorators")
 
 
 def config_of(batching: bool = True, inputs: tuple[str, ...] = ("a", "b"), outputs: tuple[str, ...] = ("y",)) -> Any:
@@ -55,7 +50,7 @@ def serving(config: dict[str, Any]) -> Iterator[None]:
         _serving._current.reset(token)
 
 
-def bound_theirs(func: Callable[..., Any], config: dict[str, Any]) -> None:
+def bound_theirs(module: Any, func: Callable[..., Any], config: dict[str, Any]) -> None:
     """PyTriton's decorators see ``config`` as ``func``'s (what its Triton.bind attaches)."""
     from pytriton.model_config.triton_model_config import TensorSpec as Spec
     from pytriton.model_config.triton_model_config import TritonModelConfig as Config
@@ -63,7 +58,7 @@ def bound_theirs(func: Callable[..., Any], config: dict[str, Any]) -> None:
     theirs_config = dict(config)
     theirs_config["inputs"] = [Spec(s.name, s.shape, s.dtype) for s in config["inputs"]]
     theirs_config["outputs"] = [Spec(s.name, s.shape, s.dtype) for s in config["outputs"]]
-    context = THEIRS.TritonContext()
+    context = module.TritonContext()
     context.model_configs[func] = Config(**theirs_config)
     func.__triton_context__ = context
 
@@ -84,72 +79,88 @@ def raised(call: Callable[[], Any]) -> tuple[str, str]:
     raise AssertionError("nothing was raised")
 
 
-def compare(case: Callable[[Any], tuple[str, str]], expected: tuple[str, str]) -> None:
+def compare(case: Callable[[Any], tuple[str, str]], expected: tuple[str, str], theirs: Any) -> None:
     """``case(module)`` raises the same for ours and PyTriton's, and that is ``expected``."""
     assert case(ours) == expected
-    if THEIRS is not None:
-        assert case(THEIRS) == expected
+    if theirs is not None:
+        assert case(theirs) == expected
 
 
-def with_config(module: Any, make: Callable[[Callable[..., Any]], Callable[..., Any]], inner: Callable[..., Any],
-                config: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[str, str]:  # fmt: skip
+def with_config(
+    module: Any,
+    make: Callable[[Callable[..., Any]], Callable[..., Any]],
+    inner: Callable[..., Any],
+    config: dict[str, Any],
+    rows: list[dict[str, Any]],
+) -> tuple[str, str]:
     """Decorate ``inner`` with ``make`` (given the module), serve it as ``config``'s model, call it."""
     decorated = make(inner)
     requests = requests_for(module, *rows)
     if module is ours:
         with serving(config):
             return raised(lambda: decorated(requests))
-    bound_theirs(inner, config)
+    bound_theirs(module, inner, config)
     return raised(lambda: decorated(requests))
 
 
 ONE = {"a": np.ones((1, 1), F32), "b": np.ones((1, 1), F32)}
 
 
-def test_batch_errors():
+def test_batch_errors(theirs):
     compare(
         lambda m: raised(lambda: m.batch(lambda **kw: kw)(requests_for(m, ONE, {"a": np.ones((1, 1), F32)}))),
         ("PyTritonValidationError", "Cannot batch requests with different set of inputs keys"),
+        theirs,
     )
     compare(
         lambda m: raised(
             lambda: m.batch(lambda a, b: {"y": np.ones((3, 1)), "z": np.ones((2, 1))})(requests_for(m, ONE, ONE))
-        ),  # fmt: skip
+        ),
         ("ValueError", "Received output tensors with different batch sizes: y: (3, 1). Expected batch size: 2. "),
+        theirs,
     )
 
 
-def test_output_conversion_errors():
+def test_output_conversion_errors(theirs):
     def case(module: Any, returned: Any) -> tuple[str, str]:
         def inner(a, b):
             return returned
 
         return with_config(module, lambda f: module.batch(f), inner, config_of(), [ONE])
 
-    compare(lambda m: case(m, [np.ones((1, 1)), np.ones((1, 1))]),
-            ("PyTritonValidationError", "Outputs length different than config outputs length"))  # fmt: skip
-    compare(lambda m: case(m, 5), ("PyTritonValidationError", "Unsupported output type <class 'int'>."))
+    compare(
+        lambda m: case(m, [np.ones((1, 1)), np.ones((1, 1))]),
+        ("PyTritonValidationError", "Outputs length different than config outputs length"),
+        theirs,
+    )
+    compare(lambda m: case(m, 5), ("PyTritonValidationError", "Unsupported output type <class 'int'>."), theirs)
 
 
-def test_a_decorator_outside_a_bound_model():
+def test_a_decorator_outside_a_bound_model(theirs):
     compare(
         lambda m: raised(lambda: m.triton_context(lambda requests, **kw: kw)(requests_for(m, ONE))),
         ("PyTritonValidationError", "Wrapped function or object must bound with triton to get  __triton_context__"),
+        theirs,
     )
 
 
-def test_group_by_values_above_batch_is_refused():
+def test_group_by_values_above_batch_is_refused(theirs):
     def case(module: Any) -> tuple[str, str]:
         decorated = module.group_by_values("a")(module.batch(lambda a, b: {"y": a}))
         return raised(lambda: decorated(requests_for(module, ONE)))
 
-    compare(case, ("PyTritonRuntimeError", "The @group_by_values decorator must be used after the @batch decorator."))
+    compare(
+        case,
+        ("PyTritonRuntimeError", "The @group_by_values decorator must be used after the @batch decorator."),
+        theirs,
+    )
 
 
-def test_constant_padder_refuses_mixed_dtypes():
+def test_constant_padder_refuses_mixed_dtypes(theirs):
     compare(
         lambda m: raised(lambda: m.ConstantPadder()([{"y": np.ones((1, 2), F32)}, {"y": np.ones((1, 3), np.int32)}])),
         ("PyTritonRuntimeError", "All input arrays for given input name must have the same dtype."),
+        theirs,
     )
 
 
@@ -170,36 +181,44 @@ def test_constant_padder_refuses_mixed_dtypes():
         ),
     ],
 )
-def test_fill_optionals_errors(defaults, expected):
+def test_fill_optionals_errors(defaults, expected, theirs):
     def case(module: Any) -> tuple[str, str]:
         return with_config(
-            module, lambda f: module.fill_optionals(**defaults)(module.batch(f)), lambda a, b: {"y": a}, config_of(),
+            module,
+            lambda f: module.fill_optionals(**defaults)(module.batch(f)),
+            lambda a, b: {"y": a},
+            config_of(),
             [{"a": np.ones((1, 1), F32)}],
-        )  # fmt: skip
+        )
 
-    compare(case, ("PyTritonBadParameterError", expected))
+    compare(case, ("PyTritonBadParameterError", expected), theirs)
 
 
-def test_first_value_errors():
+def test_first_value_errors(theirs):
     # PyTriton's words; ours refuse triton_context too (what @triton_context adds is no input either)
     expected = (
         "The keys __triton_context__ are not allowed as keys for @first_value wrapper. The set of not allowed keys are "
     )
     assert raised(lambda: ours.first_value("a", "__triton_context__")) == (
-        "PyTritonBadParameterError", expected + "triton_context, __triton_context__"
-    )  # fmt: skip
-    if THEIRS is not None:
-        assert raised(lambda: THEIRS.first_value("a", "__triton_context__")) == (
-            "PyTritonBadParameterError", expected + "__triton_context__"
-        )  # fmt: skip
+        "PyTritonBadParameterError",
+        expected + "triton_context, __triton_context__",
+    )
+    if theirs is not None:
+        assert raised(lambda: theirs.first_value("a", "__triton_context__")) == (
+            "PyTritonBadParameterError",
+            expected + "__triton_context__",
+        )
 
     def case(module: Any, batching: bool, rows: list[dict[str, Any]]) -> tuple[str, str]:
         return with_config(
             module, lambda f: module.batch(module.first_value("b")(f)), lambda a, b: {"y": a}, config_of(batching), rows
         )
 
-    compare(lambda m: case(m, False, [ONE]),
-            ("PyTritonRuntimeError", "The @first_value decorator can only be used with models that support batching."))  # fmt: skip
+    compare(
+        lambda m: case(m, False, [ONE]),
+        ("PyTritonRuntimeError", "The @first_value decorator can only be used with models that support batching."),
+        theirs,
+    )
     rows = [ONE, {"a": np.ones((1, 1), F32), "b": np.full((1, 1), 2.0, F32)}]
     compare(
         lambda m: case(m, True, rows),
@@ -209,6 +228,7 @@ def test_first_value_errors():
             "wrapper or ensure that the values always are consistent. The current values of 'b' are "
             "array([[1.],\n       [2.]], dtype=float32).",
         ),
+        theirs,
     )
 
 
@@ -237,13 +257,13 @@ def group_order(module: Any, values: np.ndarray) -> list[list[Any]]:
         (np.array([[b"bb"], [b"a"], [b"bb"], [b"c"]], dtype=object), [[[b"a"]], [[b"c"]], [[b"bb"], [b"bb"]]]),
     ],
 )
-def test_group_by_values_hands_groups_in_pytritons_order(values, expected):
+def test_group_by_values_hands_groups_in_pytritons_order(values, expected, theirs):
     assert group_order(ours, values) == expected
-    if THEIRS is not None:
-        assert group_order(THEIRS, values) == expected
+    if theirs is not None:
+        assert group_order(theirs, values) == expected
 
 
-def test_group_by_keys_hands_groups_in_pytritons_order():
+def test_group_by_keys_hands_groups_in_pytritons_order(theirs):
     def order(module: Any) -> list[list[str]]:
         seen: list[list[str]] = []
 
@@ -256,5 +276,5 @@ def test_group_by_keys_hands_groups_in_pytritons_order():
         return seen
 
     assert order(ours) == [["bias", "x"], ["x"]]  # sorted by the groups' input names, not by first seen
-    if THEIRS is not None:
-        assert order(THEIRS) == [["bias", "x"], ["x"]]
+    if theirs is not None:
+        assert order(theirs) == [["bias", "x"], ["x"]]

@@ -50,12 +50,10 @@ def rewrite(source: str, *, keep_client: bool = False) -> str:
     return _IMPORT.sub(one, source)
 
 
-def stock_client_available() -> bool:
-    try:
-        import pytriton.client  # noqa: F401
-    except Exception:
-        return False
-    return True
+@pytest.fixture(scope="module")
+def stock_client(stock_pytriton) -> bool:
+    """Whether PyTriton's own client (the nvidia-pytriton wheel and its dependencies) is here."""
+    return stock_pytriton("client") is not None
 
 
 def test_rewrite_changes_only_the_import_lines():
@@ -79,9 +77,10 @@ class Network:
     """Runs the example's processes in one network namespace (``holder``'s), or on the
     machine's network when ``holder`` is None."""
 
-    def __init__(self, holder: subprocess.Popen[bytes] | None, tmp: Path) -> None:
+    def __init__(self, holder: subprocess.Popen[bytes] | None, tmp: Path, stock_client: bool) -> None:
         self.holder = holder
         self.tmp = tmp
+        self.stock_client = stock_client  # PyTriton's own client is here: clients run with it too
         self.processes: list[subprocess.Popen[bytes]] = []
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTRITON_", "AIP_"))}
         self.env["PYTHONUNBUFFERED"] = "1"
@@ -186,13 +185,13 @@ def _ports_free() -> list[int]:
 
 
 @pytest.fixture
-def net(tmp_path) -> Iterator[Network]:
+def net(tmp_path, stock_client) -> Iterator[Network]:
     holder = _namespace()
     if holder is None:
         taken = _ports_free()
         if taken:
             pytest.skip(f"no network namespace here (unshare) and port(s) {taken} are taken: the example needs them")
-    network = Network(holder, tmp_path)
+    network = Network(holder, tmp_path, stock_client)
     try:
         yield network
     finally:
@@ -222,7 +221,7 @@ def run_clients(net: Network, tmp: Path, name: str, server: Process, script: str
     """The example's client, rewritten and then unchanged (PyTriton's own client), against
     ``server``; each must exit 0. Their outputs."""
     outputs = []
-    variants = [("embedtriton", False)] + ([("pytriton", True)] if stock_client_available() else [])
+    variants = [("embedtriton", False)] + ([("pytriton", True)] if net.stock_client else [])
     for variant, keep in variants:
         folder = copy_example(name, tmp / f"client-{variant}", keep_client=keep)
         client = net.start([sys.executable, str(folder / script)], f"{variant}-client", folder)
@@ -328,7 +327,7 @@ def notebook_script(keep_client: bool) -> str:
 def test_add_sub_notebook(net, tmp_path, client):
     """The notebook's flow in one process: bind, run, infer, stop, bind the same name again with
     another callable, run, infer (the new callable answers), stop."""
-    if client == "pytriton" and not stock_client_available():
+    if client == "pytriton" and not net.stock_client:
         pytest.skip("PyTriton's client (nvidia-pytriton wheel and its dependencies) is not installed")
     script = tmp_path / "add_sub_notebook.py"
     script.write_text(notebook_script(keep_client=client == "pytriton"))
