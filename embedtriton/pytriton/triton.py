@@ -179,7 +179,7 @@ class Triton:
             self._running = True
             self._wakeup.clear()
         for model in self._server.models():
-            log.info("Infer function available as model: `/v2/models/%s`", model)
+            log.info("Infer function available as model: `/v2/models/%s`", model.name)
         log.info("Serving: %s", ", ".join(f"{k} on port {v}" for k, v in self._ports.items()))
 
     def _serve_vertex_ai(self, address: str, default_model: str | None) -> int:

@@ -225,7 +225,7 @@ def _plain(value):
 MODELS = ("Twice", "Adder", "Queued", "Warm", "Cached", "Stream", "Plain")
 
 
-def test_client_model_config_reads_what_pytritons_reads(configured, url_of, protocol):
+def test_client_model_config_reads_what_pytritons_reads(configured, url_of, protocol, stock_pytriton):
     from embedtriton.pytriton.client import ModelClient
     from embedtriton.pytriton.model_config.common import DeviceKind, QueuePolicy, TimeoutAction
 
@@ -244,13 +244,12 @@ def test_client_model_config_reads_what_pytritons_reads(configured, url_of, prot
     assert stage.inputs["x"].zero_data and ours["Warm"].instance_group == {DeviceKind.KIND_CPU: 2}
     assert ours["Cached"].response_cache.enable is True and ours["Queued"].response_cache is None
     assert ours["Stream"].decoupled and not ours["Plain"].batching and ours["Plain"].max_batch_size == 0
-    try:
-        from pytriton.client import ModelClient as StockClient
-    except Exception:
+    stock = stock_pytriton("client")
+    if stock is None:
         return  # PyTriton's client is not installed: the checks above stand alone
     for name in MODELS:
-        with StockClient(url, name, init_timeout_s=10) as stock:
-            assert _plain(ours[name]) == _plain(stock.model_config), name
+        with stock.ModelClient(url, name, init_timeout_s=10) as theirs:
+            assert _plain(ours[name]) == _plain(theirs.model_config), name
 
 
 @pytest.fixture(scope="module")
@@ -274,11 +273,6 @@ def streaming(local_config):
         yield triton
 
 
-def _stock(name: str):
-    stock = pytest.importorskip("pytriton.client", reason="PyTriton's client is not installed")
-    return getattr(stock, name)
-
-
 async def _first_error(client, model: str | None = None, **options) -> BaseException:
     try:
         async for _ in client.infer_sample(np.array([1.0], F32), **options):
@@ -289,14 +283,19 @@ async def _first_error(client, model: str | None = None, **options) -> BaseExcep
 
 
 @pytest.mark.parametrize("which", ["embedtriton", "pytriton"])
-def test_asyncio_decoupled_client_over_http_fails_at_the_first_inference(streaming, url_of, which):
+def test_asyncio_decoupled_client_over_http_fails_at_the_first_inference(streaming, url_of, which, stock_pytriton):
     """As PyTriton's: the client is made and reads the config over HTTP; an inference raises
     PyTritonClientValueError (a coupled model: PyTritonClientInferenceServerError first)."""
     import asyncio
 
     from embedtriton.pytriton.client import AsyncioDecoupledModelClient
 
-    client_class = AsyncioDecoupledModelClient if which == "embedtriton" else _stock("AsyncioDecoupledModelClient")
+    client_class = AsyncioDecoupledModelClient
+    if which == "pytriton":
+        stock = stock_pytriton("client")
+        if stock is None:
+            pytest.skip("PyTriton's client (nvidia-pytriton wheel and its dependencies) is not installed")
+        client_class = stock.AsyncioDecoupledModelClient
 
     async def main():
         url = url_of(streaming, "http")
@@ -365,7 +364,7 @@ def test_bind_refuses_names_and_callables_in_pytritons_words(local_config):
         triton.bind("M", [], *spec)
 
 
-def test_lifecycle_policy_says_whether_with_starts_the_server(local_config, url_of):
+def test_lifecycle_policy_says_whether_with_starts_the_server(local_config, url_of, caplog):
     from embedtriton.pytriton.client import ModelClient
     from embedtriton.pytriton.exceptions import PyTritonValidationError
     from embedtriton.pytriton.triton import (
@@ -382,7 +381,9 @@ def test_lifecycle_policy_says_whether_with_starts_the_server(local_config, url_
         assert not triton.is_alive()
         triton.bind("Twice", batch(lambda x: {"y": x * 2}), [Tensor(name="x", dtype=F32, shape=(1,))],
                     [Tensor(name="y", dtype=F32, shape=(1,))], config=ModelConfig(max_batch_size=4))  # fmt: skip
-        triton.run()
+        with caplog.at_level("INFO", logger="embedtriton.pytriton"):
+            triton.run()
+        assert "Infer function available as model: `/v2/models/Twice`" in caplog.text
         with ModelClient(url_of(triton, "http"), "Twice", init_timeout_s=10) as client:
             assert client.infer_sample(np.array([2.0], F32))["y"][0] == 4.0
     assert not triton.is_alive()
@@ -402,14 +403,13 @@ PUBLIC = {
 
 
 @pytest.mark.parametrize("module", sorted(PUBLIC))
-def test_pytritons_public_names_import_from_ours(module):
+def test_pytritons_public_names_import_from_ours(module, stock_pytriton):
     import importlib
 
     ours = importlib.import_module(f"embedtriton.pytriton.{module}")
     assert [n for n in PUBLIC[module] if not hasattr(ours, n)] == []
-    try:
-        theirs = importlib.import_module(f"pytriton.{module}")
-    except Exception:
+    theirs = stock_pytriton(module)
+    if theirs is None:
         return
     assert [n for n in PUBLIC[module] if not hasattr(theirs, n)] == []  # (the list names PyTriton's own)
     assert ours.TRITON_CONTEXT_FIELD_NAME == theirs.TRITON_CONTEXT_FIELD_NAME if module == "decorators" else True
