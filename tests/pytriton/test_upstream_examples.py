@@ -166,7 +166,14 @@ def _namespace() -> subprocess.Popen[bytes] | None:
     except OSError:
         return None
     assert holder.stdout is not None
-    if holder.stdout.readline().strip() != b"up":
+    entered = (
+        holder.stdout.readline().strip() == b"up"
+        and subprocess.run(
+            ["nsenter", "--preserve-credentials", "-U", "-n", "-t", str(holder.pid), "--", "true"], capture_output=True
+        ).returncode
+        == 0
+    )  # (a sandbox may allow making a namespace and not entering it)
+    if not entered:
         holder.kill()
         holder.wait()
         return None
