@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 from .config import ServerConfig
@@ -98,6 +99,47 @@ class Server(CoreServer):
             endpoint = RestEndpoint(self, options)
             self.attach("http", endpoint)
         log.info("serving HTTP on %s (port %d)", options.address, endpoint.port)
+        return endpoint.port
+
+    def serve_vertex_ai(
+        self,
+        address: str | int | None = None,
+        *,
+        predict_route: str | None = None,
+        health_route: str | None = None,
+        default_model: str | None = None,
+        options: HttpOptions | None = None,
+        **settings: Any,
+    ) -> int:
+        """Serve Triton's Vertex AI endpoint (what ``tritonserver --allow-vertex-ai`` serves):
+        the predict route infers the default model, or the KServe-v2 path that the header
+        ``X-Vertex-Ai-Triton-Redirect`` names; the health route says whether the server is ready;
+        every other path is answered 400. Stopped by :meth:`stop`.
+
+        The routes are regular expressions a request's path must match whole; they default to
+        the environment Vertex AI sets, ``AIP_PREDICT_ROUTE`` and ``AIP_HEALTH_ROUTE``. The
+        address defaults to ``127.0.0.1:$AIP_HTTP_PORT`` (8080 when unset). ``default_model``
+        must be ready; left out, exactly one model must be ready now (the server's models are
+        looked at once, here, as Triton does when it starts). ``settings`` are the HTTP endpoint's
+        (:class:`HttpOptions`). Returns the port. Needs ``pip install "embedtriton[http]"``.
+        """
+        from .frontends.http import vertex_ai
+
+        fields = {f.name for f in dataclasses.fields(HttpOptions)} - {"address"}
+        unknown = sorted(set(settings) - fields)
+        if unknown:
+            raise InvalidArgumentError(f"unknown HTTP setting(s) {unknown}; the settings are {sorted(fields)}")
+        settings["address"] = address if address is not None else f"127.0.0.1:{os.environ.get('AIP_HTTP_PORT') or 8080}"
+        options = dataclasses.replace(options or HttpOptions(), **settings)
+        predict = os.environ.get("AIP_PREDICT_ROUTE", "") if predict_route is None else predict_route
+        health = os.environ.get("AIP_HEALTH_ROUTE", "") if health_route is None else health_route
+        with self._lock:
+            if self.endpoint("vertex_ai") is not None:
+                raise InvalidArgumentError("already serving Vertex AI")
+            model = vertex_ai.default_model(self, default_model)
+            endpoint = vertex_ai.VertexAiEndpoint(self, options, predict, health, model)
+            self.attach("vertex_ai", endpoint)
+        log.info("serving Vertex AI on %s (port %d), default model '%s'", options.address, endpoint.port, model)
         return endpoint.port
 
     def serve_metrics(self, address: str | int = "127.0.0.1:8002") -> int:

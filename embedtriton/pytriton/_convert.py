@@ -140,44 +140,103 @@ def _spec_dtype(dtype: np.dtype) -> Any:
 
 
 def parse_triton_config(config: dict[str, Any]) -> TritonModelConfig:
-    """Triton's model config JSON (``get_model_config``) as a TritonModelConfig."""
-
-    def spec(item: dict[str, Any], what: str) -> TensorSpec:
-        data_type = str(item.get("data_type", "")).removeprefix("TYPE_")
-        data_type = "BYTES" if data_type == "STRING" else data_type
-        found = BY_NAME.get(data_type)
-        if found is None or (found.numpy is None and found.name != "BYTES"):
-            raise PyTritonModelConfigError(f"{what} '{item.get('name')}' has a data type numpy lacks: {data_type}")
-        dtype = np.bytes_ if found.name == "BYTES" else found.numpy.type  # type: ignore[union-attr]
-        return TensorSpec(item["name"], tuple(int(d) for d in item.get("dims", [])), dtype, item.get("optional", False))
-
+    """Triton's model config JSON (``get_model_config``, HTTP or gRPC's ``as_json``) as a
+    TritonModelConfig, field by field as PyTriton's client reads it: the dynamic batcher with its
+    queue policies, ``parameters`` as ``backend_parameters`` (name -> string value), the response
+    cache and the warm-up stages; the same errors for what cannot be read."""
     dynamic = config.get("dynamic_batching")
-    batcher = None
-    if dynamic is not None:
-        batcher = common.DynamicBatcher(
-            max_queue_delay_microseconds=int(dynamic.get("max_queue_delay_microseconds", 0)),
-            preferred_batch_size=[int(s) for s in dynamic["preferred_batch_size"]]
-            if dynamic.get("preferred_batch_size")
-            else None,
-            preserve_ordering=bool(dynamic.get("preserve_ordering", False)),
-            priority_levels=int(dynamic.get("priority_levels", 0)),
-            default_priority_level=int(dynamic.get("default_priority_level", 0)),
-        )
-    groups: dict[common.DeviceKind, int | None] = {}
-    for group in config.get("instance_group", []):
-        try:
-            groups[common.DeviceKind(group.get("kind", "KIND_AUTO"))] = group.get("count")
-        except ValueError:
-            continue
+    groups = {common.DeviceKind(entry["kind"]): entry.get("count") for entry in config.get("instance_group", [])}
+    parameters = config.get("parameters", [])
+    if isinstance(parameters, list):
+        backend_parameters = dict.fromkeys(parameters, "")
+    elif isinstance(parameters, dict):
+        backend_parameters = {name: value["string_value"] for name, value in parameters.items()}
+    else:
+        raise TypeError(f"Invalid type for backend_parameters_config: {type(parameters)}")
+    cache = config.get("response_cache")
+    warmup = config.get("model_warmup")
     max_batch_size = int(config.get("max_batch_size", 0))
     return TritonModelConfig(
         model_name=config["name"],
         max_batch_size=max_batch_size,
         batching=max_batch_size > 0,
-        batcher=batcher,
+        batcher=_parse_batcher(dynamic) if dynamic is not None else None,
         instance_group=groups,
         decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
-        inputs=[spec(i, "input") for i in config.get("input", [])] or None,
-        outputs=[spec(o, "output") for o in config.get("output", [])] or None,
-        response_cache=ResponseCache(enable=True) if config.get("response_cache", {}).get("enable") else None,
+        backend_parameters=backend_parameters,
+        inputs=[_parse_spec(item, "input", i) for i, item in enumerate(config.get("input", []))] or None,
+        outputs=[_parse_spec(item, "output", i) for i, item in enumerate(config.get("output", []))] or None,
+        response_cache=ResponseCache(enable=bool(cache["enable"])) if cache else None,
+        model_warmup=[_parse_warmup(stage) for stage in warmup] if warmup else None,
     )
+
+
+def _parse_dtype(data_type: Any, what: str) -> Any:
+    """A Triton ``TYPE_*`` name as the numpy dtype PyTriton's client gives it (``np.bytes_`` for
+    strings); ``what`` names the tensor in the errors, as PyTriton words them."""
+    if not data_type:
+        raise PyTritonModelConfigError(f"Data type for {what} not defined.")
+    parts = str(data_type).split("_")
+    if len(parts) != 2:
+        raise PyTritonModelConfigError(
+            f"Invalid data type `{data_type}` for {what} not defined. The expected name is TYPE_{{type}}."
+        )
+    if parts[1] in ("STRING", "BYTES"):
+        return np.bytes_
+    found = BY_NAME.get(parts[1])
+    if found is None or found.numpy is None:
+        raise PyTritonModelConfigError(f"Unsupported data type `{data_type}` for {what}")
+    return found.numpy.type
+
+
+def _parse_spec(item: dict[str, Any], io_type: str, index: int) -> TensorSpec:
+    name = item.get("name")
+    if not name:
+        raise PyTritonModelConfigError(f"Name for {io_type} at index {index} not provided.")
+    dtype = _parse_dtype(item.get("data_type"), f"{io_type} with name `{name}`")
+    dims = item.get("dims", [])
+    if not dims:
+        raise PyTritonModelConfigError(f"Dimension for {io_type} with name `{name}` not defined.")
+    return TensorSpec(name, tuple(int(d) for d in dims), dtype, item.get("optional", False))
+
+
+def _parse_policy(policy: dict[str, Any]) -> common.QueuePolicy:
+    return common.QueuePolicy(
+        timeout_action=common.TimeoutAction(policy.get("timeout_action", common.TimeoutAction.REJECT.value)),
+        default_timeout_microseconds=int(policy.get("default_timeout_microseconds", 0)),
+        allow_timeout_override=bool(policy.get("allow_timeout_override", False)),
+        max_queue_size=int(policy.get("max_queue_size", 0)),
+    )
+
+
+def _parse_batcher(dynamic: dict[str, Any]) -> common.DynamicBatcher:
+    default_policy = dynamic.get("default_queue_policy")
+    by_priority = dynamic.get("priority_queue_policy")
+    preferred = dynamic.get("preferred_batch_size")
+    return common.DynamicBatcher(
+        preferred_batch_size=[int(size) for size in preferred] if preferred is not None else None,
+        max_queue_delay_microseconds=int(dynamic.get("max_queue_delay_microseconds", 0)),
+        preserve_ordering=bool(dynamic.get("preserve_ordering", False)),
+        priority_levels=int(dynamic.get("priority_levels", 0)),
+        default_priority_level=int(dynamic.get("default_priority_level", 0)),
+        default_queue_policy=_parse_policy(default_policy) if default_policy else None,
+        priority_queue_policy={int(level): _parse_policy(p) for level, p in by_priority.items()}
+        if by_priority
+        else None,
+    )
+
+
+def _parse_warmup(stage: dict[str, Any]) -> common.ModelWarmup:
+    inputs = {}
+    for name, spec in stage["inputs"].items():
+        shape = tuple(int(d) for d in spec["dims"])
+        if not shape:
+            raise PyTritonModelConfigError(f"Dimension for {name} not defined.")
+        inputs[name] = common.WarmupInput(
+            dtype=_parse_dtype(spec["data_type"], name),
+            shape=shape,
+            random_data=spec.get("random_data", False),
+            zero_data=spec.get("zero_data", False),
+            input_data_file=spec.get("input_data_file", None),
+        )
+    return common.ModelWarmup(name=stage["name"], batch_size=stage["batch_size"], inputs=inputs, count=stage["count"])

@@ -74,10 +74,8 @@ def current() -> Served:
     """The model being served by the running call (for decorators)."""
     served = _current.get()
     if served is None:
-        raise PyTritonValidationError(
-            "this decorator reads the model's configuration: call the function through a model bound with "
-            "Triton.bind (it was called outside of one)"
-        )
+        # PyTriton's words (a decorator that reads the model's config, called outside a bound model)
+        raise PyTritonValidationError("Wrapped function or object must bound with triton to get  __triton_context__")
     return served
 
 
@@ -85,10 +83,33 @@ def _is_async(func: Any) -> bool:
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
 
+def declared_order(names: Sequence[str]) -> Callable[[list[Any]], None]:
+    """A function that puts each request's inputs in the order ``names`` declares them (inputs
+    not declared last). PyTriton hands a callable its inputs in the model's order whatever order
+    the client sent them in, and callables rely on it (``a, b = inputs.values()``); Triton hands
+    them over in the request's order."""
+    declared = tuple(names)
+    rank = {name: i for i, name in enumerate(declared)}
+    last = len(declared)
+
+    def reorder(requests: list[Any]) -> None:
+        for request in requests:
+            if len(request) < 2 or tuple(request) == declared:
+                continue
+            present = list(request)
+            wanted = sorted(present, key=lambda n: rank.get(n, last))
+            if present != wanted:
+                for name in wanted:  # (the same request object: it keeps .parameters and the rest)
+                    request[name] = request.pop(name)
+
+    return reorder
+
+
 def serving(
     funcs: Sequence[Callable[..., Any]], served: Served, on_unrecoverable: Callable[[BaseException], None]
 ) -> Any:
     """The callable embedtriton binds for PyTriton callable(s) ``funcs``."""
+    reorder = declared_order([spec.name for spec in served.config.inputs or []])
     kinds = {_is_async(f) for f in funcs}
     if len(kinds) > 1:
         raise PyTritonValidationError("a list of inference callables must be all async (async def) or all plain")
@@ -152,6 +173,7 @@ def serving(
     if kinds == {True}:
 
         async def infer_async(requests: list[Any]) -> Any:
+            reorder(requests)
             func = take()
             token = _current.set(served)
             try:
@@ -166,6 +188,7 @@ def serving(
         return infer_async
 
     def infer(requests: list[Any]) -> Any:
+        reorder(requests)
         func = take()
         token = _current.set(served)
         try:

@@ -19,17 +19,25 @@ from __future__ import annotations
 import bisect
 import functools
 import inspect
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from ._serving import TritonContext, current
+from ._serving import ModelConfigs, TritonContext, current
 from .exceptions import PyTritonBadParameterError, PyTritonRuntimeError, PyTritonValidationError
 from .model_config.triton_model_config import TritonModelConfig
 
 __all__ = [
+    "TRITON_CONTEXT_FIELD_NAME",
     "ConstantPadder",
+    "InferenceRequest",
+    "InferenceRequests",
+    "InferenceResult",
+    "InferenceResults",
+    "InputNames",
+    "ModelConfigDict",
     "TritonContext",
     "batch",
     "convert_output",
@@ -45,7 +53,16 @@ __all__ = [
     "triton_context",
 ]
 
-_SPECIAL = ("triton_context", "__triton_context__")  # keyword arguments that are not inputs
+TRITON_CONTEXT_FIELD_NAME = "triton_context"  # the keyword argument @triton_context adds (PyTriton's name)
+_SPECIAL = (TRITON_CONTEXT_FIELD_NAME, "__triton_context__")  # keyword arguments that are not inputs
+
+# PyTriton's names for what callables take and return, for type hints
+InputNames = list[str]
+InferenceRequest = dict[str, np.ndarray]
+InferenceRequests = list[InferenceRequest] | tuple[InferenceRequest, ...]
+InferenceResult = dict[str, np.ndarray]
+InferenceResults = list[InferenceResult] | tuple[InferenceResult, ...]
+ModelConfigDict = ModelConfigs  # TritonContext.model_configs: callable -> its model's TritonModelConfig
 
 
 def get_model_config(*_: Any) -> TritonModelConfig:
@@ -71,14 +88,9 @@ def convert_output(outputs: Any, *_: Any, model_config: TritonModelConfig | None
         config = model_config or current().config
         declared = config.outputs or []
         if len(outputs) != len(declared):
-            raise PyTritonValidationError(
-                f"the function returned {len(outputs)} outputs; the model declares {len(declared)} "
-                f"({[o.name for o in declared]})"
-            )
+            raise PyTritonValidationError("Outputs length different than config outputs length")
         return {spec.name: value for spec, value in zip(declared, outputs, strict=True)}
-    raise PyTritonValidationError(
-        f"outputs must be a dict (or a list in the declared order), not {type(outputs).__name__}"
-    )
+    raise PyTritonValidationError(f"Unsupported output type {type(outputs)}.")
 
 
 def _split(outputs: Any, requests: list[Any]) -> list[dict[str, Any]]:
@@ -87,9 +99,10 @@ def _split(outputs: Any, requests: list[Any]) -> list[dict[str, Any]]:
     sizes = [get_inference_request_batch_size(r) for r in requests]
     total = sum(sizes)
     wrong = {name: np.shape(value) for name, value in outputs.items() if np.shape(value)[:1] != (total,)}
-    if wrong:
+    if wrong:  # (PyTriton's words)
         raise ValueError(
-            f"outputs {wrong} do not have the batch size of the requests ({total} rows); return one row per input row"
+            "Received output tensors with different batch sizes: "
+            f"{', '.join(f'{name}: {shape}' for name, shape in wrong.items())}. Expected batch size: {total}. "
         )
     answers, start = [], 0
     for size in sizes:
@@ -107,11 +120,8 @@ def batch(func: Callable[..., Any]) -> Callable[..., Any]:
     def gather(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], list[Any], dict[str, Any]]:
         *lead, requests = args
         names = requests[0].keys()
-        if any(r.keys() != names for r in requests[1:]):
-            raise PyTritonValidationError(
-                "@batch cannot batch requests with different sets of inputs; put @group_by_keys above it "
-                "(or @fill_optionals to give every request the optional inputs)"
-            )
+        if any(r.keys() != names for r in requests[1:]):  # (@group_by_keys above @batch groups them)
+            raise PyTritonValidationError("Cannot batch requests with different set of inputs keys")
         inputs = {name: np.concatenate([r[name] for r in requests]) for name in names}
         return tuple(lead), requests, {**kwargs, **inputs}
 
@@ -152,7 +162,8 @@ def sample(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def group_by_keys(func: Callable[..., Any]) -> Callable[..., Any]:
     """Calls ``func`` once per group of requests that carry the same set of inputs (optional
-    inputs make groups), answers back in the requests' order."""
+    inputs make groups), answers back in the requests' order. The groups are called in
+    PyTriton's order: by their sorted input names."""
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -163,7 +174,7 @@ def group_by_keys(func: Callable[..., Any]) -> Callable[..., Any]:
         if len(groups) == 1:
             return func(*lead, requests, **kwargs)
         answers: list[Any] = [None] * len(requests)
-        for indices in groups.values():
+        for _, indices in sorted(groups.items()):
             result = func(*lead, [requests[i] for i in indices], **kwargs)
             if inspect.isgenerator(result):
                 result.close()
@@ -177,14 +188,27 @@ def group_by_keys(func: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _serialized(value: np.ndarray) -> bytes:
+    """A bytes tensor as Triton serializes it (length-prefixed items after the total length),
+    which is how PyTriton compares such values."""
+    if value.size == 0:
+        return b""
+    items = [
+        item if isinstance(item, bytes) else str(item).encode("utf-8") for item in value.reshape(-1, order="C").tolist()
+    ]
+    body = b"".join(struct.pack("<I", len(item)) + item for item in items)
+    return struct.pack("<I", len(body)) + body
+
+
 def _row_key(value: Any, row: int) -> Any:
-    if not isinstance(value, np.ndarray):
-        return value
+    """What PyTriton groups and orders a row of an input by: the row's raw bytes (serialized
+    bytes for string inputs), or the value itself when the row is a scalar."""
     item = value[row]
-    if isinstance(item, np.ndarray):
-        data = tuple(item.ravel().tolist()) if item.dtype.kind == "O" else item.tobytes()
-        return item.dtype.str, item.shape, data
-    return item
+    if not isinstance(item, np.ndarray):
+        return item
+    if item.dtype == np.object_ or item.dtype.type == np.bytes_:
+        return _serialized(item)
+    return item.tobytes()
 
 
 class ConstantPadder:
@@ -201,7 +225,7 @@ class ConstantPadder:
             present = [b[name] for b in batches if name in b]
             kinds = {a.dtype.kind for a in present}
             if len(kinds) > 1 or (kinds - {"S", "U"} and len({a.dtype for a in present}) > 1):
-                raise PyTritonRuntimeError(f"output {name!r}: the groups returned different dtypes; return one dtype")
+                raise PyTritonRuntimeError("All input arrays for given input name must have the same dtype.")
             dtype = (
                 max((a.dtype for a in present), key=lambda d: d.itemsize) if kinds <= {"S", "U"} else present[0].dtype
             )
@@ -218,14 +242,16 @@ class ConstantPadder:
 def group_by_values(*keys: str, pad_fn: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
     """Below ``@batch``: splits the batch into groups of rows that have the same values in the
     inputs ``keys``, calls the function once per group and merges the outputs back in row
-    order (``pad_fn``, e.g. ``ConstantPadder()``, first evens out the groups' output shapes)."""
+    order (``pad_fn``, e.g. ``ConstantPadder()``, first evens out the groups' output shapes).
+    The groups are called in PyTriton's order: sorted by the keys' raw bytes (the value itself
+    for a scalar row), rows in their order within a group."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             inputs = {k: v for k, v in kwargs.items() if k not in _SPECIAL}
-            if not inputs:
-                raise PyTritonRuntimeError("@group_by_values takes batched inputs: put it below @batch")
+            if not inputs:  # handed the request list: @batch is below, not above
+                raise PyTritonRuntimeError("The @group_by_values decorator must be used after the @batch decorator.")
             others = {k: v for k, v in kwargs.items() if k in _SPECIAL}
             size = get_inference_request_batch_size(inputs)
             present = [k for k in keys if k in inputs]
@@ -234,7 +260,7 @@ def group_by_values(*keys: str, pad_fn: Callable[[Any], Any] | None = None) -> C
                 groups.setdefault(tuple(_row_key(inputs[k], row) for k in present), []).append(row)
             if len(groups) == 1:
                 return func(*args, **kwargs)
-            indices = [np.array(rows) for rows in groups.values()]
+            indices = [np.array(rows) for _, rows in sorted(groups.items(), key=lambda group: group[0])]
             results = []
             for rows in indices:
                 result = func(*args, **{name: value[rows] for name, value in inputs.items()}, **others)
@@ -263,29 +289,39 @@ def fill_optionals(**defaults: np.ndarray) -> Callable[..., Any]:
     axis; repeated for each row on a batching model). Put it first (outermost) so that other
     decorators see full requests."""
 
-    def check(config: TritonModelConfig) -> None:
+    def check(config: TritonModelConfig) -> None:  # (PyTriton's checks, in its order and words)
         specs = {s.name: s for s in config.inputs or []}
         unknown = sorted(set(defaults) - set(specs))
         if unknown:
-            raise PyTritonBadParameterError(f"@fill_optionals: the model has no input(s) {unknown}")
-        for name, value in defaults.items():
-            spec = specs[name]
-            if not isinstance(value, np.ndarray):
-                raise PyTritonBadParameterError(f"@fill_optionals: the default of {name} must be a numpy array")
-            if np.dtype(spec.dtype).kind in "OSU":
-                if value.dtype.kind not in "OSU":
-                    raise PyTritonBadParameterError(f"@fill_optionals: {name} takes bytes, not {value.dtype}")
-            elif value.dtype != np.dtype(spec.dtype):
-                raise PyTritonBadParameterError(
-                    f"@fill_optionals: the default of {name} has dtype {value.dtype}; the input is {np.dtype(spec.dtype)}"
-                )
-            if len(value.shape) != len(spec.shape) or any(
-                w not in (-1, h) for h, w in zip(value.shape, spec.shape, strict=True)
-            ):
-                raise PyTritonBadParameterError(
-                    f"@fill_optionals: the default of {name} has shape {value.shape}; the input is {spec.shape} "
-                    "(without the batch axis)"
-                )
+            raise PyTritonBadParameterError(f"Could not found {', '.join(unknown)} inputs")
+        not_arrays = {k: v for k, v in defaults.items() if not isinstance(v, np.ndarray)}
+        if not_arrays:
+            listed = ", ".join(f"{k}={v}" for k, v in not_arrays.items())
+            raise PyTritonBadParameterError(f"Could not use {listed} defaults as they are not NumPy arrays")
+
+        def same_dtype(value: np.ndarray, expected: Any) -> bool:  # (bytes inputs take any bytes array)
+            if np.dtype(expected).kind in "OSU":
+                return value.dtype.kind in "OSU"
+            return value.dtype == np.dtype(expected)
+
+        wrong = {k: (v.dtype, specs[k].dtype) for k, v in defaults.items() if not same_dtype(v, specs[k].dtype)}
+        if wrong:
+            listed = ", ".join(f"{k}: dtype={have} expected_dtype={want}" for k, (have, want) in wrong.items())
+            raise PyTritonBadParameterError(
+                f"Could not use {listed} defaults as they have different than input signature dtypes"
+            )
+
+        def same_shape(have: tuple[int, ...], want: tuple[int, ...]) -> bool:
+            return len(have) == len(want) and all(w == -1 or h == w for h, w in zip(have, want, strict=True))
+
+        wrong_shapes = {
+            k: (v.shape, specs[k].shape) for k, v in defaults.items() if not same_shape(v.shape, specs[k].shape)
+        }
+        if wrong_shapes:
+            listed = ", ".join(f"{k}: shape={have} expected_shape={want}" for k, (have, want) in wrong_shapes.items())
+            raise PyTritonBadParameterError(
+                f"Could not use {listed} defaults as they have different than input signature shapes"
+            )
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
@@ -310,7 +346,7 @@ def triton_context(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs, triton_context=current().context)
+        return func(*args, **kwargs, **{TRITON_CONTEXT_FIELD_NAME: current().context})
 
     return run
 
@@ -345,17 +381,22 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
     """Replaces the inputs ``keys`` by their first row (a scalar when that row has one element
     and ``squeeze_single_values``); with ``strict``, all rows must be equal. Works below
     ``@batch`` (keyword arguments) and on the request list; batching models only."""
-    special = sorted(set(keys) & set(_SPECIAL))
-    if special:
-        raise PyTritonBadParameterError(f"@first_value cannot take {special}: they are not inputs")
+    if any(k in _SPECIAL for k in keys):
+        not_allowed = [k for k in keys if k in _SPECIAL]
+        raise PyTritonBadParameterError(
+            f"The keys {', '.join(not_allowed)} are not allowed as keys for @first_value wrapper. "
+            f"The set of not allowed keys are {', '.join(_SPECIAL)}"
+        )
 
     def first(values: Any, name: str) -> Any:
         if strict:
             unique = np.unique(values, axis=None if values.dtype.kind == "O" else 0)
             if len(unique) > 1:
                 raise PyTritonRuntimeError(
-                    f"@first_value: the rows of input {name!r} differ ({values!r}); send equal values "
-                    "or use @first_value(..., strict=False)"
+                    f"The values on the {name!r} input are not equal. "
+                    "To proceed, either disable strict mode in @first_value wrapper "
+                    "or ensure that the values always are consistent. "
+                    f"The current values of {name!r} are {values!r}."
                 )
         value = values[0]
         if squeeze_single_values and isinstance(value, np.ndarray) and all(d == 1 for d in value.shape):
@@ -366,7 +407,9 @@ def first_value(*keys: str, squeeze_single_values: bool = True, strict: bool = T
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             if not current().config.batching:
-                raise PyTritonRuntimeError("@first_value works on models with batching only")
+                raise PyTritonRuntimeError(
+                    "The @first_value decorator can only be used with models that support batching."
+                )
             if set(kwargs) - set(_SPECIAL):  # below @batch
                 return func(*args, **{k: first(v, k) if k in keys else v for k, v in kwargs.items()})
             for request in args[-1]:

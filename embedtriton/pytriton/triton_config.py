@@ -5,6 +5,9 @@ Defaults are PyTriton's, which are ``tritonserver``'s: HTTP on 0.0.0.0:8000, gRP
 0.0.0.0:8001, metrics on 0.0.0.0:8002 (the HTTP address unless ``metrics_address`` is set),
 all three on unless ``allow_http``/``allow_grpc``/``allow_metrics`` is False. A port of 0
 picks a free one (an embedtriton extension: ``Triton.http_port`` etc. say which).
+``allow_vertex_ai`` serves Triton's Vertex AI endpoint on 0.0.0.0:``vertex_ai_port`` (else
+``AIP_HTTP_PORT``, else 8080); ``AIP_MODE=PREDICTION`` in the environment turns it on and HTTP
+and gRPC off unless set, as it does for tritonserver.
 Settings embedtriton has no equivalent for are refused at ``Triton(...)`` with the reason.
 
 ``TritonSecurityConfig`` is PyTriton 0.7's token-based access restriction: by default a token
@@ -22,6 +25,7 @@ import os
 import pathlib
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from ..config import ServerConfig
@@ -39,7 +43,7 @@ TRITON_ACCESS_HEADER = "triton-access-token"
 
 ENV_PREFIX = "PYTRITON_TRITON_CONFIG_"
 DEFAULT_ADDRESS = "0.0.0.0"  # tritonserver's (and so PyTriton's) default for every endpoint
-DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002, "vertex_ai": 8080}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -107,12 +111,16 @@ class TritonConfig:
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> TritonConfig:
         """A config from ``{field: value}``; string values are converted to the field's type
-        (lists from comma-separated strings). Unknown names are refused."""
+        (lists from comma-separated strings). Unknown names are ignored with a warning, as
+        PyTriton does (a newer release's setting does not stop an older one)."""
         kinds = _kinds()
-        unknown = sorted(set(config) - set(kinds))
-        if unknown:
-            raise PyTritonValidationError(f"TritonConfig has no field(s) {unknown}; the fields are {sorted(kinds)}")
-        return cls(**{name: _convert(name, kinds[name], value) for name, value in config.items()})
+        for name, value in config.items():
+            if name not in kinds:
+                log.warning(
+                    "Ignoring %s=%s as could not find matching config field. Available fields: %s",
+                    name, value, ", ".join(kinds),
+                )  # fmt: skip
+        return cls(**{name: _convert(name, kinds[name], value) for name, value in config.items() if name in kinds})
 
     @classmethod
     def from_env(cls) -> TritonConfig:
@@ -211,16 +219,13 @@ _REFUSED = {
     "sagemaker_port": "there is no SageMaker endpoint; remove it",
     "sagemaker_safe_port_range": "there is no SageMaker endpoint; remove it",
     "sagemaker_thread_count": "there is no SageMaker endpoint; remove it",
-    "vertex_ai_port": "there is no Vertex AI endpoint; remove it",
-    "vertex_ai_thread_count": "there is no Vertex AI endpoint; remove it",
-    "vertex_ai_default_model": "there is no Vertex AI endpoint; remove it",
+    "vertex_ai_thread_count": "the Vertex AI endpoint runs on one event loop; remove it",
     "metrics_config": "Triton's metrics settings are not passed on; remove it",
     "trace_config": "for OpenTelemetry spans use embedtriton.Server(ServerConfig(tracing=embedtriton.Tracing(...)))",
     "buffer_manager_thread_count": "in-process tensors need no copy threads; remove it",
 }
 _REFUSED_TRUE = {
     "allow_sagemaker": "there is no SageMaker endpoint",
-    "allow_vertex_ai": "there is no Vertex AI endpoint",
     "allow_gpu_metrics": "GPU metrics are not collected",
 }
 
@@ -235,11 +240,19 @@ class Plan:
     grpc: dict[str, Any] | None  # serve_grpc keywords
     metrics: str | None
     http_settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # serve_http keywords
+    vertex_ai: dict[str, Any] | None = None  # serve_vertex_ai keywords (its routes come from AIP_* at run time)
 
 
-def plan(config: TritonConfig, security: TritonSecurityConfig | None = None) -> Plan:
+def plan(
+    config: TritonConfig, security: TritonSecurityConfig | None = None, environ: Mapping[str, str] | None = None
+) -> Plan:
     """Translate ``config`` (and ``security``, whose restriction replaces the config's restricted
-    APIs on both endpoints, as in PyTriton); refuse what embedtriton cannot honour, saying what to do."""
+    APIs on both endpoints, as in PyTriton); refuse what embedtriton cannot honour, saying what to do.
+
+    ``environ`` (``os.environ``) is read as tritonserver reads it for Vertex AI: with
+    ``AIP_MODE=PREDICTION`` the Vertex AI endpoint is on and HTTP and gRPC are off unless the
+    config says otherwise; the Vertex AI port defaults to ``AIP_HTTP_PORT``, else 8080."""
+    environ = os.environ if environ is None else environ
     for name, why in _REFUSED.items():
         if getattr(config, name) is not None:
             raise PyTritonValidationError(f"TritonConfig.{name} is not supported by embedtriton: {why}")
@@ -269,8 +282,11 @@ def plan(config: TritonConfig, security: TritonSecurityConfig | None = None) -> 
     server["metrics"] = metrics_on
     if config.allow_cpu_metrics is not None:
         server["cpu_metrics"] = config.allow_cpu_metrics
+    prediction = environ.get("AIP_MODE", "") == "PREDICTION"
+    vertex_on = config.allow_vertex_ai if config.allow_vertex_ai is not None else prediction
     http_host = config.http_address or DEFAULT_ADDRESS
-    http = _address(http_host, config.http_port, "http") if config.allow_http is not False else None
+    http_on = config.allow_http if config.allow_http is not None else not prediction
+    http = _address(http_host, config.http_port, "http") if http_on else None
     http_restricted, grpc_restricted = _restrictions(config, security)
     http_settings: dict[str, Any] = {}
     if http_restricted:
@@ -278,7 +294,7 @@ def plan(config: TritonConfig, security: TritonSecurityConfig | None = None) -> 
     if config.http_header_forward_pattern is not None:
         http_settings["header_forward_pattern"] = config.http_header_forward_pattern
     grpc = None
-    if config.allow_grpc is not False:
+    if config.allow_grpc if config.allow_grpc is not None else not prediction:
         grpc = {"address": _address(config.grpc_address or DEFAULT_ADDRESS, config.grpc_port, "grpc")}
         if grpc_restricted:
             grpc["restricted_protocol"] = grpc_restricted
@@ -297,12 +313,21 @@ def plan(config: TritonConfig, security: TritonSecurityConfig | None = None) -> 
     metrics = None
     if metrics_on:
         metrics = _address(config.metrics_address or http_host, config.metrics_port, "metrics")
+    vertex_ai = None
+    if vertex_on:
+        port = config.vertex_ai_port
+        if port is None:
+            port = _convert("vertex_ai_port", "int", environ.get("AIP_HTTP_PORT") or str(DEFAULT_PORTS["vertex_ai"]))
+        vertex_ai = {
+            "address": _address(DEFAULT_ADDRESS, port, "vertex_ai"),
+            "default_model": config.vertex_ai_default_model,
+        }
     try:
         server_config = ServerConfig(**server)
         server_config.validate()
     except Exception as exc:  # InvalidArgumentError: say it in TritonConfig's terms
         raise PyTritonValidationError(f"TritonConfig: {exc}") from None
-    return Plan(server_config, http, grpc, metrics, http_settings)
+    return Plan(server_config, http, grpc, metrics, http_settings, vertex_ai)
 
 
 def _restrictions(config: TritonConfig, security: TritonSecurityConfig | None) -> tuple[tuple[str, ...], ...]:

@@ -3,6 +3,12 @@ system picks (port 0), so tests never collide with each other or with other serv
 
 from __future__ import annotations
 
+import functools
+import importlib
+import subprocess
+import sys
+from types import ModuleType
+
 import pytest
 
 pytest.importorskip("tritonclient.http")
@@ -38,3 +44,23 @@ def url_of():
 @pytest.fixture(params=["http", "grpc"])
 def protocol(request) -> str:
     return request.param
+
+
+@functools.cache
+def _stock_importable() -> bool:
+    """Whether PyTriton's package imports whole (the wheel is installed with --no-deps; its own
+    dependencies may be missing). Asked in a subprocess: a failed import in this process would
+    leave half of the package in ``sys.modules``, and later imports of it would look fine."""
+    probe = "import pytriton.client, pytriton.decorators, pytriton.triton"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def _stock(name: str) -> ModuleType | None:
+    """``pytriton.<name>`` from the nvidia-pytriton wheel, or None where it cannot import."""
+    return importlib.import_module(f"pytriton.{name}") if _stock_importable() else None
+
+
+@pytest.fixture(scope="session")
+def stock_pytriton():
+    """``stock_pytriton("client")``: PyTriton's own module (to compare with), or None."""
+    return _stock

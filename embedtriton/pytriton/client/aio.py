@@ -22,7 +22,6 @@ from ..exceptions import (
 from ..model_config.triton_model_config import TritonModelConfig
 from . import utils
 from .client import _failure
-from .utils import TritonUrl
 
 __all__ = ["AsyncioDecoupledModelClient", "AsyncioModelClient"]
 
@@ -38,6 +37,19 @@ async def _ask(check: Callable[[], Awaitable[Any]]) -> bool:
         if type(exc).__module__.split(".")[0] in ("aiohttp", "grpc"):
             return False
         raise
+
+
+def _server_failure(exc: BaseException) -> Exception | None:
+    """The asyncio clients' error for tritonclient's InferenceServerException (PyTriton's
+    wording: their messages differ from the synchronous clients')."""
+    from tritonclient.utils import InferenceServerException
+
+    if not isinstance(exc, InferenceServerException):
+        return None
+    message = f"Error occurred on Triton Inference Server side:\n {exc.message() or exc}"
+    if "Deadline Exceeded" in message:
+        return PyTritonClientTimeoutError(message)
+    return PyTritonClientInferenceServerError(message)
 
 
 class AsyncioModelClient:
@@ -60,6 +72,21 @@ class AsyncioModelClient:
             self, url, model_name, model_version, init_timeout_s, inference_timeout_s, access_token,
             model_config, ensure_model_is_ready, lazy_init,
         )  # fmt: skip
+
+    @classmethod
+    def from_existing_client(cls, existing_client: Any) -> Any:
+        """A new client of the same class, model and settings as ``existing_client`` (any of the
+        model clients), sharing its configuration once read (the model is then not waited for)."""
+        return cls(
+            existing_client._url,
+            existing_client._model_name,
+            existing_client._model_version,
+            init_timeout_s=existing_client._init_timeout_s,
+            inference_timeout_s=existing_client._inference_timeout_s,
+            model_config=existing_client._model_config,
+            ensure_model_is_ready=False,
+            access_token=existing_client._access_token,
+        )
 
     def get_lib(self) -> Any:
         import tritonclient.grpc.aio
@@ -202,7 +229,7 @@ class AsyncioModelClient:
                 f"Timeout exceeded while running inference for {self._model_name}"
             ) from exc
         except Exception as exc:
-            failure = _failure(exc, self._inference_timeout_s)
+            failure = _server_failure(exc) or _failure(exc, self._inference_timeout_s)
             if failure is None:
                 raise
             raise failure from exc
@@ -210,13 +237,10 @@ class AsyncioModelClient:
 
 
 class AsyncioDecoupledModelClient(AsyncioModelClient):
-    """asyncio client of a decoupled model (gRPC only): ``infer_sample``/``infer_batch`` are
-    async generators of the responses' outputs; ``inference_timeout_s`` bounds each wait."""
-
-    def __init__(self, url: str, model_name: str, model_version: str | None = None, **kwargs: Any) -> None:
-        if TritonUrl.from_url(url).scheme != "grpc":
-            raise PyTritonClientValueError("AsyncioDecoupledModelClient is only supported for grpc protocol")
-        super().__init__(url, model_name, model_version, **kwargs)
+    """asyncio client of a decoupled model: ``infer_sample``/``infer_batch`` are async
+    generators of the responses' outputs; ``inference_timeout_s`` bounds each wait. Streaming
+    needs gRPC: as with PyTriton, an ``http://`` client can be made and read the model's config,
+    and its first inference raises ``PyTritonClientValueError``."""
 
     async def infer_sample(  # type: ignore[override]
         self,
@@ -250,23 +274,27 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
             yield result
 
     async def _stream(self, inputs: Any, parameters: Any, headers: Any) -> AsyncIterator[dict[str, np.ndarray]]:
-        config, wrapped, outputs = await self._prepared(inputs)
+        config = await self.model_config
         if not config.decoupled:
             raise PyTritonClientInferenceServerError("Model config is coupled. Use AsyncioModelClient instead.")
-        if parameters is not None or headers is not None:
-            raise PyTritonClientValueError("AsyncioDecoupledModelClient does not support parameters or headers")
+        _, wrapped, outputs = await self._prepared(inputs)
+        if self._triton_url.scheme != "grpc":
+            raise PyTritonClientValueError("AsyncioDecoupledModelClient is only supported for grpc protocol")
         request = {
             "model_name": self._model_name,
             "inputs": wrapped,
             "model_version": self._model_version or "",
             "outputs": outputs,
             "request_id": str(next(self._request_ids)),
+            "parameters": parameters,
         }
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield request  # then the client half-closes: the stream ends after the request's last response
 
-        responses = self._infer_client.stream_infer(inputs_iterator=requests(), headers=self._headers)
+        responses = self._infer_client.stream_infer(
+            inputs_iterator=requests(), headers={**(self._headers or {}), **(headers or {})} or None
+        )
         finished = False
         try:
             while True:
@@ -281,7 +309,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
                         f"{self._inference_timeout_s}s"
                     ) from None
                 if error is not None:
-                    raise (_failure(error, self._inference_timeout_s) or error) from error
+                    raise (_server_failure(error) or _failure(error, self._inference_timeout_s) or error) from error
                 outputs_now = utils.result_arrays(result)
                 if outputs_now:
                     yield outputs_now

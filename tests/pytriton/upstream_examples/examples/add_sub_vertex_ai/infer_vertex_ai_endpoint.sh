@@ -1,0 +1,19 @@
+#!/bin/bash
+# Copyright (c) 2024, NVIDIA CORPORATION. All rights reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+set -xe
+
+infer_out=$(curl -s -X POST -H "Content-Type: application/json" -d @examples/add_sub_vertex_ai/data.json http://localhost:8080/v2/models/AddSub/infer)
+echo "$infer_out"
+
