@@ -201,3 +201,21 @@ def test_compressed_requests_and_answers_as_tritonclient_sends_them(endpoint, al
     truncated = zlib.compress(body)[:-6]
     answer = raw(port, head.format("deflate", len(truncated)).encode() + truncated)
     assert answer.startswith(b"HTTP/1.1 400") and b"truncated" in answer
+
+
+def test_a_bug_of_ours_is_answered_500_and_logged_not_left_hanging(endpoint, monkeypatch, caplog):
+    """An exception no route expects (here: server metadata raising) still answers the client,
+    500 with the reason, and the traceback goes to the log; the endpoint keeps serving."""
+    from embedtriton.frontends.http.rest import RestApi
+
+    _, address, port = endpoint
+
+    def broken(self):
+        raise RuntimeError("metadata exploded")
+
+    monkeypatch.setattr(RestApi, "_server_metadata", broken)
+    with caplog.at_level("ERROR", logger="embedtriton"):
+        answer = raw(port, b"GET /v2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 500") and b"internal error: RuntimeError: metadata exploded" in answer
+    assert "HTTP GET /v2 failed" in caplog.text
+    assert httpclient.InferenceServerClient(address).is_server_live()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import threading
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ from .generate import generate
 from .options import HttpOptions
 
 # A route's handler: (lower-cased headers, body, forwarded headers) -> (status, answer)
+log = logging.getLogger("embedtriton")
 Handler = Callable[[dict[bytes, bytes], bytes, Any], Awaitable[tuple[int, Any]]]
 
 # /v2/models/{m}[/versions/{v}]/<action> -> Triton's restricted-API group (http_server.cc)
@@ -76,6 +78,9 @@ class RestApi:
             return status_of(exc), {"error": str(exc)}
         except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
             return 400, {"error": f"malformed request: {exc}"}
+        except Exception as exc:  # a bug of ours: the client still gets an answer, the log the traceback
+            log.exception("HTTP %s %s failed", method, url[:200])
+            return 500, {"error": f"internal error: {type(exc).__name__}: {exc}"}
 
     def drain(self) -> None:
         """The server stops: new inference requests are refused (503); health says not ready."""
