@@ -45,9 +45,11 @@ def demo(session: nox.Session) -> None:
 
 
 # kubernetes-validate checks deploy/k8s against Kubernetes' schemas (bundled: works offline)
-# requests: Triton's custom_metrics example client (tests/upstream) reads /metrics with it
+# requests: Triton's custom_metrics example client (tests/upstream) reads /metrics with it; pillow:
+# Triton's image_client.py (tests/upstream/client)
 TEST_TOOLS = (
     "pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk", "kubernetes-validate==1.37.0", "requests",
+    "pillow",
 )  # fmt: skip
 # PyTriton's own client (in the nvidia-pytriton wheel, installed --no-deps) is tested against our
 # endpoints; these are the dependencies it imports.

@@ -36,8 +36,9 @@ The models, and the scripts that call them:
   after WAIT ms while it goes on answering; a generator cannot, so WAIT is ignored.
 - ``square_int32`` (decoupled): IN = n answers n times with OUT = n (perf_analyzer --streaming).
 - ``custom_identity_int32``: INT32 [-1] identity, max_batch_size 1024 (memory_growth_test).
-- ``inception_graphdef``, ``densenet_onnx``: the tensors of the image classifiers (grpc_client),
-  filled by a cheap deterministic softmax: shape stand-ins, not classifiers.
+- ``inception_graphdef``, ``densenet_onnx``: the tensors of the image classifiers (grpc_client,
+  image_client.py: its input format, NHWC and NCHW, and labels for the top classes), filled by a
+  cheap deterministic softmax: shape stand-ins, not classifiers.
 """
 
 from __future__ import annotations
@@ -149,6 +150,11 @@ def densenet_stand_in(requests):
     return outputs
 
 
+def _labels(n: int) -> list[str]:
+    """Stand-in class names (the real models ship inception_labels.txt / densenet_labels.txt)."""
+    return [f"CLASS_{i}" for i in range(n)]
+
+
 def _sequence_config(strategy, idle_us, instances=1, **oldest):
     return ModelConfig(
         max_batch_size=8,
@@ -192,15 +198,15 @@ def bind_model_repository(server: Server) -> None:
     server.bind(
         "inception_graphdef",
         classifier_stand_in("input", "InceptionV3/Predictions/Softmax", 1001),
-        [Tensor(name="input", dtype=np.float32, shape=(299, 299, 3))],
-        [Tensor(name="InceptionV3/Predictions/Softmax", dtype=np.float32, shape=(1001,))],
+        [Tensor(name="input", dtype=np.float32, shape=(299, 299, 3), format="NHWC")],
+        [Tensor(name="InceptionV3/Predictions/Softmax", dtype=np.float32, shape=(1001,), labels=_labels(1001))],
         ModelConfig(max_batch_size=128),
     )
     server.bind(
         "densenet_onnx",
         densenet_stand_in,
-        [Tensor(name="data_0", dtype=np.float32, shape=(3, 224, 224))],
-        [Tensor(name="fc6_1", dtype=np.float32, shape=(1000,))],
+        [Tensor(name="data_0", dtype=np.float32, shape=(3, 224, 224), format="NCHW")],
+        [Tensor(name="fc6_1", dtype=np.float32, shape=(1000,), labels=_labels(1000))],
         ModelConfig(batching=False),
     )
 

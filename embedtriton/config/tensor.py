@@ -16,7 +16,7 @@ MAX_DIMS = 32  # dimensions of a tensor, batch axis included (the native data pa
 
 @dataclass(frozen=True, init=False)
 class Tensor:
-    """An input or output of a model: ``Tensor(name=None, dtype, shape, device="cpu", optional=False)``.
+    """An input or output of a model: ``Tensor(name=None, dtype, shape, device="cpu", optional=False, format=None)``.
 
     ``shape`` excludes the batch axis; ``-1`` marks a variable dimension. ``dtype`` is a
     numpy dtype; ``np.bytes_`` or ``object`` means Triton BYTES. Unnamed inputs are named
@@ -27,6 +27,9 @@ class Tensor:
     ``"value:index:label"`` strings (Triton's ``label_filename``).
     ``optional`` (inputs): a request may leave this input out (Triton's ``optional: true``); the
     callable then gets a request without that key. Outputs cannot be optional.
+    ``format`` (inputs): Triton's input format, ``"NHWC"`` or ``"NCHW"`` for an image input of 3
+    dimensions (without the batch axis), as clients such as Triton's ``image_client.py`` read it
+    from the model config to lay out what they send; ``None`` (Triton's ``FORMAT_NONE``) otherwise.
     """
 
     name: str | None
@@ -35,6 +38,7 @@ class Tensor:
     device: str
     labels: tuple[str, ...] | None
     optional: bool
+    format: str | None
 
     def __init__(
         self,
@@ -44,6 +48,7 @@ class Tensor:
         device: str = "cpu",
         labels: Sequence[str] | None = None,
         optional: bool = False,
+        format: str | None = None,
     ):
         if dtype is None or shape is None:
             raise InvalidArgumentError("Tensor needs a dtype and a shape, e.g. Tensor(dtype=np.float32, shape=(1,))")
@@ -80,6 +85,31 @@ class Tensor:
                 f"Tensor {name or '(unnamed)'}: optional must be True or False, not {optional!r}"
             )
         object.__setattr__(self, "optional", bool(optional))
+        object.__setattr__(self, "format", _input_format(name, format, dims))
+
+
+FORMATS = ("NHWC", "NCHW")  # Triton's ModelInput.Format (besides FORMAT_NONE)
+
+
+def _input_format(name: str | None, given: Any, dims: tuple[int, ...]) -> str | None:
+    """``format`` as Triton names it without its prefix ("NHWC", "NCHW"), or None."""
+    if given is None:
+        return None
+    key = given.upper().removeprefix("FORMAT_") if isinstance(given, str) else None
+    if key == "NONE":
+        return None
+    if key not in FORMATS:
+        raise InvalidArgumentError(
+            f"Tensor {name or '(unnamed)'}: format must be 'NHWC' or 'NCHW' (Triton's input formats) or None, "
+            f"not {given!r}"
+        )
+    if len(dims) != 3:  # Triton's rule: "model input NHWC/NCHW require 3 dims"
+        example = "(224, 224, 3)" if key == "NHWC" else "(3, 224, 224)"
+        raise InvalidArgumentError(
+            f"Tensor {name or '(unnamed)'}: format {key} needs 3 dimensions without the batch axis, e.g. "
+            f"shape={example}; got shape {dims}"
+        )
+    return key
 
 
 def name_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
@@ -88,7 +118,13 @@ def name_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
         t
         if t.name
         else Tensor(
-            name=f"{prefix}_{i}", dtype=t.dtype, shape=t.shape, device=t.device, labels=t.labels, optional=t.optional
+            name=f"{prefix}_{i}",
+            dtype=t.dtype,
+            shape=t.shape,
+            device=t.device,
+            labels=t.labels,
+            optional=t.optional,
+            format=t.format,
         )
         for i, t in enumerate(tensors, start=1)
     ]

@@ -80,6 +80,8 @@ def tensor_json(t: Tensor) -> dict[str, Any]:
     out: dict[str, Any] = {"name": t.name, "data_type": _config_type(t.dtype), "dims": list(t.shape)}
     if t.optional:  # (inputs only: bind refuses optional outputs)
         out["optional"] = True
+    if t.format is not None:  # (inputs only, as optional)
+        out["format"] = f"FORMAT_{t.format}"
     return out
 
 

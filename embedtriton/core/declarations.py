@@ -53,6 +53,11 @@ def check_declarations(
                 f"model '{model_name}': output {tensor.name or '(unnamed)'} is optional; only inputs can be "
                 "optional (a request may leave them out), every output is returned: drop optional=True"
             )
+        if tensor.format is not None:
+            raise InvalidArgumentError(
+                f"model '{model_name}': output {tensor.name or '(unnamed)'} has format={tensor.format!r}; Triton's "
+                "formats describe inputs (how clients lay out what they send): drop it from the output"
+            )
     for tensor in [*inputs, *outputs]:
         if tensor.device == "gpu":
             require_gpu(f"model '{model_name}': Tensor {tensor.name or '(unnamed)'} with device='gpu'")
@@ -81,8 +86,8 @@ def check_versions(model_name: str, versions: dict[int, Any]) -> None:
         return
     for version, binding in versions.items():
         same = (
-            [(t.name, t.dtype, t.shape, t.optional) for t in binding.inputs]
-            == [(t.name, t.dtype, t.shape, t.optional) for t in latest.inputs]
+            [(t.name, t.dtype, t.shape, t.optional, t.format) for t in binding.inputs]
+            == [(t.name, t.dtype, t.shape, t.optional, t.format) for t in latest.inputs]
             and [(t.name, t.dtype, t.shape) for t in binding.outputs]
             == [(t.name, t.dtype, t.shape) for t in latest.outputs]
             and binding.max_batch_size == latest.max_batch_size

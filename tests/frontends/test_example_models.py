@@ -14,7 +14,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from embedtriton import Server  # noqa: E402
@@ -198,3 +198,29 @@ def test_stand_in_classifier_tensors(client):
     image.set_data_from_numpy(np.full((1, 299, 299, 3), 0.5, np.float32))
     scores = client.infer("inception_graphdef", [image]).as_numpy("InceptionV3/Predictions/Softmax")
     assert scores.shape == (1, 1001) and abs(float(scores.sum()) - 1) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("model", "batch", "layout"), [("densenet_onnx", 1, "FORMAT_NCHW"), ("inception_graphdef", 2, "FORMAT_NHWC")]
+)
+def test_tritons_image_client_reads_the_input_format_and_classifies(url, client, tmp_path, model, batch, layout):
+    """Triton's own image_client.py (tests/upstream/client, unchanged) reads the input's format
+    from the model config to lay out the image (it refuses FORMAT_NONE), and prints the top 3
+    classes as 'value (index) = label'."""
+    image_module = pytest.importorskip("PIL.Image")
+    import subprocess
+    import sys
+
+    assert client.get_model_config(model).config.input[0].format == model_config_pb2.ModelInput.Format.Value(layout)
+    picture = tmp_path / "picture.jpg"
+    image_module.fromarray(np.arange(64 * 48 * 3, dtype=np.uint8).reshape(64, 48, 3)).save(picture)
+    script = Path(__file__).resolve().parents[1] / "upstream" / "client" / "image_client.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "-m", model, "-c", "3", "-s", "INCEPTION", "-b", str(batch), "-i", "grpc",
+         "-u", url, str(picture)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [line.strip() for line in done.stdout.splitlines() if " = CLASS_" in line]
+    assert len(lines) == 3 * batch, done.stdout
+    assert "PASS" in done.stdout, done.stdout

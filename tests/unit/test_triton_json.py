@@ -203,6 +203,15 @@ def _unnamed_tensors():
     return "Unnamed", inputs, outputs, ModelConfig(max_batch_size=16)
 
 
+def _input_formats():
+    inputs = (
+        Tensor(name="photo", dtype=np.uint8, shape=(224, 224, 3), format="NHWC"),
+        Tensor(name="planes", dtype=F32, shape=(3, 224, 224), format="FORMAT_NCHW"),
+        Tensor(name="meta", dtype=F32, shape=(2,), format="NONE"),
+    )
+    return "Images", inputs, (Tensor(name="scores", dtype=F32, shape=(10,)),), ModelConfig(max_batch_size=8)
+
+
 CASES = {
     "plain_batching_defaults": _plain_batching_defaults,
     "dynamic_batcher_priorities": _dynamic_batcher_priorities,
@@ -219,6 +228,7 @@ CASES = {
     "no_batching": _no_batching,
     "batch_rule": _batch_rule,
     "unnamed_tensors": _unnamed_tensors,
+    "input_formats": _input_formats,
 }
 
 
@@ -421,3 +431,26 @@ def test_direct_sequence_batcher_keeps_its_queue_delay():
         "M", X, X, ModelConfig(sequence_batcher=SequenceBatcher(max_queue_delay_microseconds=250)), BACKEND
     )
     assert config["sequence_batching"]["direct"] == {"max_queue_delay_microseconds": 250}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shape": (3, 224, 224), "format": "NCWH"}, r"format must be 'NHWC' or 'NCHW' .* not 'NCWH'"),
+        ({"shape": (224, 224), "format": "NHWC"}, r"format NHWC needs 3 dimensions .*shape=\(224, 224, 3\); got"),
+        ({"shape": (1, 3, 224, 224), "format": "nchw"}, r"format NCHW needs 3 dimensions .*shape=\(3, 224, 224\)"),
+        ({"shape": (3, 224, 224), "format": 2}, r"format must be 'NHWC' or 'NCHW'"),
+    ],
+)
+def test_an_input_format_is_tritons_and_fits_an_image(kwargs, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        Tensor(name="image", dtype=F32, **kwargs)
+
+
+def test_input_formats_are_kept_by_naming_and_refused_on_outputs(add_sub):
+    from embedtriton import Server
+
+    (named,) = name_tensors([Tensor(dtype=np.uint8, shape=(8, 8, 3), format="nhwc")], "INPUT")
+    assert (named.name, named.format) == ("INPUT_1", "NHWC")
+    with pytest.raises(InvalidArgumentError, match=r"output y has format='NCHW'; Triton's formats describe inputs"):
+        Server().bind("Out", add_sub, AB, [Tensor(name="y", dtype=F32, shape=(3, 4, 4), format="NCHW")])
