@@ -4,7 +4,7 @@ serve them with ``tritonserver --model-repository``, each driven by its own unch
 the ports those clients use (HTTP 8000, gRPC 8001, metrics 8002).
 
 The models run in Triton's python backend (stub processes of their own), on the ``stub_python``
-environment (numpy<2; torch for the two BLS examples, whose repository holds the example's
+environment (numpy<2; torch for the pytorch example and the two BLS examples, whose repository holds its
 PyTorch model)."""
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ CLIENTS = {  # client -> what it prints when it passes
     "decoupled/repeat_client.py": "PASS: repeat_int32",
     "decoupled/square_client.py": "PASS: square_int32",
     "custom_metrics/client.py": "PASS: custom_metrics",
+    "pytorch/client.py": "PASS: pytorch",
 }
-NEEDS_TORCH = {"bls/sync_client.py", "bls/async_client.py"}
+NEEDS_TORCH = {"bls/sync_client.py", "bls/async_client.py", "pytorch/client.py"}
 
 
 def lay_out(root: Path, models: dict[str, tuple[str, str | None]]) -> Path:
