@@ -85,11 +85,27 @@ def test_grpc_stream_forwards_its_metadata_to_every_request(served):
 
 
 def test_http_headers_become_parameters_under_their_names_as_sent(served):
+    """Names as they came on the wire (http.client sends them as given; some tritonclient
+    releases lower-case them), searched ignoring case, over the request's own parameters."""
+    _, _, address = served
+    conn = http.client.HTTPConnection(address, timeout=30)
+    body = {
+        "inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}],
+        "parameters": {"x-over": "from-request", "k": 3},
+    }
+    headers = {"X-Trace": "t1", "x-over": "from-header", "My-Tenant": "acme", "Other": "no"}
+    conn.request("POST", "/v2/models/Echo/infer", body=json.dumps(body), headers=headers)
+    answer = conn.getresponse()
+    assert answer.status == 200
+    params = json.loads(json.loads(answer.read())["outputs"][0]["data"][0])
+    assert params == {"My-Tenant": "acme", "X-Trace": "t1", "k": 3, "x-over": "from-header"}
+
+
+def test_stock_http_client_headers_become_parameters(served):
     _, _, address = served
     client = httpclient.InferenceServerClient(address)
-    headers = {"X-Trace": "t1", "x-over": "from-header", "My-Tenant": "acme", "Other": "no"}
-    result = client.infer("Echo", _http_x(), headers=headers, parameters={"x-over": "from-request", "k": 3})
-    assert _params(result) == {"My-Tenant": "acme", "X-Trace": "t1", "k": 3, "x-over": "from-header"}
+    result = client.infer("Echo", _http_x(), headers={"x-trace": "t1", "other": "no"}, parameters={"k": 3})
+    assert _params(result) == {"k": 3, "x-trace": "t1"}
 
 
 def test_http_generate_does_not_forward_headers(served):

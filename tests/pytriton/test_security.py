@@ -81,7 +81,7 @@ def test_the_default_is_pytritons_generated_token_on_five_groups(local_config):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_model_client_sends_the_token_as_pytriton_does(local_config, url_of, protocol):
+def test_model_client_sends_the_token_as_pytriton_does(local_config, url_of, protocol, stock_pytriton):
     security = TritonSecurityConfig(access_token="t0ken", restricted_endpoints=["inference", "model-repository"])
     with Triton(config=local_config(), security_config=security) as triton:
         triton.bind("Double", double, X, Y, config=ModelConfig(max_batch_size=4))
@@ -95,7 +95,9 @@ def test_model_client_sends_the_token_as_pytriton_does(local_config, url_of, pro
             assert not triton.server.model("Double").ready
             client.load_model()
             assert triton.server.model("Double").ready
-        stock = pytest.importorskip("pytriton.client", reason="PyTriton's client needs its own dependencies")
+        stock = stock_pytriton("client")
+        if stock is None:
+            pytest.skip("PyTriton's own client needs its own dependencies (typing_inspect, ...) installed")
         with stock.ModelClient(url, "Double", access_token="t0ken", init_timeout_s=30) as client:
             assert client.infer_sample(np.array([3.0], F32))["y"][0] == 6.0
 
@@ -160,7 +162,7 @@ def _infer_with_params_and_headers(requests):
     return responses
 
 
-def test_pytritons_use_parameters_and_headers_example(local_config):
+def test_pytritons_use_parameters_and_headers_example(local_config, stock_pytriton):
     with Triton(config=local_config(http_header_forward_pattern="header.*")) as triton:
         triton.bind(
             model_name="ParamsAndHeaders",
@@ -176,12 +178,9 @@ def test_pytritons_use_parameters_and_headers_example(local_config):
         a_batch = np.ones((2, 1), dtype=F32) * 2
         b_batch = np.ones((2, 1), dtype=F32)
         clients = [ModelClient]
-        try:
-            from pytriton.client import ModelClient as StockModelClient
-        except ImportError:
-            pass
-        else:
-            clients.append(StockModelClient)
+        stock = stock_pytriton("client")  # PyTriton's own client too, where its dependencies are installed
+        if stock is not None:
+            clients.append(stock.ModelClient)
         for client_class in clients:
             with client_class(f"127.0.0.1:{triton.http_port}", "ParamsAndHeaders") as client:
                 result = client.infer_batch(

@@ -416,15 +416,18 @@ def perf_analyzer_on_path():
 
 def test_perf_analyzer(net, tmp_path, perf_analyzer_on_path):
     """The example's server (BART's scores made up by ``stand_ins/transformers.py``: no weights,
-    no GPU here) measured by its client.sh: perf_analyzer over gRPC with the example's strings,
-    concurrency 4 to 16."""
+    no GPU here) measured by its client.sh: perf_analyzer over gRPC with the example's strings.
+
+    It fails as it does on PyTriton 0.7.0 itself: PyTriton 0.7 guards Triton's statistics with a
+    generated access token by default (its changelog's breaking change; the example passes no
+    security config), and perf_analyzer reads the model's statistics on every pass, so Triton
+    refuses it. embedtriton.pytriton applies the same default, and the refusal is Triton's."""
     env = {k: v for k, v in perf_analyzer_on_path.items() if not k.startswith(("PYTRITON_", "AIP_"))}
     server = start_server(net, tmp_path, "perf_analyzer", PYTHONPATH=str(STAND_INS))
     folder = copy_example("perf_analyzer", tmp_path / "client")
     wait_serving(net, tmp_path, server, 8001)
     client = net.start(["bash", str(folder / "client.sh")], "perf_analyzer", tmp_path, {**env, "PYTHONUNBUFFERED": "1"})
-    assert client.wait(3 * CLIENT_S, server) == 0, client.output + "\n--- server:\n" + server.output
-    out = client.output
-    for concurrency in (4, 8, 12, 16):
-        assert re.search(rf"^Concurrency: {concurrency}, throughput: [0-9.]+ infer/sec", out, re.MULTILINE), out
+    assert client.wait(3 * CLIENT_S, server) != 0, client.output
+    refusal = "This protocol is restricted, expecting header 'triton-grpc-protocol-triton-access-token'"
+    assert refusal in client.output, client.output + "\n--- server:\n" + server.output
     assert server.interrupt() == 0, server.output
