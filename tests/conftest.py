@@ -177,3 +177,25 @@ def stub_python(tmp_path_factory):
     if not torch:
         torch = subprocess.run([*pip, "torch==2.13.0+cpu"], capture_output=True, timeout=900).returncode == 0
     return {"bin": str(root / "bin"), "torch": torch}
+
+
+def _python_backend_example(root, name: str, model: str, config: str | None = None) -> None:
+    """Lay out model ``name`` in repository ``root`` as the python_backend examples' READMEs do:
+    ``model`` (a path under tests/upstream/python_backend) copied, unchanged, to
+    ``name/1/model.py``, and ``config`` (if any) to ``name/config.pbtxt``."""
+    import shutil
+    from pathlib import Path
+
+    upstream = Path(__file__).parent / "upstream" / "python_backend"
+    folder = Path(root) / name
+    (folder / "1").mkdir(parents=True)
+    shutil.copy(upstream / model, folder / "1" / "model.py")
+    if config is not None:
+        shutil.copy(upstream / config, folder / "config.pbtxt")
+
+
+@pytest.fixture(scope="session")
+def python_backend_example():
+    """``python_backend_example(root, name, model, config=None)``: one of Triton's python_backend
+    examples (tests/upstream/python_backend) laid out as model ``name`` of repository ``root``."""
+    return _python_backend_example

@@ -226,7 +226,7 @@ class Model:
         if server._stopping and not (library._native or library.native()).in_model():  # see CoreServer.stop
             raise UnavailableError("the server is stopping: it takes no new requests")
         binding = server._bound.get(self.name)
-        if not stream and self.decoupled:
+        if not stream and (binding.decoupled if binding is not None else self.decoupled):
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
         if request.timeout_us or deadlines.used:
             self._with_deadline(request)

@@ -47,6 +47,7 @@ from .onnx import onnx_model
 
 log = logging.getLogger("embedtriton")
 _BACKEND_LINE = re.compile(r"^\s*(backend|platform)\s*:", re.MULTILINE)
+_PYTHON_BACKEND_LINE = re.compile(r'^\s*backend\s*:\s*"python"', re.MULTILINE)
 _imports = itertools.count(1)
 
 
@@ -121,7 +122,7 @@ def scan(repositories: list[str]) -> dict[str, Found]:
             config = folder / "config.pbtxt"
             text = config.read_text(errors="replace") if config.is_file() else ""
             sources = [v / "model.py" for v in versions.values() if (v / "model.py").is_file()]
-            python_backend = bool(re.search(r'^\s*backend\s*:\s*"python"', text, re.MULTILINE)) or any(
+            python_backend = _PYTHON_BACKEND_LINE.search(text) is not None or any(
                 triton_python_model(p) for p in sources
             )
             native = _BACKEND_LINE.search(text) is not None or python_backend

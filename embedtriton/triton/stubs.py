@@ -67,6 +67,14 @@ def stubs_of(shm_prefix: str) -> list[int]:
     return found
 
 
+def regions_of(shm_prefix: str) -> list[str]:
+    """The names of the /dev/shm regions whose name starts with ``shm_prefix``."""
+    try:
+        return [name for name in os.listdir("/dev/shm") if name.startswith(shm_prefix)]
+    except OSError:
+        return []
+
+
 def _watch(shm_prefix: str) -> None:
     """The guard: wait until the pipe closes, then kill what is left and free its memory."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -77,12 +85,11 @@ def _watch(shm_prefix: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    try:
-        for name in os.listdir("/dev/shm"):
-            if name.startswith(shm_prefix):
-                os.unlink(os.path.join("/dev/shm", name))
-    except OSError:
-        pass
+    for name in regions_of(shm_prefix):
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:  # gone meanwhile: one region does not keep the others
+            pass
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ bound callables, and a model that cannot load fails alone, at once, leaving no s
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +24,6 @@ from embedtriton import (
     UnsupportedError,
     batch,
 )
-
-UPSTREAM = Path(__file__).resolve().parents[1] / "upstream" / "python_backend"
 
 CALLS_BOUND = '''
 import numpy as np
@@ -70,13 +67,6 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "parts" data_ty
 """
 
 
-def upstream_model(root: Path, name: str, model: str, config: str | None) -> None:
-    (root / name / "1").mkdir(parents=True)
-    shutil.copy(UPSTREAM / model, root / name / "1" / "model.py")
-    if config is not None:
-        shutil.copy(UPSTREAM / config, root / name / "config.pbtxt")
-
-
 def python_model(root: Path, name: str, source: str, config: str | None) -> None:
     (root / name / "1").mkdir(parents=True)
     (root / name / "1" / "model.py").write_text(textwrap.dedent(source))
@@ -91,10 +81,10 @@ def stub_path(stub_python, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def repository_server(tmp_path_factory, stub_python):
+def repository_server(tmp_path_factory, stub_python, python_backend_example):
     root = tmp_path_factory.mktemp("python_backend")
-    upstream_model(root, "square_int32", "decoupled/square_model.py", "decoupled/square_config.pbtxt")
-    upstream_model(root, "batch_auto_complete", "auto_complete/batch_model.py", None)
+    python_backend_example(root, "square_int32", "decoupled/square_model.py", "decoupled/square_config.pbtxt")
+    python_backend_example(root, "batch_auto_complete", "auto_complete/batch_model.py")
     python_model(root, "CallsBound", CALLS_BOUND, CALLS_BOUND_CONFIG)
     path = os.environ["PATH"]
     os.environ["PATH"] = f"{stub_python['bin']}{os.pathsep}{path}"
@@ -190,7 +180,9 @@ def test_a_model_that_cannot_load_fails_at_once_naming_its_format(tmp_path, stub
         assert index["Callable"]["state"] == "UNAVAILABLE" and "broken at import" in index["Callable"]["reason"]
 
 
-def test_the_stub_needs_numpy_below_2_and_the_error_says_what_to_install_where(tmp_path, monkeypatch, stub_python):
+def test_the_stub_needs_numpy_below_2_and_the_error_says_what_to_install_where(
+    tmp_path, monkeypatch, stub_python, python_backend_example
+):
     """The test session's own environment has numpy 2: first on PATH, it is what the stub would
     run, and the load is refused with the command that fixes it (Triton 2.51's stub reads numpy 2
     arrays wrongly)."""
@@ -200,7 +192,7 @@ def test_the_stub_needs_numpy_below_2_and_the_error_says_what_to_install_where(t
     if int(numpy.__version__.split(".")[0]) < 2 or not (venv / "pyvenv.cfg").is_file():
         pytest.skip("this test session's Python is not a virtual environment with numpy 2")
     monkeypatch.setenv("PATH", f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    upstream_model(tmp_path, "add_sub", "add_sub/model.py", "add_sub/config.pbtxt")
+    python_backend_example(tmp_path, "add_sub", "add_sub/model.py", "add_sub/config.pbtxt")
     server = Server(ServerConfig(model_repository=[str(tmp_path)], model_control_mode="explicit"))
     with server, pytest.raises(UnsupportedError) as caught:
         server.load("add_sub")
@@ -216,7 +208,9 @@ def stubs_of(pid: int) -> list[int]:
     return stubs_of(prefix(pid))
 
 
-def test_start_returns_with_the_others_serving_and_no_stub_outlives_a_sigkill(tmp_path, stub_python):
+def test_start_returns_with_the_others_serving_and_no_stub_outlives_a_sigkill(
+    tmp_path, stub_python, python_backend_example
+):
     """A repository with one model that cannot load and two that can: the server starts in
     seconds and serves the two, the index says why the third failed, and after SIGKILL (its
     parent not even reaping it, which keeps the stubs' parent-alive check true) no stub and no
@@ -229,7 +223,7 @@ def test_start_returns_with_the_others_serving_and_no_stub_outlives_a_sigkill(tm
         'backend: "python"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
     )
-    upstream_model(tmp_path / "models", "add_sub", "add_sub/model.py", "add_sub/config.pbtxt")
+    python_backend_example(tmp_path / "models", "add_sub", "add_sub/model.py", "add_sub/config.pbtxt")
     python_model(
         tmp_path / "models",
         "Doubler",
@@ -284,6 +278,7 @@ def test_start_returns_with_the_others_serving_and_no_stub_outlives_a_sigkill(tm
 
 
 def shm_of(pid: int) -> list[str]:
-    from embedtriton.triton.stubs import prefix
+    """The /dev/shm regions of the server process ``pid``'s stubs."""
+    from embedtriton.triton.stubs import prefix, regions_of
 
-    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix(pid))]
+    return regions_of(prefix(pid))

@@ -10,7 +10,6 @@ PyTorch model)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -55,16 +54,6 @@ CLIENTS = {  # client -> what it prints when it passes
 NEEDS_TORCH = {"bls/sync_client.py", "bls/async_client.py", "pytorch/client.py"}
 
 
-def lay_out(root: Path, models: dict[str, tuple[str, str | None]]) -> Path:
-    """A model repository made as the examples' READMEs make it (``cp`` of unchanged files)."""
-    for name, (model, config) in models.items():
-        (root / name / "1").mkdir(parents=True)
-        shutil.copy(UPSTREAM / model, root / name / "1" / "model.py")
-        if config is not None:
-            shutil.copy(UPSTREAM / config, root / name / "config.pbtxt")
-    return root
-
-
 def ports_free() -> None:
     for port in PORTS:
         with socket.socket() as s:
@@ -96,12 +85,12 @@ def serve(repository: Path, stub_bin: str, log: Path) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, stub_python):
+def served(tmp_path_factory, stub_python, python_backend_example):
     root = tmp_path_factory.mktemp("python_backend_examples")
-    models = dict(LAYOUT)
-    if not stub_python["torch"]:
-        models.pop("pytorch")  # its BLS examples skip below
-    repository = lay_out(root / "models", models)
+    repository = root / "models"
+    for name, (model, config) in LAYOUT.items():
+        if name != "pytorch" or stub_python["torch"]:  # (without torch its examples skip below)
+            python_backend_example(repository, name, model, config)
     log = root / "serve.log"
     process = serve(repository, stub_python["bin"], log)
     yield {"log": log, "stub": stub_python}

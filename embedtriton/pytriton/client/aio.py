@@ -77,16 +77,7 @@ class AsyncioModelClient:
     def from_existing_client(cls, existing_client: Any) -> Any:
         """A new client of the same class, model and settings as ``existing_client`` (any of the
         model clients), sharing its configuration once read (the model is then not waited for)."""
-        return cls(
-            existing_client._url,
-            existing_client._model_name,
-            existing_client._model_version,
-            init_timeout_s=existing_client._init_timeout_s,
-            inference_timeout_s=existing_client._inference_timeout_s,
-            model_config=existing_client._model_config,
-            ensure_model_is_ready=False,
-            access_token=existing_client._access_token,
-        )
+        return cls(**utils.settings_of(existing_client), ensure_model_is_ready=False)
 
     def get_lib(self) -> Any:
         import tritonclient.grpc.aio

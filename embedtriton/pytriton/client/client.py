@@ -83,16 +83,7 @@ class ModelClient:
     @classmethod
     def from_existing_client(cls, existing_client: ModelClient) -> ModelClient:
         """A new client of the same model with the same settings (and its configuration, read once)."""
-        return cls(
-            existing_client._url,
-            existing_client._model_name,
-            existing_client._model_version,
-            init_timeout_s=existing_client._init_timeout_s,
-            inference_timeout_s=existing_client._inference_timeout_s,
-            model_config=existing_client._model_config,
-            ensure_model_is_ready=existing_client._model_config is None,
-            access_token=existing_client._access_token,
-        )
+        return cls(**utils.settings_of(existing_client), ensure_model_is_ready=existing_client._model_config is None)
 
     def get_lib(self) -> Any:
         import tritonclient.grpc

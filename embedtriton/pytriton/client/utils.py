@@ -172,6 +172,20 @@ def wait_for_model_ready(client: Any, model_name: str, version: str | None, time
         pause = min(pause * 2, 1.0)
 
 
+def settings_of(client: Any) -> dict[str, Any]:
+    """What ``from_existing_client`` copies from any model client: URL, model, version, timeouts,
+    token, and its model configuration once read."""
+    return {
+        "url": client._url,
+        "model_name": client._model_name,
+        "model_version": client._model_version,
+        "init_timeout_s": client._init_timeout_s,
+        "inference_timeout_s": client._inference_timeout_s,
+        "model_config": client._model_config,
+        "access_token": client._access_token,
+    }
+
+
 def set_up(
     client: Any, url: str, model_name: str, model_version: str | None, init_timeout_s: float | None,
     inference_timeout_s: float | None, access_token: str | None, model_config: Any, ensure_model_is_ready: bool,
