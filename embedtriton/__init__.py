@@ -42,9 +42,19 @@ from .tracing import Tracing
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    if name == "DeviceArray":  # the native module's type, imported when first asked for
+        from . import _native
+
+        return _native.DeviceArray
+    raise AttributeError(f"module 'embedtriton' has no attribute {name!r}")
+
+
 __all__ = [
     "AlreadyExistsError",
     "CancelledError",
+    "DeviceArray",
     "DynamicBatcher",
     "Final",
     "GrpcLimits",

@@ -58,6 +58,7 @@ def submit(
     release_gil: bool = False,
     trace_sink: _TraceSink | None = None,
     cancellable: bool = False,
+    out_device: int = -1,
     /,
 ) -> _Outputs | _Stream | _RequestHandle | None:
     """Submit one inference request.
@@ -82,6 +83,7 @@ def submit_many(
     sinks: list[Callable[..., None] | None] | None,
     window: int,
     release_gil: bool,
+    out_device: int = -1,
     /,
 ) -> list[_Outputs | BaseException]:
     """Submit many requests, at most ``window`` in flight; wait for all. Each request's
@@ -150,3 +152,36 @@ class _Mapping:
         """Unmap (now, or when the last view of it is released)."""
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+@final
+class DeviceArray:
+    """C-contiguous GPU memory: an output in GPU memory (output_device="gpu"), a view of a GPU
+    input (gpu_arrays="dlpack") or of a CUDA shared-memory region. No copy through DLPack."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> Any: ...  # a numpy dtype ("BF16" for bfloat16)
+    @property
+    def device(self) -> int: ...
+    @property
+    def data_ptr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> CapsuleType: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def to_numpy(self) -> NDArray[Any]: ...
+
+def cuda_init(path: str, /) -> int:
+    """Load the CUDA runtime at path for device copies (once); the number of GPUs it sees."""
+
+def device_array(ptr: int, shape: Sequence[int], dtype: Any, device: int, owner: object, /) -> DeviceArray:
+    """A view of device memory at ptr that keeps owner alive (dtype None: bytes)."""
+
+def cuda_ipc_open(handle: bytes, device: int, /) -> int:
+    """Open a client's cudaIpcMemHandle_t (64 bytes) on device; the device address."""
+
+def cuda_ipc_close(ptr: int, /) -> None:
+    """Close what cuda_ipc_open opened."""

@@ -36,7 +36,7 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
                 + "): optional inputs were left out by some; handle the requests one group at a time "
                 "(a raw infer_func), or fill the missing inputs before batching"
             )
-        inputs = {name: np.concatenate([r[name] for r in requests]) for name in names}
+        inputs = {name: concatenate([r[name] for r in requests]) for name in names}
         sizes = [len(next(iter(r.values()))) if r else 1 for r in requests]
         return {**inputs, **extra}, list(np.cumsum(sizes)[:-1])
 
@@ -50,7 +50,7 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
             )
         if n == 1:
             return [dict(outputs)]
-        parts = {name: np.split(np.asarray(value), bounds) for name, value in outputs.items()}
+        parts = {name: split_rows(value, bounds) for name, value in outputs.items()}
         return [{name: p[i] for name, p in parts.items()} for i in range(n)]
 
     if inspect.isgeneratorfunction(func):
@@ -92,6 +92,31 @@ def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:
 
     run.batched = True  # type: ignore[attr-defined]
     return run
+
+
+def _is_torch(array: Any) -> bool:
+    return type(array).__module__.startswith("torch")
+
+
+def concatenate(arrays: list[Any]) -> Any:
+    """Requests' arrays joined along the batch axis, where they are: numpy (host), cupy (through
+    numpy's dispatch to cupy.concatenate) or torch (torch.cat), GPU arrays staying on the GPU."""
+    if _is_torch(arrays[0]):
+        import torch
+
+        return torch.cat(arrays)
+    return np.concatenate(arrays)
+
+
+def split_rows(value: Any, bounds: list[int]) -> list[Any]:
+    """A batched output cut back into one part per request (views, no copy)."""
+    if _is_torch(value):
+        import torch
+
+        return list(torch.tensor_split(value, bounds))
+    if not hasattr(value, "__array_function__"):  # lists, scalars: as numpy arrays (cupy stays cupy)
+        value = np.asarray(value)
+    return np.split(value, bounds)
 
 
 def signature_problem(func: Callable[..., Any]) -> str | None:

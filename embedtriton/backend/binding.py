@@ -7,6 +7,7 @@ The attributes and methods the native module reads are listed in
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import threading
@@ -55,8 +56,14 @@ class Binding:
         self.batch_rule = config.batch_rule
         self.sequence = config.sequence_batcher is not None
         self.iterative = self.sequence and config.sequence_batcher.iterative
-        # (name, TRITONSERVER_DataType value, dims) per output, read by the backend.
-        self.output_specs = [(t.name, BY_NAME[triton_dtype(t.dtype)].value, t.shape) for t in outputs]
+        # (name, TRITONSERVER_DataType value, dims, wants GPU memory) per output, read by the backend.
+        self.output_specs = [
+            (t.name, BY_NAME[triton_dtype(t.dtype)].value, t.shape, t.device == "gpu") for t in outputs
+        ]
+        # GPU memory (read by the backend): how GPU inputs reach the callable, which inputs it
+        # wants on the GPU even when they arrive in host memory.
+        self.gpu_wrap = gpu_wrapper(name, config.gpu_arrays)
+        self.gpu_inputs = tuple(t.name for t in inputs if t.device == "gpu")
         self.loaded_at = 0.0  # time.monotonic() when Triton last finished loading it
         # Warm-up (see ModelState.warmup_left in the backend): Triton runs each stage `count`
         # times on each instance before the model serves; a failure is recorded, not sent.
@@ -153,3 +160,27 @@ def warmup_runs(config: ModelConfig) -> int:
         devices = len(group.gpus) if group.gpus else cuda_devices()[0] if group.kind == "GPU" else 1
         instances += group.count * devices
     return runs * instances
+
+
+def gpu_wrapper(model: str, kind: str) -> Callable[[Any], Any] | None:
+    """What turns a GPU input (a DeviceArray, DLPack) into the array the callable gets: cupy's or
+    torch's from_dlpack (imported at the first GPU input), or None to hand the DeviceArray over."""
+    if kind == "dlpack":
+        return None
+    convert: list[Callable[[Any], Any]] = []
+
+    def wrap(array: Any) -> Any:
+        if not convert:
+            try:
+                module = importlib.import_module(kind)
+            except ImportError:
+                package = "cupy-cuda12x" if kind == "cupy" else "torch"
+                raise ImportError(
+                    f"model '{model}' got an input in GPU memory and ModelConfig(gpu_arrays={kind!r}) hands "
+                    f"it over as a {kind} array, but {kind} is not installed: pip install {package}, or "
+                    "choose gpu_arrays='torch', 'cupy' or 'dlpack' (any library's from_dlpack)"
+                ) from None
+            convert.append(module.from_dlpack)
+        return convert[0](array)
+
+    return wrap

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ..errors import error_for_code
 from ..tensors import decode_bytes, encode_bytes
 from ..triton import capi
+from ..triton.devices import cuda_runtime_path
 from ..triton.runtime import find_runtime
 from . import aio
 from .binding import BACKEND_NAME, Binding
@@ -66,6 +67,9 @@ def native() -> Any:
 
         module.load(capi.api().handle)
         module.set_hooks(bindings, Request, error_for_code, decode_bytes, encode_bytes, request_done)
+        cudart = cuda_runtime_path()
+        if cudart is not None:  # device copies and GPU outputs (Triton's own CUDA runtime)
+            module.cuda_init(cudart)
         aio.native = module
         _native = module
     return _native

@@ -201,9 +201,17 @@ class VersionPolicy:
         )
 
 
+GPU_ARRAYS = ("cupy", "torch", "dlpack")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """How Triton serves a bound callable. Fields and defaults follow PyTriton's ModelConfig."""
+    """How Triton serves a bound callable. Fields and defaults follow PyTriton's ModelConfig.
+
+    ``gpu_arrays``: what the callable gets for an input in GPU memory, with no copy: ``"cupy"``
+    arrays (the default), ``"torch"`` tensors, or ``"dlpack"`` (embedtriton's ``DeviceArray``,
+    for any library's ``from_dlpack``). Host inputs are numpy arrays whatever it says.
+    """
 
     batching: bool = True
     max_batch_size: int = 4
@@ -215,8 +223,14 @@ class ModelConfig:
     sequence_batcher: SequenceBatcher | None = None
     batch_rule: Callable[[Any, list[Any]], bool] | None = None
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    gpu_arrays: str = "cupy"
 
     def __post_init__(self) -> None:
+        if self.gpu_arrays not in GPU_ARRAYS:
+            raise InvalidArgumentError(
+                f"ModelConfig.gpu_arrays must be one of {list(GPU_ARRAYS)} (how the callable gets inputs "
+                f"that are in GPU memory), not {self.gpu_arrays!r}"
+            )
         if not isinstance(self.version_policy, VersionPolicy):
             raise InvalidArgumentError(
                 f"ModelConfig.version_policy must be a VersionPolicy (e.g. VersionPolicy.all()), not {self.version_policy!r}"

@@ -154,10 +154,17 @@ class Model:
                         return native.submit(
                             server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
                             r.timeout_us, traced, loop, target, stream, r.sequence, release_gil, sink, cancellable,
+                            r.output_device,
                         )  # fmt: skip
                     except Exception as exc:
                         tracer.abandon(span, traced, exc)
                         raise
+            if r.output_device >= 0:
+                return native.submit(
+                    server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
+                    r.timeout_us, r.parameters, loop, target, stream, r.sequence, release_gil, None, cancellable,
+                    r.output_device,
+                )  # fmt: skip
             return native.submit(
                 server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
                 r.timeout_us, r.parameters, loop, target, stream, r.sequence, release_gil, None, cancellable,
@@ -206,7 +213,7 @@ class Model:
         results = native.submit_many(
             server._handle, self.name, self.version, items, request.outputs, None, request.priority,
             request.timeout_us, request.parameters, parameters, sinks, max_in_flight,
-            binding is not None and binding.batch_rule is not None,
+            binding is not None and binding.batch_rule is not None, request.output_device,
         )  # fmt: skip
         first = None
         for i, result in enumerate(results):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
-from ..errors import InvalidArgumentError, UnsupportedError
+from ..errors import InvalidArgumentError
 from ..triton.devices import require_gpu
 
 SEQUENCE_START, SEQUENCE_END = 1, 2  # TRITONSERVER_RequestFlag
@@ -23,7 +23,10 @@ class RequestOptions(TypedDict, total=False):
     - ``outputs``: names of the outputs to return (all by default).
     - ``correlation_id`` (a positive int or a str) with ``sequence_start`` / ``sequence_end``:
       the sequence a request of a stateful model belongs to, and its first and last requests.
-    - ``output_device``: where outputs come back, ``"cpu"`` (host numpy arrays).
+    - ``output_device``: where outputs come back: ``"cpu"`` (host numpy arrays, the default) or
+      ``"gpu"`` / ``"gpu:N"`` (GPU 0 / N): :class:`embedtriton.DeviceArray` objects in memory Triton
+      writes the outputs to directly, owned by the arrays (``cupy.from_dlpack(out["y"])``,
+      ``torch.from_dlpack(...)``: no copy).
     """
 
     parameters: Mapping[str, str | int | float | bool] | None
@@ -50,6 +53,7 @@ class InferRequest:
 
     __slots__ = (
         "inputs", "outputs", "request_id", "priority", "timeout_us", "parameters", "sequence", "trace_parent",
+        "output_device",
     )  # fmt: skip
 
     def __init__(
@@ -62,6 +66,7 @@ class InferRequest:
         parameters: Mapping[str, Any] | None = None,
         sequence: tuple[int | str, int] | None = None,
         trace_parent: Any = None,
+        output_device: int = -1,
     ) -> None:
         self.inputs = inputs
         self.outputs = outputs
@@ -71,6 +76,7 @@ class InferRequest:
         self.parameters = parameters
         self.sequence = sequence
         self.trace_parent = trace_parent
+        self.output_device = output_device  # the GPU that outputs go to; -1: host memory
 
     @classmethod
     def from_options(cls, inputs: Mapping[str, Any], options: Mapping[str, Any]) -> InferRequest:
@@ -82,7 +88,7 @@ class InferRequest:
             raise InvalidArgumentError(
                 f"unknown request option(s) {sorted(unknown)}; the options are {sorted(_OPTIONS)}"
             )
-        check_output_device(options.get("output_device", "cpu"))
+        device = output_device_of(options.get("output_device", "cpu"))
         return cls(
             inputs,
             options.get("outputs"),
@@ -93,6 +99,7 @@ class InferRequest:
             sequence_of(
                 options.get("correlation_id"), options.get("sequence_start", False), options.get("sequence_end", False)
             ),
+            output_device=device,
         )
 
 
@@ -105,14 +112,17 @@ def sequence_of(correlation_id: int | str | None, start: bool, end: bool) -> tup
     return correlation_id, (SEQUENCE_START if start else 0) | (SEQUENCE_END if end else 0)
 
 
-def check_output_device(device: str) -> None:
-    """Outputs come back as host numpy arrays ("cpu"); "gpu" needs a CUDA GPU."""
+def output_device_of(device: str) -> int:
+    """The GPU that outputs go to for ``output_device``: -1 for "cpu" (host numpy arrays), N for
+    "gpu:N", 0 for "gpu". A GPU this process does not see is refused here."""
     if device == "cpu":
-        return
-    if device != "gpu":
-        raise InvalidArgumentError(f"output_device must be 'cpu' or 'gpu', not {device!r}")
-    require_gpu("output_device='gpu'")
-    raise UnsupportedError(
-        "output_device='gpu' (outputs allocated in GPU memory) is not in this build yet: it still "
-        "needs its run on a GPU machine; use output_device='cpu'"
-    )
+        return -1
+    index: int | None = None
+    if isinstance(device, str) and device == "gpu":
+        index = 0
+    elif isinstance(device, str) and device.startswith("gpu:") and device[4:].isdigit():
+        index = int(device[4:])
+    if index is None:
+        raise InvalidArgumentError(f"output_device must be 'cpu', 'gpu' or 'gpu:N', not {device!r}")
+    require_gpu(f"output_device={device!r}", index)
+    return index

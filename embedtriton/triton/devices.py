@@ -8,12 +8,13 @@ from ..errors import UnsupportedError
 from .runtime import find_runtime
 
 _gpu_probe: tuple[int, str] | None = None
+_runtime_path: str | None = None  # the CUDA runtime library the probe loaded
 
 
 def cuda_devices() -> tuple[int, str]:
     """(number of CUDA devices this process sees, why none when 0), asked once of the CUDA
     runtime (``libcudart.so.12``: the Triton runtime's copy, else the system's)."""
-    global _gpu_probe
+    global _gpu_probe, _runtime_path
     if _gpu_probe is not None:
         return _gpu_probe
     names = []
@@ -30,6 +31,7 @@ def cuda_devices() -> tuple[int, str]:
             continue
         n = ctypes.c_int(0)
         rc = cudart.cudaGetDeviceCount(ctypes.byref(n))
+        _runtime_path = name
         count, why = (n.value, "") if rc == 0 else (0, f"cudaGetDeviceCount failed with CUDA error {rc}")
         if count == 0 and not why:
             why = "the CUDA runtime reports no device"
@@ -45,3 +47,10 @@ def require_gpu(what: str, device: int = 0) -> None:
         raise UnsupportedError(f"{what} needs a CUDA GPU, and this process sees none ({why})")
     if device >= count:
         raise UnsupportedError(f"{what} asks for GPU {device}, but this process sees {count} GPU(s)")
+
+
+def cuda_runtime_path() -> str | None:
+    """The CUDA runtime library that sees this process's GPUs (for the native module's device
+    copies), or None without a GPU."""
+    count, _ = cuda_devices()
+    return _runtime_path if count else None

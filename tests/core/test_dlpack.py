@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 import weakref
 
@@ -12,6 +13,7 @@ import pytest
 
 from embedtriton import (
     InstanceGroup,
+    InternalError,
     InvalidArgumentError,
     ModelConfig,
     Server,
@@ -130,3 +132,52 @@ def test_gpu_options_without_a_gpu_are_clear_errors(doubler):
         Server(ServerConfig(cuda_memory_pool_byte_size={0: 1 << 20})).start()
     with pytest.raises(InvalidArgumentError, match="device must be 'cpu' or 'gpu'"):
         Tensor(name="x", dtype=np.float32, shape=(1,), device="cuda:0")
+
+
+def test_device_array_describes_device_memory_without_touching_it():
+    """A DeviceArray is a view (pointer, shape, dtype, device): its protocols need no GPU until
+    data moves, so they are checked here; tests/gpu moves the data."""
+    from embedtriton import DeviceArray
+    from embedtriton.backend.library import native
+
+    owner = object()
+    before = sys.getrefcount(owner)
+    a = native().device_array(0x7F0000001000, (2, 3), np.float32, 0, owner)
+    assert isinstance(a, DeviceArray)
+    assert sys.getrefcount(owner) == before + 1  # the view keeps its owner alive
+    assert (a.shape, a.dtype, a.device, a.data_ptr, a.nbytes) == ((2, 3), np.dtype(np.float32), 0, 0x7F0000001000, 24)
+    assert repr(a) == "DeviceArray(shape=(2, 3), dtype=FP32, device=0)"
+    assert a.__dlpack_device__() == (2, 0)  # kDLCUDA
+    assert a.__cuda_array_interface__ == {
+        "shape": (2, 3), "typestr": "<f4", "data": (0x7F0000001000, False), "version": 3, "strides": None,
+    }  # fmt: skip
+    capsule = a.__dlpack__(stream=1, max_version=(1, 0))
+    assert type(capsule).__name__ == "PyCapsule"
+    count = sys.getrefcount(a)
+    del capsule  # never consumed: its destructor lets the array go
+    assert sys.getrefcount(a) == count - 1
+    raw = native().device_array(0x7F0000001000, (16,), None, 0, None)
+    assert raw.dtype == np.dtype(np.uint8) and raw.nbytes == 16
+    del a
+    assert sys.getrefcount(owner) == before
+
+
+@no_gpu
+def test_a_device_array_cannot_reach_the_host_without_a_gpu():
+    from embedtriton.backend.library import native
+
+    a = native().device_array(0x7F0000001000, (4,), np.int32, 0, None)
+    with pytest.raises(InternalError, match="the CUDA runtime is not loaded"):
+        a.to_numpy()
+    with pytest.raises(InvalidArgumentError, match="a CUDA IPC memory handle is 64 bytes"):
+        native().cuda_ipc_open(b"short", 0)
+    with pytest.raises(InvalidArgumentError, match="the CUDA runtime is not loaded"):
+        native().cuda_ipc_open(bytes(64), 0)
+
+
+def test_gpu_arrays_names_what_the_callable_gets():
+    assert ModelConfig().gpu_arrays == "cupy"
+    for kind in ("cupy", "torch", "dlpack"):
+        assert ModelConfig(gpu_arrays=kind).gpu_arrays == kind
+    with pytest.raises(InvalidArgumentError, match=r"gpu_arrays must be one of \['cupy', 'torch', 'dlpack'\]"):
+        ModelConfig(gpu_arrays="jax")

@@ -260,11 +260,11 @@ def test_sequence_flags_need_a_correlation_id(flag):
     assert InferRequest.from_options(INPUTS, {flag: False}).sequence is None
 
 
-@pytest.mark.parametrize("device", ["tpu", "cuda", "GPU", None])
+@pytest.mark.parametrize("device", ["tpu", "cuda", "GPU", None, "gpu:", "gpu:x", "gpu:-1", "cpu:0"])
 def test_output_device_other_than_cpu_or_gpu_is_refused(device):
     with pytest.raises(InvalidArgumentError) as info:
         InferRequest.from_options(INPUTS, {"output_device": device})
-    assert str(info.value) == f"output_device must be 'cpu' or 'gpu', not {device!r}"
+    assert str(info.value) == f"output_device must be 'cpu', 'gpu' or 'gpu:N', not {device!r}"
 
 
 def test_output_device_gpu_without_a_gpu(monkeypatch):
@@ -273,10 +273,14 @@ def test_output_device_gpu_without_a_gpu(monkeypatch):
         InferRequest.from_options(INPUTS, {"output_device": "gpu"})
 
 
-def test_output_device_gpu_is_not_built_yet(monkeypatch):
-    monkeypatch.setattr(devices, "cuda_devices", lambda: (1, ""))
-    with pytest.raises(UnsupportedError, match="not in this build yet"):
-        InferRequest.from_options(INPUTS, {"output_device": "gpu"})
+def test_output_device_names_the_gpu(monkeypatch):
+    monkeypatch.setattr(devices, "cuda_devices", lambda: (2, ""))
+    assert InferRequest.from_options(INPUTS, {"output_device": "cpu"}).output_device == -1
+    assert InferRequest.from_options(INPUTS, {}).output_device == -1
+    assert InferRequest.from_options(INPUTS, {"output_device": "gpu"}).output_device == 0
+    assert InferRequest.from_options(INPUTS, {"output_device": "gpu:1"}).output_device == 1
+    with pytest.raises(UnsupportedError, match=r"^output_device='gpu:2' asks for GPU 2, but this process sees 2 GPU"):
+        InferRequest.from_options(INPUTS, {"output_device": "gpu:2"})
 
 
 @pytest.mark.parametrize(

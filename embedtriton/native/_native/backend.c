@@ -12,6 +12,9 @@ static void model_state_free(ModelState* ms)
     Py_XDECREF(ms->outputs[i].name_obj);
   }
   free(ms->outputs);
+  for (Py_ssize_t i = 0; ms->gpu_inputs && i < ms->n_gpu_inputs; i++) free(ms->gpu_inputs[i]);
+  free(ms->gpu_inputs);
+  Py_XDECREF(ms->gpu_wrap);
   free(ms->name);
   Py_XDECREF(ms->execute);
   Py_XDECREF(ms->include);
@@ -34,7 +37,10 @@ static int read_output_specs(ModelState* ms)
     PyObject* name;
     PyObject* dims;
     int dtype;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UiO", &name, &dtype, &dims)) goto fail;
+    int gpu = 0;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UiO|p", &name, &dtype, &dims, &gpu))
+      goto fail;
+    o->gpu = gpu;
     o->name = strdup(PyUnicode_AsUTF8(name));
     o->name_obj = Py_NewRef(name);
     o->dtype = (TRITONSERVER_DataType)dtype;
@@ -51,6 +57,29 @@ static int read_output_specs(ModelState* ms)
 fail:
   Py_DECREF(seq);
   return -1;
+}
+
+/* With the GIL: what the model does with GPU memory (binding.gpu_wrap, binding.gpu_inputs). */
+static int read_gpu_settings(ModelState* ms)
+{
+  PyObject* wrap = PyObject_GetAttrString(ms->binding, "gpu_wrap");
+  PyObject* names = wrap ? PyObject_GetAttrString(ms->binding, "gpu_inputs") : NULL;
+  PyObject* seq = names ? PySequence_Fast(names, "gpu_inputs must be a sequence") : NULL;
+  Py_XDECREF(names);
+  if (seq == NULL) {
+    Py_XDECREF(wrap);
+    return -1;
+  }
+  ms->gpu_wrap = wrap == Py_None ? NULL : wrap;
+  if (wrap == Py_None) Py_DECREF(wrap);
+  ms->n_gpu_inputs = PySequence_Fast_GET_SIZE(seq);
+  ms->gpu_inputs = calloc((size_t)ms->n_gpu_inputs + 1, sizeof(char*));
+  for (Py_ssize_t i = 0; ms->gpu_inputs && i < ms->n_gpu_inputs; i++) {
+    const char* name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+    ms->gpu_inputs[i] = strdup(name ? name : "");
+  }
+  Py_DECREF(seq);
+  return PyErr_Occurred() ? -1 : 0;
 }
 
 EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model)
@@ -99,7 +128,8 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   ms->name = strdup(name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "?");
   Py_XDECREF(mbs);
   Py_XDECREF(name);
-  if (ms->execute == NULL || PyErr_Occurred() || read_output_specs(ms) < 0) {
+  if (ms->execute == NULL || PyErr_Occurred() || read_output_specs(ms) < 0 ||
+      read_gpu_settings(ms) < 0) {
     err = error_from_python("cannot read the model binding");
     model_state_free(ms);
     gil_leave(entered);
@@ -263,8 +293,20 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
   /* ... detach the input views the callable kept (they still point at the
    * callers' memory) ... */
   for (Py_ssize_t v = 0; v < b->n_views; v++) {
+    if (is_hold(b->views[v])) continue;
     detach_view((PyArrayObject*)b->views[v]);
     Py_DECREF(b->views[v]);
+  }
+  /* ... and let go of the holds on GPU inputs: a request whose GPU input the callable still
+   * uses is released when its last view goes (its buffer cannot be copied under a cupy or
+   * torch array that points at it) ... */
+  TRITONBACKEND_Request** kept = NULL;
+  uint32_t n_kept = 0;
+  for (Py_ssize_t v = 0; v < b->n_views; v++) {
+    if (!is_hold(b->views[v])) continue;
+    TRITONBACKEND_Request* r = hold_drop(b->views[v]);
+    if (r != NULL && kept == NULL) kept = calloc(count, sizeof(*kept));
+    if (r != NULL && kept != NULL) kept[n_kept++] = r;
   }
   free(b->views);
   if (batch_err != NULL) api.TRITONSERVER_ErrorDelete(batch_err);
@@ -290,8 +332,11 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
                                                     b->exec_start, compute_start, compute_end,
                                                     exec_end);
     if (errors[i] != NULL) api.TRITONSERVER_ErrorDelete(errors[i]);
-    api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
+    int held = 0;
+    for (uint32_t k = 0; k < n_kept && !held; k++) held = kept[k] == requests[i];
+    if (!held) api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
   }
+  free(kept);
   uint64_t batch_size = b->batch_size ? b->batch_size : count;
   api.TRITONBACKEND_ModelInstanceReportBatchStatistics(b->instance, batch_size, b->exec_start,
                                                        compute_start, compute_end, exec_end);
@@ -372,16 +417,20 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
     free(b->sizes);
     return new_error(TRITONSERVER_ERROR_UNAVAILABLE, "out of memory");
   }
-  size_t view_cap = 0;
+  size_t view_cap = 0; /* (each request's inputs, and its hold of GPU inputs) */
   for (uint32_t i = 0; i < count; i++) {
     uint32_t n_inputs = 0;
     api.TRITONBACKEND_RequestInputCount(requests[i], &n_inputs);
-    view_cap += n_inputs;
+    view_cap += n_inputs + 1;
   }
+  int32_t device = 0; /* where Tensor(device="gpu") inputs go: this instance's GPU */
+  TRITONSERVER_Error* no_id = api.TRITONBACKEND_ModelInstanceDeviceId(instance, &device);
+  if (no_id != NULL) api.TRITONSERVER_ErrorDelete(no_id), device = 0;
   b->views = calloc(view_cap + 1, sizeof(PyObject*));
   TRITONSERVER_Error* batch_err = NULL;
   for (uint32_t i = 0; i < count && batch_err == NULL; i++) {
-    PyObject* req = build_request(requests[i], ms, b->views, &b->n_views, &b->sizes[i], &batch_err);
+    PyObject* req =
+        build_request(requests[i], ms, device, b->views, &b->n_views, &b->sizes[i], &batch_err);
     if (req != NULL) PyList_SET_ITEM(b->list, i, req);
     b->batch_size += b->sizes[i];
   }

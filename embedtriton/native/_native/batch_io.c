@@ -38,11 +38,80 @@ fail:
   return NULL;
 }
 
+/* Whether the model asked for input `name` on the GPU (Tensor(..., device="gpu")). */
+static int wants_gpu(ModelState* ms, const char* name)
+{
+  for (Py_ssize_t i = 0; i < ms->n_gpu_inputs; i++)
+    if (strcmp(ms->gpu_inputs[i], name) == 0) return 1;
+  return 0;
+}
+
+/* Copy an input's buffers, one after the other, into dst (device memory if dst_gpu) of
+ * byte_size bytes; Triton's sizes are checked against it. */
+static TRITONSERVER_Error* gather(TRITONBACKEND_Input* input, const char* name,
+                                  uint32_t n_buffers, char* dst, uint64_t byte_size, int dst_gpu)
+{
+  uint64_t offset = 0;
+  for (uint32_t b = 0; b < n_buffers; b++) {
+    const void* data = NULL;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+    int64_t mtype_id = 0;
+    TRITONSERVER_Error* err = api.TRITONBACKEND_InputBuffer(input, b, &data, &size, &mtype, &mtype_id);
+    if (err != NULL) return err;
+    if (offset + size > byte_size)
+      return new_error(TRITONSERVER_ERROR_INTERNAL, "input '%s' arrived with inconsistent sizes",
+                       name);
+    const char* why = NULL;
+    if (mtype == TRITONSERVER_MEMORY_GPU || dst_gpu) why = cuda_copy(dst + offset, data, size);
+    else memcpy(dst + offset, data, size);
+    if (why != NULL)
+      return new_error(TRITONSERVER_ERROR_INTERNAL, "cannot copy input '%s': %s", name, why);
+    offset += size;
+  }
+  return NULL;
+}
+
+/* With the GIL: an input for the callable in GPU memory, as the model's gpu_arrays asks
+ * (cupy, torch or the DeviceArray itself). A single GPU buffer is handed over as it is (for
+ * a one-request batch, the caller's own memory), its request held while the callable keeps a
+ * view; host data (Tensor(device="gpu")) and several buffers are gathered into a new block. */
+static PyObject* gpu_input(TRITONBACKEND_Request* request, ModelState* ms,
+                           TRITONBACKEND_Input* input, const char* name,
+                           TRITONSERVER_DataType dtype, const int64_t* shape, uint32_t ndim,
+                           uint64_t byte_size, uint32_t n_buffers, const void* data, uint64_t size,
+                           TRITONSERVER_MemoryType mtype, int64_t mtype_id, int device,
+                           PyObject** views, Py_ssize_t* n_views, PyObject** hold,
+                           TRITONSERVER_Error** err)
+{
+  PyObject* dev;
+  if (n_buffers == 1 && mtype == TRITONSERVER_MEMORY_GPU && ms->iterate == NULL) {
+    if (*hold == NULL) { /* the batch's list of views owns it */
+      if ((*hold = hold_new(request)) == NULL) return NULL;
+      views[(*n_views)++] = *hold;
+    }
+    dev = device_array_new((void*)data, size, (int)ndim, shape, dtype, (int)mtype_id, 0, *hold);
+  } else { /* (an iterative model keeps its inputs across iterations: its own copy) */
+    int target = mtype == TRITONSERVER_MEMORY_GPU ? (int)mtype_id : device;
+    dev = device_array_alloc(byte_size, (int)ndim, shape, dtype, target);
+    if (dev != NULL && (*err = gather(input, name, n_buffers, device_array_ptr(dev), byte_size, 1))) {
+      Py_DECREF(dev);
+      return NULL;
+    }
+  }
+  if (dev == NULL || ms->gpu_wrap == NULL) return dev;
+  PyObject* arr = PyObject_CallOneArg(ms->gpu_wrap, dev);
+  Py_DECREF(dev);
+  return arr;
+}
+
 /* With the GIL: the inputs of one request as a Request (a dict subclass).
  * Views of Triton's buffers are appended to views[] (new references). */
-PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject** views,
-                        Py_ssize_t* n_views, uint64_t* batch_size, TRITONSERVER_Error** err)
+PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int device,
+                        PyObject** views, Py_ssize_t* n_views, uint64_t* batch_size,
+                        TRITONSERVER_Error** err)
 {
+  PyObject* hold = NULL; /* (borrowed: views owns it) */
   PyObject* req = PyObject_CallNoArgs(g_request_type);
   PyObject* params = NULL;
   if (req == NULL) goto py_fail;
@@ -98,8 +167,23 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject
       goto fail;
     PyObject* arr;
     int typenum = numpy_typenum_of(dtype);
-    if (n_buffers == 1 && mtype != TRITONSERVER_MEMORY_GPU && dtype != TRITONSERVER_TYPE_BYTES &&
-        typenum >= 0) {
+    int gpu = dtype != TRITONSERVER_TYPE_BYTES &&
+              (mtype == TRITONSERVER_MEMORY_GPU || wants_gpu(ms, name));
+    for (uint32_t b = 0; !gpu && n_buffers > 1 && dtype != TRITONSERVER_TYPE_BYTES && b < n_buffers;
+         b++) { /* a batch gathered from several buffers stays on the GPU if any part is there */
+      TRITONSERVER_MemoryType m = TRITONSERVER_MEMORY_CPU;
+      if ((*err = api.TRITONBACKEND_InputBuffer(input, b, &data, &size, &m, &mtype_id))) goto fail;
+      gpu = m == TRITONSERVER_MEMORY_GPU;
+    }
+    if (gpu) {
+      arr = gpu_input(request, ms, input, name, dtype, shape, ndim, byte_size, n_buffers, data,
+                      size, mtype, mtype_id, device, views, n_views, &hold, err);
+      if (arr == NULL) {
+        if (*err != NULL) goto fail;
+        goto py_fail;
+      }
+    } else if (n_buffers == 1 && mtype != TRITONSERVER_MEMORY_GPU &&
+               dtype != TRITONSERVER_TYPE_BYTES && typenum >= 0) {
       /* one host buffer: a read-only view, no copy */
       int flags = NPY_ARRAY_C_CONTIGUOUS;
       if (((uintptr_t)data % dtype_size(dtype)) == 0) flags |= NPY_ARRAY_ALIGNED;
@@ -109,22 +193,11 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject
     } else {
       /* several buffers (or BYTES): gather into one contiguous copy */
       char* gathered = malloc(byte_size ? byte_size : 1);
-      uint64_t offset = 0;
-      for (uint32_t b = 0; b < n_buffers; b++) {
-        mtype = TRITONSERVER_MEMORY_CPU;
-        if ((*err = api.TRITONBACKEND_InputBuffer(input, b, &data, &size, &mtype, &mtype_id))) {
-          free(gathered);
-          goto fail;
-        }
-        if (mtype == TRITONSERVER_MEMORY_GPU || offset + size > byte_size) {
-          free(gathered);
-          *err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
-                           "input '%s' arrived in GPU memory or with inconsistent sizes", name);
-          goto fail;
-        }
-        memcpy(gathered + offset, data, size);
-        offset += size;
+      if ((*err = gather(input, name, n_buffers, gathered, byte_size, 0))) {
+        free(gathered);
+        goto fail;
       }
+      uint64_t offset = byte_size;
       if (dtype == TRITONSERVER_TYPE_BYTES) {
         PyObject* shape_t = PyTuple_New(ndim);
         for (uint32_t d = 0; shape_t && d < ndim; d++)
@@ -185,7 +258,33 @@ fail:
   return NULL;
 }
 
-/* With the GIL: check one returned output against its spec. Returns a
+/* An output's shape (ndim extents) against its spec: NULL, or the error that says so. */
+static TRITONSERVER_Error* check_shape(ModelState* ms, OutputSpec* o, int ndim,
+                                       const int64_t* dims, uint64_t batch_size, size_t index)
+{
+  int batched = ms->max_batch_size > 0;
+  int ok = ndim == o->ndims + batched && ndim <= MAX_DIMS;
+  if (ok && batched) ok = (uint64_t)dims[0] == batch_size;
+  for (int d = 0; ok && d < o->ndims; d++) ok = o->dims[d] < 0 || o->dims[d] == dims[d + batched];
+  if (ok) return NULL;
+  char want[256], have[256];
+  int w = snprintf(want, sizeof want, "(%s", batched ? "batch" : "");
+  for (int d = 0; d < o->ndims && w < 200; d++)
+    w += snprintf(want + w, sizeof want - w, "%s%lld", (d || batched) ? ", " : "",
+                  (long long)o->dims[d]);
+  snprintf(want + w, sizeof want - w, ")");
+  int h = snprintf(have, sizeof have, "(");
+  for (int d = 0; d < ndim && d < MAX_DIMS && h < 200; d++)
+    h += snprintf(have + h, sizeof have - h, "%s%lld", d ? ", " : "", (long long)dims[d]);
+  snprintf(have + h, sizeof have - h, ")");
+  return new_error(TRITONSERVER_ERROR_INTERNAL,
+                   "model '%s' returned output '%s' with shape %s for request %zu; "
+                   "expected %s%s with batch = %llu",
+                   ms->name, o->name, have, index, want, batched ? "" : " (no batch axis)",
+                   (unsigned long long)batch_size);
+}
+
+/* With the GIL: check one returned host output against its spec. Returns a
  * C-contiguous array (new reference) or NULL with *err set. */
 static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* value,
                                    uint64_t batch_size, size_t index, TRITONSERVER_Error** err)
@@ -208,33 +307,26 @@ static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* valu
     Py_DECREF(arr);
     return NULL;
   }
-  int batched = ms->max_batch_size > 0;
   int ndim = PyArray_NDIM(arr);
-  int ok = ndim == o->ndims + batched && ndim <= MAX_DIMS;
-  if (ok && batched) ok = (uint64_t)PyArray_DIM(arr, 0) == batch_size;
-  for (int d = 0; ok && d < o->ndims; d++)
-    ok = o->dims[d] < 0 || o->dims[d] == PyArray_DIM(arr, d + batched);
-  if (!ok) {
-    char want[256], have[256];
-    int w = snprintf(want, sizeof want, "(%s", batched ? "batch" : "");
-    for (int d = 0; d < o->ndims && w < 200; d++)
-      w += snprintf(want + w, sizeof want - w, "%s%lld", (d || batched) ? ", " : "",
-                    (long long)o->dims[d]);
-    snprintf(want + w, sizeof want - w, ")");
-    int h = snprintf(have, sizeof have, "(");
-    for (int d = 0; d < ndim && h < 200; d++)
-      h += snprintf(have + h, sizeof have - h, "%s%lld", d ? ", " : "",
-                    (long long)PyArray_DIM(arr, d));
-    snprintf(have + h, sizeof have - h, ")");
-    *err = new_error(TRITONSERVER_ERROR_INTERNAL,
-                     "model '%s' returned output '%s' with shape %s for request %zu; "
-                     "expected %s%s with batch = %llu",
-                     ms->name, o->name, have, index, want, batched ? "" : " (no batch axis)",
-                     (unsigned long long)batch_size);
+  int64_t dims[MAX_DIMS];
+  for (int d = 0; d < ndim && d < MAX_DIMS; d++) dims[d] = PyArray_DIM(arr, d);
+  if ((*err = check_shape(ms, o, ndim, dims, batch_size, index)) != NULL) {
     Py_DECREF(arr);
     return NULL;
   }
   return arr;
+}
+
+/* With the GIL: check one returned GPU output (g) against its spec; NULL or the error. */
+static TRITONSERVER_Error* check_gpu_output(ModelState* ms, OutputSpec* o, GpuValue* g,
+                                            uint64_t batch_size, size_t index)
+{
+  if (g->dtype != o->dtype)
+    return new_error(TRITONSERVER_ERROR_INTERNAL,
+                     "model '%s' returned output '%s' with dtype %s for request %zu; "
+                     "its config says %s",
+                     ms->name, o->name, dtype_name(g->dtype), index, dtype_name(o->dtype));
+  return check_shape(ms, o, g->ndim, g->shape, batch_size, index);
 }
 
 /* With the GIL: build request i's response from out (a dict), outputs copied
@@ -296,38 +388,66 @@ TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request
       Py_XDECREF(keys);
       goto send;
     }
-    PyArrayObject* arr = check_output(ms, o, value, batch_size, index, &err);
-    if (arr == NULL) goto send;
+    /* a GPU array (cupy, torch, ...) is copied device to device; a host one through numpy */
+    GpuValue g = {0};
+    int on_gpu = gpu_value(value, &g, name, &err);
+    if (on_gpu < 0) goto send;
+    PyArrayObject* arr = NULL;
     PyObject* bytes = NULL;
-    const void* data = PyArray_DATA(arr);
-    size_t nbytes = (size_t)PyArray_NBYTES(arr);
-    if (o->dtype == TRITONSERVER_TYPE_BYTES) {
-      bytes = PyObject_CallOneArg(g_encode_bytes, (PyObject*)arr);
-      if (bytes == NULL) {
-        Py_DECREF(arr);
-        err = error_from_python("cannot serialize a BYTES output");
+    const void* data;
+    size_t nbytes;
+    int64_t shape[MAX_DIMS];
+    int ndim;
+    if (on_gpu) {
+      if ((err = check_gpu_output(ms, o, &g, batch_size, index)) != NULL) {
+        gpu_value_done(&g);
         goto send;
       }
-      data = PyBytes_AS_STRING(bytes);
-      nbytes = (size_t)PyBytes_GET_SIZE(bytes);
+      data = g.data, nbytes = g.nbytes, ndim = g.ndim;
+      memcpy(shape, g.shape, sizeof(int64_t) * (size_t)ndim);
+    } else {
+      arr = check_output(ms, o, value, batch_size, index, &err);
+      if (arr == NULL) goto send;
+      data = PyArray_DATA(arr);
+      nbytes = (size_t)PyArray_NBYTES(arr);
+      if (o->dtype == TRITONSERVER_TYPE_BYTES) {
+        bytes = PyObject_CallOneArg(g_encode_bytes, (PyObject*)arr);
+        if (bytes == NULL) {
+          Py_DECREF(arr);
+          err = error_from_python("cannot serialize a BYTES output");
+          goto send;
+        }
+        data = PyBytes_AS_STRING(bytes);
+        nbytes = (size_t)PyBytes_GET_SIZE(bytes);
+      }
+      ndim = PyArray_NDIM(arr);
+      for (int d = 0; d < ndim; d++) shape[d] = PyArray_DIM(arr, d);
     }
-    int64_t shape[MAX_DIMS];
-    int ndim = PyArray_NDIM(arr);
-    for (int d = 0; d < ndim; d++) shape[d] = PyArray_DIM(arr, d);
     TRITONBACKEND_Output* output;
     void* buffer;
-    TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
-    int64_t mtype_id = 0;
+    /* where the data is (or where the model wants it) is where we ask Triton for the buffer:
+     * an ensemble's next step then gets it there; our caller-side allocator decides by the
+     * caller's output_device */
+    int prefer_gpu = on_gpu || (o->gpu && o->dtype != TRITONSERVER_TYPE_BYTES && cuda_ready());
+    TRITONSERVER_MemoryType mtype = prefer_gpu ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
+    int64_t mtype_id = on_gpu ? g.device : 0;
     err =
         api.TRITONBACKEND_ResponseOutput(response, &output, name, o->dtype, shape, (uint32_t)ndim);
     if (err == NULL)
       err = api.TRITONBACKEND_OutputBuffer(output, &buffer, nbytes, &mtype, &mtype_id);
-    if (err == NULL && mtype == TRITONSERVER_MEMORY_GPU)
-      err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
-                      "output '%s' was given GPU memory; host outputs only here", name);
-    if (err == NULL && nbytes) memcpy(buffer, data, nbytes);
+    if (err == NULL && nbytes) {
+      if (on_gpu || mtype == TRITONSERVER_MEMORY_GPU) { /* one copy, whichever way */
+        const char* why = cuda_copy(buffer, data, nbytes);
+        if (why != NULL)
+          err = new_error(TRITONSERVER_ERROR_INTERNAL, "cannot copy output '%s' of model '%s': %s",
+                          name, ms->name, why);
+      } else {
+        memcpy(buffer, data, nbytes);
+      }
+    }
+    if (on_gpu) gpu_value_done(&g);
     Py_XDECREF(bytes);
-    Py_DECREF(arr);
+    Py_XDECREF(arr);
     if (err != NULL) goto send;
   }
 send:

@@ -9,33 +9,6 @@
 
 /* ---- DLPack inputs (the ABI's declarations: dlpack.h) ------------------- */
 
-static TRITONSERVER_DataType dl_dtype(DLDataType t)
-{
-  if (t.lanes != 1) return TRITONSERVER_TYPE_INVALID;
-  switch (t.code) {
-    case DL_BOOL: return t.bits == 8 ? TRITONSERVER_TYPE_BOOL : TRITONSERVER_TYPE_INVALID;
-    case DL_INT:
-      return t.bits == 8    ? TRITONSERVER_TYPE_INT8
-             : t.bits == 16 ? TRITONSERVER_TYPE_INT16
-             : t.bits == 32 ? TRITONSERVER_TYPE_INT32
-             : t.bits == 64 ? TRITONSERVER_TYPE_INT64
-                            : TRITONSERVER_TYPE_INVALID;
-    case DL_UINT:
-      return t.bits == 8    ? TRITONSERVER_TYPE_UINT8
-             : t.bits == 16 ? TRITONSERVER_TYPE_UINT16
-             : t.bits == 32 ? TRITONSERVER_TYPE_UINT32
-             : t.bits == 64 ? TRITONSERVER_TYPE_UINT64
-                            : TRITONSERVER_TYPE_INVALID;
-    case DL_FLOAT:
-      return t.bits == 16   ? TRITONSERVER_TYPE_FP16
-             : t.bits == 32 ? TRITONSERVER_TYPE_FP32
-             : t.bits == 64 ? TRITONSERVER_TYPE_FP64
-                            : TRITONSERVER_TYPE_INVALID;
-    case DL_BFLOAT: return t.bits == 16 ? TRITONSERVER_TYPE_BF16 : TRITONSERVER_TYPE_INVALID;
-    default: return TRITONSERVER_TYPE_INVALID;
-  }
-}
-
 /* A consumed DLPack tensor: its producer's deleter runs when the capsule goes. */
 static void dl_capsule_free(PyObject* capsule)
 {

@@ -82,15 +82,15 @@ static void abandon(Group* g, Call** window, Py_ssize_t n)
 }
 
 /* submit_many(server, model, version, inputs_list, outputs, request_id, priority,
- *             timeout_us, parameters, parameters_list, sinks, window, release_gil)
+ *             timeout_us, parameters, parameters_list, sinks, window, release_gil[, out_device])
  * -> a list: each request's outputs dict, or its exception. The options are submit()'s
  * (request_options); parameters_list and sinks (per request, from tracing) may be None,
  * and so may an entry of parameters_list (the shared parameters then). */
 PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs != 13) {
-    PyErr_SetString(PyExc_TypeError, "submit_many() takes 13 arguments");
+  if (nargs != 13 && nargs != 14) {
+    PyErr_SetString(PyExc_TypeError, "submit_many() takes 13 or 14 arguments");
     return NULL;
   }
   TRITONSERVER_Server* server;
@@ -100,6 +100,7 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   PyObject *inputs = args[3], *parameters_list = args[9], *sinks = args[10];
   long size = PyLong_AsLong(args[11]);
   int release_gil = PyObject_IsTrue(args[12]) == 1;
+  int out_device = nargs == 14 ? (int)PyLong_AsLong(args[13]) : -1; /* output_device */
   if (PyErr_Occurred()) return NULL;
   if (t_model_thread || (t_in_execute && t_model_name != NULL && strcmp(model, t_model_name) == 0))
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
@@ -146,7 +147,7 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
       if (lock_open_server(server) == 0)
         r = submit_locked(server, model, version, item, o.outputs, o.request_id, o.priority,
                           o.timeout_us, params == Py_None ? o.parameters : params, Py_None, Py_None,
-                          0, Py_None, release_gil, sink, 0, &g, &c);
+                          0, Py_None, release_gil, sink, 0, out_device, &g, &c);
       if (r != NULL) {
         Py_DECREF(r);
         c->group_index = i;

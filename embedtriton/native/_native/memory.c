@@ -21,7 +21,8 @@ TRITONSERVER_Error* response_alloc_fn(TRITONSERVER_ResponseAllocator* a, const c
                                       int64_t* actual_memory_type_id)
 {
   (void)a, (void)memory_type, (void)memory_type_id;
-  const Preset* preset = userp ? call_preset((struct Call*)userp, tensor_name) : NULL;
+  Call* c = (Call*)userp;
+  const Preset* preset = c ? call_preset(c, tensor_name) : NULL;
   if (preset != NULL) { /* no ticket: the memory is the caller's */
     if ((size_t)preset->view.len < byte_size)
       return new_error(TRITONSERVER_ERROR_INVALID_ARG,
@@ -29,23 +30,36 @@ TRITONSERVER_Error* response_alloc_fn(TRITONSERVER_ResponseAllocator* a, const c
                        byte_size, preset->view.len);
     *buffer = preset->view.buf;
     *buffer_userp = NULL;
-    *actual_memory_type = TRITONSERVER_MEMORY_CPU;
-    *actual_memory_type_id = 0;
+    *actual_memory_type = preset->gpu ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
+    *actual_memory_type_id = preset->gpu ? preset->device : 0;
     return NULL;
   }
   Ticket* ticket = malloc(sizeof(Ticket));
+  if (ticket == NULL)
+    return new_error(TRITONSERVER_ERROR_UNAVAILABLE,
+                     "out of memory allocating %zu bytes for output '%s'", byte_size, tensor_name);
   void* block = NULL;
-  if (ticket == NULL || posix_memalign(&block, 64, byte_size ? byte_size : 1) != 0) {
+  int gpu = c != NULL && c->out_device >= 0;
+  if (gpu) { /* output_device="gpu": the caller gets device arrays */
+    const char* why = cuda_alloc(&block, byte_size, c->out_device);
+    if (why != NULL) {
+      free(ticket);
+      return new_error(TRITONSERVER_ERROR_UNAVAILABLE,
+                       "cannot allocate %zu bytes on GPU %d for output '%s': %s", byte_size,
+                       c->out_device, tensor_name, why);
+    }
+  } else if (posix_memalign(&block, 64, byte_size ? byte_size : 1) != 0) {
     free(ticket);
     return new_error(TRITONSERVER_ERROR_UNAVAILABLE,
                      "out of memory allocating %zu bytes for output '%s'", byte_size, tensor_name);
   }
   ticket->block = block;
   ticket->taken = 0;
+  ticket->gpu = gpu;
   *buffer = block;
   *buffer_userp = ticket;
-  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
-  *actual_memory_type_id = 0;
+  *actual_memory_type = gpu ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
+  *actual_memory_type_id = gpu ? c->out_device : 0;
   return NULL;
 }
 
@@ -56,7 +70,10 @@ TRITONSERVER_Error* response_release_fn(TRITONSERVER_ResponseAllocator* a, void*
   (void)a, (void)buffer, (void)byte_size, (void)memory_type, (void)memory_type_id;
   Ticket* ticket = (Ticket*)buffer_userp;
   if (ticket != NULL) {
-    if (!ticket->taken) free(ticket->block);
+    if (!ticket->taken) {
+      if (ticket->gpu) cuda_free(ticket->block);
+      else free(ticket->block);
+    }
     free(ticket);
   }
   return NULL;

@@ -225,7 +225,10 @@ void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
     PyObject* known = PyObject_CallMethod(ms->binding, "_knows", "O", key);
     if (known == Py_False && n_inputs <= MAX_DIMS * 4) { /* first iteration: hand over its inputs */
       Py_DECREF(req);
-      req = build_request(requests[i], ms, views, &n_views, &sizes[i], &errors[i]);
+      int32_t device = 0;
+      TRITONSERVER_Error* no_id = api.TRITONBACKEND_ModelInstanceDeviceId(instance, &device);
+      if (no_id != NULL) api.TRITONSERVER_ErrorDelete(no_id), device = 0;
+      req = build_request(requests[i], ms, device, views, &n_views, &sizes[i], &errors[i]);
       for (Py_ssize_t v = 0; v < n_views; v++) { /* kept across iterations: own copies */
         detach_view((PyArrayObject*)views[v]);
         Py_DECREF(views[v]);

@@ -108,6 +108,13 @@ static PyMethodDef methods[] = {
     {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
     {"map_shared", py_map_shared, METH_VARARGS,
      "map_shared(fd, length) -> Mapping: map a shared-memory file, guarded against SIGBUS."},
+    {"cuda_init", py_cuda_init, METH_O,
+     "cuda_init(path) -> number of GPUs: load the CUDA runtime for device copies (once)."},
+    {"device_array", py_device_array, METH_VARARGS,
+     "device_array(ptr, shape, dtype, device, owner) -> DeviceArray: a view of device memory."},
+    {"cuda_ipc_open", py_cuda_ipc_open, METH_VARARGS,
+     "cuda_ipc_open(handle, device) -> int: open a CUDA IPC memory handle (64 bytes)."},
+    {"cuda_ipc_close", py_cuda_ipc_close, METH_O, "Close what cuda_ipc_open opened."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
@@ -122,9 +129,12 @@ PyMODINIT_FUNC PyInit__native(void)
   if (spin != NULL) spin_ns = strtoull(spin, NULL, 10) * 1000;
   long page = sysconf(_SC_PAGESIZE);
   if (page > 0) page_size = (uintptr_t)page;
-  if (PyType_Ready(&MappingType) < 0) return NULL;
+  if (PyType_Ready(&MappingType) < 0 || PyType_Ready(&DeviceArrayType) < 0 ||
+      PyType_Ready(&HoldType) < 0)
+    return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
+  if (PyModule_AddObjectRef(m, "DeviceArray", (PyObject*)&DeviceArrayType) < 0) return NULL;
   INTERN(s_call_soon_threadsafe, "call_soon_threadsafe");
   INTERN(s_parameters, "parameters");
   INTERN(s_execute, "execute");

@@ -24,6 +24,7 @@
  *   threads.c    the GIL on Triton's threads, waiting, batched wake-ups
  *   convert.c    dtype mapping, errors
  *   memory.c     response allocator, shared-memory mappings (SIGBUS guard)
+ *   cuda.c       the CUDA runtime, DeviceArray, GPU inputs' holds, CUDA IPC
  *   calls.c      calls in flight: references, callbacks, results
  *   servers.c    open servers, the calls Triton holds, stop()'s helpers
  *   streams.c    several responses per call
@@ -55,6 +56,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dlpack.h"
 #include "triton_api.h"
 
 /* The TRITONBACKEND_* entry points Triton looks up (listed in exports.map too). */
@@ -138,6 +140,7 @@ TRITONSERVER_Error* error_from_python(const char* context);
 typedef struct {
   void* block;
   int taken;
+  int gpu; /* block is device memory (cudaFree), for a call with an output device */
 } Ticket;
 
 /* An output the caller asked to receive in its own writable buffer (e.g. a
@@ -146,7 +149,10 @@ typedef struct Preset {
   const char* name; /* the UTF-8 of a key of the caller's dict (kept alive by owner) */
   PyObject* owner;  /* the caller's outputs dict */
   PyObject* target; /* the buffer object */
-  Py_buffer view;
+  Py_buffer view;   /* host memory; or, for a DeviceArray target, view.buf and view.len are
+                       its device memory (no buffer was taken) */
+  int gpu;          /* the target is device memory (a DeviceArray), on device */
+  int device;
 } Preset;
 
 extern uintptr_t page_size;
@@ -164,6 +170,45 @@ TRITONSERVER_Error* response_release_fn(TRITONSERVER_ResponseAllocator* a, void*
                                         int64_t memory_type_id);
 void free_block_capsule(PyObject* capsule);
 PyObject* py_map_shared(PyObject* self, PyObject* args);
+
+/* ---- cuda.c: GPU memory ------------------------------------------------ */
+
+extern PyTypeObject DeviceArrayType, HoldType;
+
+/* An array in GPU memory that a callable returned, read through DLPack. */
+typedef struct {
+  PyObject* holder;         /* a DeviceArray, or NULL */
+  DLManagedTensor* managed; /* or the consumed DLPack tensor */
+  const void* data;
+  size_t nbytes;
+  int ndim;
+  int64_t shape[MAX_DIMS];
+  TRITONSERVER_DataType dtype;
+  int device;
+} GpuValue;
+
+int cuda_ready(void);
+const char* cuda_copy(void* dst, const void* src, size_t n);
+const char* cuda_alloc(void** ptr, size_t n, int device);
+void cuda_free(void* ptr);
+TRITONSERVER_DataType dl_dtype(DLDataType t);
+int is_device_array(PyObject* o);
+PyObject* device_array_new(void* ptr, size_t nbytes, int ndim, const int64_t* shape,
+                           TRITONSERVER_DataType dtype, int device, int owns, PyObject* owner);
+PyObject* device_array_alloc(size_t nbytes, int ndim, const int64_t* shape,
+                             TRITONSERVER_DataType dtype, int device);
+void* device_array_ptr(PyObject* o);
+size_t device_array_nbytes(PyObject* o);
+int device_array_device(PyObject* o);
+PyObject* hold_new(TRITONBACKEND_Request* request);
+int is_hold(PyObject* o);
+TRITONBACKEND_Request* hold_drop(PyObject* o);
+int gpu_value(PyObject* value, GpuValue* g, const char* name, TRITONSERVER_Error** err);
+void gpu_value_done(GpuValue* g);
+PyObject* py_cuda_init(PyObject* self, PyObject* arg);
+PyObject* py_device_array(PyObject* self, PyObject* args);
+PyObject* py_cuda_ipc_open(PyObject* self, PyObject* args);
+PyObject* py_cuda_ipc_close(PyObject* self, PyObject* arg);
 
 /* ---- calls.c: calls in flight (caller side) ----------------------------- */
 
@@ -205,6 +250,7 @@ typedef struct Call {
   Py_ssize_t n_presets;
   struct Preset* presets;    /* outputs to write into the caller's buffers */
   struct TraceRecord* trace; /* when traced: Triton's timestamps for this request */
+  int out_device;            /* outputs in this GPU's memory; -1: host memory */
 } Call;
 
 /* The calls of one submit_many(): their caller waits for several at once. */
@@ -273,7 +319,7 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
                         unsigned long long priority, unsigned long long timeout_us,
                         PyObject* parameters, PyObject* loop, PyObject* future, int stream,
                         PyObject* sequence, int release_gil, PyObject* trace_sink, int cancellable,
-                        Group* group, Call** out);
+                        int out_device, Group* group, Call** out);
 PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 int target_args(PyObject* const* args, TRITONSERVER_Server** server, const char** model,
                 long long* version);
@@ -311,6 +357,7 @@ typedef struct {
   TRITONSERVER_DataType dtype;
   int ndims;
   int64_t dims[MAX_DIMS];
+  int gpu; /* Tensor(device="gpu"): ask Triton for GPU memory even for a host array */
 } OutputSpec;
 
 typedef struct {
@@ -324,6 +371,9 @@ typedef struct {
   PyObject* iterate; /* iterative sequences: binding._iterate(step), or NULL */
   Py_ssize_t n_outputs;
   OutputSpec* outputs;
+  PyObject* gpu_wrap;  /* GPU inputs for the callable: DeviceArray -> cupy/torch; NULL: as is */
+  char** gpu_inputs;   /* inputs declared Tensor(device="gpu") */
+  Py_ssize_t n_gpu_inputs;
   /* Warm-up: the executions left before the model serves (binding.warmup_runs), and whether one
    * failed. Triton 2.51 crashes when a warm-up request fails, so a warm-up failure is recorded
    * (binding.warmup_error) and answered as a success; the server then fails the load itself. */
@@ -335,8 +385,9 @@ typedef struct {
 extern __thread ModelState* t_warmup;
 
 PyObject* read_parameters(TRITONBACKEND_Request* request, TRITONSERVER_Error** err);
-PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, PyObject** views,
-                        Py_ssize_t* n_views, uint64_t* batch_size, TRITONSERVER_Error** err);
+PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int device,
+                        PyObject** views, Py_ssize_t* n_views, uint64_t* batch_size,
+                        TRITONSERVER_Error** err);
 TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request,
                                   TRITONBACKEND_Response* response, PyObject* out,
                                   uint64_t batch_size, size_t index);

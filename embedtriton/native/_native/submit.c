@@ -113,10 +113,12 @@ int lock_open_server(TRITONSERVER_Server* server)
 PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs < 11 || nargs > 16) {
-    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 16 arguments");
+  if (nargs < 11 || nargs > 17) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 17 arguments");
     return NULL;
   }
+  int out_device = nargs >= 17 ? (int)PyLong_AsLong(args[16]) : -1; /* output_device */
+  if (out_device == -1 && PyErr_Occurred()) return NULL;
   PyObject* trace_sink = nargs >= 15 ? args[14] : Py_None;
   int cancellable = nargs >= 16 && PyObject_IsTrue(args[15]) == 1;
   int release_gil = nargs >= 14 && PyObject_IsTrue(args[13]) == 1;
@@ -147,7 +149,7 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   if (inputs != NULL && lock_open_server(server) == 0)
     result = submit_locked(server, model, version, inputs, o.outputs, o.request_id, o.priority,
                            o.timeout_us, o.parameters, loop, args[10], stream, sequence,
-                           release_gil, trace_sink, cancellable, NULL, NULL);
+                           release_gil, trace_sink, cancellable, out_device, NULL, NULL);
   Py_XDECREF(inputs);
   options_clear(&o);
   return result;
@@ -160,7 +162,7 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
                         unsigned long long priority, unsigned long long timeout_us,
                         PyObject* parameters, PyObject* loop, PyObject* future, int stream,
                         PyObject* sequence, int release_gil, PyObject* trace_sink, int cancellable,
-                        Group* group, Call** out)
+                        int out_device, Group* group, Call** out)
 {
   TRITONSERVER_InferenceRequest* req = NULL;
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
@@ -183,6 +185,7 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
   c->is_async = !stream && loop != Py_None;
   c->request = req;
   c->group = group;
+  c->out_device = out_device;
   if (stream) {
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -216,7 +219,12 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
       if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
       if (value == Py_None) continue;
       Preset* p = &c->presets[c->n_presets];
-      if (PyObject_GetBuffer(value, &p->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+      if (is_device_array(value)) { /* device memory (a client's CUDA shared memory) */
+        p->gpu = 1;
+        p->device = device_array_device(value);
+        p->view.buf = device_array_ptr(value);
+        p->view.len = (Py_ssize_t)device_array_nbytes(value);
+      } else if (PyObject_GetBuffer(value, &p->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
         raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
                      "an output buffer must be a writable, contiguous buffer");
@@ -284,7 +292,7 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
   }
   if ((err = api.TRITONSERVER_InferenceRequestSetReleaseCallback(req, release_cb, c)) ||
       (err = api.TRITONSERVER_InferenceRequestSetResponseCallback(
-           req, allocator, c->n_presets ? c : NULL, response_cb, c)))
+           req, allocator, c->n_presets || c->out_device >= 0 ? c : NULL, response_cb, c)))
     goto fail_err;
 
   /* Triton's two (dropped at its release and at its final response) and, for a cancellable

@@ -188,6 +188,8 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelState, (TRITONBACKEND_Model * model, void** state))    \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelInstanceModel,                                         \
     (TRITONBACKEND_ModelInstance * instance, TRITONBACKEND_Model * *model))                        \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ModelInstanceDeviceId,                                      \
+    (TRITONBACKEND_ModelInstance * instance, int32_t * device_id))                                 \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelInstanceReportStatistics,                              \
     (TRITONBACKEND_ModelInstance * instance, TRITONBACKEND_Request * request, const bool success,  \
      const uint64_t exec_start_ns, const uint64_t compute_start_ns, const uint64_t compute_end_ns, \
