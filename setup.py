@@ -3,6 +3,7 @@
 Each module's C files live in a folder of their own (embedtriton/native/_native/, .../_h2/) with
 one private header; the declarations of the dlopened C APIs are in embedtriton/native/include/."""
 
+import os
 from glob import glob
 
 import numpy
@@ -14,11 +15,13 @@ INCLUDE = f"{NATIVE}/include"
 # library exports only what Python and Triton look up in it, never its internal functions.
 # Link-time optimisation lets the compiler inline across the files of one module (the GIL and
 # completion helpers of the per-request path), as it did when each module was one file.
-CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-fvisibility=hidden", "-flto"]
+# EMBEDTRITON_NO_LTO=1 builds without it, for toolchains whose linker cannot run GCC's LTO plugin.
+LTO = [] if os.environ.get("EMBEDTRITON_NO_LTO") == "1" else ["-flto"]
+CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-fvisibility=hidden", *LTO]
 
 
 def exports(module: str) -> list[str]:
-    return ["-O2", "-flto", f"-Wl,--version-script={NATIVE}/{module}/exports.map"]
+    return ["-O2", *LTO, f"-Wl,--version-script={NATIVE}/{module}/exports.map"]
 
 
 def files(pattern: str) -> list[str]:

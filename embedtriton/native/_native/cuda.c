@@ -30,7 +30,14 @@ static struct {
   const char* (*GetErrorString)(cudaError_t);
   cudaError_t (*IpcOpenMemHandle)(void**, IpcHandle, unsigned int);
   cudaError_t (*IpcCloseMemHandle)(void*);
+  /* stream-ordered allocation (CUDA 11.2+): NULL where the runtime lacks it */
+  cudaError_t (*MallocAsync)(void**, size_t, void*);
+  cudaError_t (*FreeAsync)(void*, void*);
+  cudaError_t (*DeviceGetDefaultMemPool)(void**, int);
+  cudaError_t (*MemPoolSetAttribute)(void*, int, void*);
 } cuda;
+enum { MEMPOOL_ATTR_RELEASE_THRESHOLD = 4 }; /* cudaMemPoolAttrReleaseThreshold */
+static atomic_ullong pooled_devices;          /* bit d: device d's pool keeps freed blocks */
 static atomic_int cuda_loaded;
 static int cuda_count;
 
@@ -64,21 +71,43 @@ const char* cuda_copy(void* dst, const void* src, size_t n)
   return e ? cuda_why(e) : NULL;
 }
 
-/* Device memory on `device` (the calling thread's current device is left as it was). */
+/* Device memory on `device` (the calling thread's current device is left as it was).
+ * Blocks come from the device's stream-ordered pool (cudaMallocAsync on the legacy stream):
+ * the pool keeps freed blocks for the next output (a plain cudaMalloc/cudaFree pair costs
+ * ~50 to ~300 us, growing with the size, and cudaFree waits for the whole device), and the
+ * legacy stream orders each reuse after the work queued on blocking streams. A runtime
+ * without it gets cudaMalloc. */
 const char* cuda_alloc(void** ptr, size_t n, int device)
 {
   if (!cuda_ready()) return NO_CUDA;
   int current = 0;
   cudaError_t e = cuda.GetDevice(&current);
   if (e == 0 && current != device) e = cuda.SetDevice(device);
-  if (e == 0) e = cuda.Malloc(ptr, n ? n : 1);
+  unsigned long long bit = device >= 0 && device < 64 ? 1ull << device : 0;
+  if (e == 0 && cuda.MallocAsync != NULL && bit && !(atomic_load(&pooled_devices) & bit)) {
+    void* pool = NULL;
+    uint64_t keep = UINT64_MAX; /* keep what was freed: outputs of the same sizes come again */
+    if (cuda.DeviceGetDefaultMemPool(&pool, device) == 0 &&
+        cuda.MemPoolSetAttribute(pool, MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) == 0)
+      atomic_fetch_or(&pooled_devices, bit);
+    else
+      cuda.MallocAsync = NULL, cuda.FreeAsync = NULL; /* (no pools here: plain allocations) */
+  }
+  if (e == 0 && cuda.MallocAsync != NULL && bit) {
+    e = cuda.MallocAsync(ptr, n ? n : 1, NULL);
+    /* the block is ready for any stream (Triton's, another backend's) once this returns */
+    if (e == 0) e = cuda.StreamSynchronize(NULL);
+  } else if (e == 0) {
+    e = cuda.Malloc(ptr, n ? n : 1);
+  }
   if (current != device) cuda.SetDevice(current);
   return e ? cuda_why(e) : NULL;
 }
 
 void cuda_free(void* ptr)
 {
-  if (ptr != NULL && cuda_ready()) cuda.Free(ptr);
+  if (ptr == NULL || !cuda_ready()) return;
+  if (cuda.FreeAsync == NULL || cuda.FreeAsync(ptr, NULL) != 0) cuda.Free(ptr);
 }
 
 /* cuda_init(path) -> number of devices: load the CUDA runtime at path (once). */
@@ -104,6 +133,13 @@ PyObject* py_cuda_init(PyObject* self, PyObject* arg)
   RESOLVE(IpcOpenMemHandle, "cudaIpcOpenMemHandle")
   RESOLVE(IpcCloseMemHandle, "cudaIpcCloseMemHandle")
 #undef RESOLVE
+  *(void**)&cuda.MallocAsync = dlsym(h, "cudaMallocAsync");
+  *(void**)&cuda.FreeAsync = dlsym(h, "cudaFreeAsync");
+  *(void**)&cuda.DeviceGetDefaultMemPool = dlsym(h, "cudaDeviceGetDefaultMemPool");
+  *(void**)&cuda.MemPoolSetAttribute = dlsym(h, "cudaMemPoolSetAttribute");
+  if (!cuda.MallocAsync || !cuda.FreeAsync || !cuda.DeviceGetDefaultMemPool ||
+      !cuda.MemPoolSetAttribute)
+    cuda.MallocAsync = NULL, cuda.FreeAsync = NULL;
   int n = 0;
   if (cuda.GetDeviceCount(&n) != 0) n = 0;
   cuda_count = n;
