@@ -211,3 +211,12 @@ def test_offline_scoring_example(tmp_path):
     assert "all scores correct" in out
     assert "6 results, failed: [3] (InvalidArgumentError)" in out
     assert "infer_many(max_in_flight=64)" in out and "rows/s" in out
+
+
+def test_gpu_example_says_what_it_needs_without_a_gpu(tmp_path):
+    from embedtriton.triton.devices import cuda_devices
+
+    if cuda_devices()[0]:
+        pytest.skip("this machine has a GPU: tests/gpu/test_gpu.py runs the example")
+    out = run_example("gpu_zero_copy.py", tmp_path)
+    assert out.startswith("this example needs a CUDA GPU and cupy: ")

@@ -317,3 +317,19 @@ def test_a_non_contiguous_gpu_output_is_a_clear_error(server):
         with pytest.raises(embedtriton.InternalError, match="not C-contiguous"):
             s.model("transposed").infer({"x": cupy.ones(2, cupy.float32)})
         assert s.model("transposed").ready  # the server keeps serving
+
+
+def test_the_gpu_example_runs(tmp_path):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "gpu_zero_copy.py"
+    done = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the callable read the caller's memory: True" in done.stdout
+    assert re.search(
+        r"output: DeviceArray\(shape=\(1048576,\), dtype=FP32, device=0\), mean [-+]0\.000, std 1\.000", done.stdout
+    )
+    assert "torch in, torch out: [0.0, 2.5, 5.0, 7.5]" in done.stdout
