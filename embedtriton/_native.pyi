@@ -183,5 +183,8 @@ def device_array(ptr: int, shape: Sequence[int], dtype: Any, device: int, owner:
 def cuda_ipc_open(handle: bytes, device: int, /) -> int:
     """Open a client's cudaIpcMemHandle_t (64 bytes) on device; the device address."""
 
-def cuda_ipc_close(ptr: int, /) -> None:
-    """Close what cuda_ipc_open opened."""
+def cuda_ipc_close(ptr: int, device: int = 0, /) -> None:
+    """Close what cuda_ipc_open opened (on its device)."""
+
+def cuda_allocation_size(ptr: int, device: int, /) -> int:
+    """Bytes from ptr to the end of its device allocation (cuMemGetAddressRange)."""

@@ -16,19 +16,33 @@ from ..config import MAX_DIMS
 from ..core import CoreServer, InferRequest, Model
 from ..core.request import SEQUENCE_END, SEQUENCE_START
 from ..errors import InvalidArgumentError, NotFoundError
-from ..tensors import BY_NAME, decode_bytes, encode_bytes
-from .shared_memory import Region, SystemSharedMemory
+from ..tensors import BY_NAME, decode_bytes, encode_bytes, triton_dtype
+from ..triton.devices import cuda_devices
+from .shared_memory import CudaRegion, Region, SharedMemory
 
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"  # a stream's extra final response
 
 
 # Triton's extensions (as its server metadata names them) that our endpoints implement. Not
-# listed: model_repository(unload_dependents) (no dependents here) and cuda_shared_memory
-# (registering needs a GPU build); binary_tensor_data is added by the HTTP endpoint.
+# listed: model_repository(unload_dependents) (no dependents here); cuda_shared_memory is added
+# where the server sees a GPU and binary_tensor_data by the HTTP endpoint (served_extensions).
 EXTENSIONS = (
     "classification", "sequence", "model_repository", "schedule_policy", "model_configuration",
     "system_shared_memory", "parameters", "statistics", "trace", "logging",
 )  # fmt: skip
+
+
+def served_extensions(shared_memory: bool, tracing: bool) -> set[str]:
+    """The extensions an endpoint serves: without ``shared_memory`` (its option) neither kind of
+    shared memory; CUDA shared memory only where the server sees a GPU; trace only with a tracer."""
+    served = set(EXTENSIONS)
+    if shared_memory and cuda_devices()[0] > 0:
+        served.add("cuda_shared_memory")
+    if not shared_memory:
+        served.discard("system_shared_memory")
+    if not tracing:
+        served.discard("trace")  # TraceSetting answers UNAVAILABLE without ServerConfig(tracing=...)
+    return served
 
 
 class Decoded:
@@ -42,7 +56,7 @@ class Decoded:
         self.request = InferRequest({})
         self.in_shm: set[str] = set()  # outputs written into shared memory
         self.classify: dict[str, int] = {}  # outputs asked for as their top-k classes
-        self.regions: list[Region] = []  # shared-memory regions it reads or writes
+        self.regions: list[Region | CudaRegion] = []  # shared-memory regions it reads or writes
 
     def check_regions(self) -> None:
         """Raise when a region shrank under the request (its data is lost)."""
@@ -113,16 +127,46 @@ def shm_reference(name: str, params: Mapping[str, Any]) -> tuple[str, int, int] 
     return region, offset, size
 
 
-def shm_view(decoded: Decoded, shm: SystemSharedMemory, ref: tuple[str, int, int], what: str) -> memoryview:
-    """The bytes a shared-memory reference names (checked against the region)."""
+def shm_input(
+    decoded: Decoded, shm: SharedMemory, ref: tuple[str, int, int], name: str, datatype: str, shape: tuple[int, ...]
+) -> Any:
+    """An input read from the shared memory a reference names, without a copy: a numpy view of a
+    system region, a :class:`~embedtriton.DeviceArray` of a CUDA region (Triton gets the GPU
+    pointer). Checked against the region, and its byte size against the shape."""
     region_name, offset, size = ref
     region = shm.get(region_name)
-    view = region.view(offset, size, what)
+    if isinstance(region, CudaRegion):
+        region.bounds(offset, size)
+        if datatype == "BYTES":
+            raise InvalidArgumentError(
+                f"input '{name}': BYTES tensors cannot be read from CUDA shared memory (region "
+                f"'{region_name}'); send them in the request or in system shared memory"
+            )
+        dtype = _numeric(name, datatype)
+        if size != dtype.itemsize * math.prod(shape):
+            raise InvalidArgumentError(f"input '{name}': {size} bytes do not fill shape {list(shape)} of {datatype}")
+        array = region.array(offset, shape, dtype)
+    else:
+        array = array_from_bytes(name, datatype, shape, region.view(offset, size, f"input '{name}'"))
     decoded.regions.append(region)
-    return view
+    return array
 
 
-def requested_outputs(decoded: Decoded, shm: SystemSharedMemory, outputs: Sequence[tuple[str, Any]]) -> None:
+def shm_output(decoded: Decoded, shm: SharedMemory, ref: tuple[str, int, int], name: str) -> Any:
+    """The buffer an output is written into: a memoryview of a system region, the raw bytes of a
+    CUDA region as a :class:`~embedtriton.DeviceArray` (Triton writes it in GPU memory)."""
+    region_name, offset, size = ref
+    region = shm.get(region_name)
+    if isinstance(region, CudaRegion):
+        region.bounds(offset, size)
+        buffer = region.array(offset, (size,), None)
+    else:
+        buffer = region.view(offset, size, f"output '{name}'")
+    decoded.regions.append(region)
+    return buffer
+
+
+def requested_outputs(decoded: Decoded, shm: SharedMemory, outputs: Sequence[tuple[str, Any]]) -> None:
     """The outputs to return, ``[(name, parameters)]``: names, or names -> shared-memory buffers,
     and those asked for as classifications. An output named twice is returned once, as Triton
     does; named twice with different parameters (two regions, say) it is refused, where Triton
@@ -131,6 +175,7 @@ def requested_outputs(decoded: Decoded, shm: SystemSharedMemory, outputs: Sequen
         return
     buffers: dict[str, Any] = {}
     seen: dict[str, Any] = {}
+    in_cuda: list[str] = []
     for name, params in outputs:
         if name in seen:
             if params != seen[name]:
@@ -142,13 +187,28 @@ def requested_outputs(decoded: Decoded, shm: SystemSharedMemory, outputs: Sequen
         if ref is not None and count is not None:
             raise InvalidArgumentError("output can't set both 'shared_memory_region' and 'classification'")
         if ref is not None:
-            buffers[name] = shm_view(decoded, shm, ref, f"output '{name}'")
+            buffers[name] = shm_output(decoded, shm, ref, name)
             decoded.in_shm.add(name)
+            if isinstance(decoded.regions[-1], CudaRegion):
+                in_cuda.append(name)
         else:
             buffers[name] = None
             if count is not None:
                 decoded.classify[name] = count
+    if in_cuda:
+        _refuse_bytes_in_cuda(decoded.model, in_cuda)
     decoded.request.outputs = buffers if decoded.in_shm else tuple(buffers)
+
+
+def _refuse_bytes_in_cuda(model: Model, in_cuda: list[str]) -> None:
+    """BYTES outputs are not written into CUDA shared memory (their size is known only once
+    serialized on the host): refused before the request runs, from the model's metadata."""
+    for output in model.metadata().get("outputs", []):
+        if output.get("name") in in_cuda and output.get("datatype") == "BYTES":
+            raise InvalidArgumentError(
+                f"output '{output['name']}': BYTES tensors cannot be written into CUDA shared memory; "
+                "ask for it in the response or in system shared memory"
+            )
 
 
 def classification_count(params: Mapping[str, Any]) -> int | None:
@@ -236,6 +296,12 @@ def _numeric(name: str, datatype: str) -> np.dtype:
     if found is None or found.numpy is None:
         raise InvalidArgumentError(f"input '{name}': datatype {datatype} is not supported")
     return found.numpy
+
+
+def output_datatype(array: Any) -> str:
+    """An output's Triton datatype (a DeviceArray in CUDA shared memory names bfloat16 "BF16")."""
+    dtype = array.dtype
+    return dtype if isinstance(dtype, str) else triton_dtype(dtype)
 
 
 def output_bytes(array: np.ndarray, datatype: str) -> bytes:

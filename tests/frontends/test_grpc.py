@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from embedtriton import ModelConfig, SequenceBatcher, Server, Tensor  # noqa: E402
+from embedtriton.triton.devices import cuda_devices  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
@@ -67,9 +68,10 @@ def test_health_metadata_config_statistics_index(endpoint):
     assert client.is_model_ready("AddSub") and not client.is_model_ready("Nope")
     meta = client.get_server_metadata()
     assert meta.name == "triton" and meta.version.startswith("2.")  # what Triton itself reports
+    gpu = ["cuda_shared_memory"] if cuda_devices()[0] else []  # only where the server sees a GPU
     assert list(meta.extensions) == [  # exactly what this endpoint implements, in Triton's order
         "classification", "sequence", "model_repository", "schedule_policy", "model_configuration",
-        "system_shared_memory", "parameters", "statistics", "logging",
+        "system_shared_memory", *gpu, "parameters", "statistics", "logging",
     ]  # fmt: skip
     meta = client.get_model_metadata("AddSub")
     assert [t.name for t in meta.inputs] == ["a", "b"] and meta.inputs[0].datatype == "FP32"

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2  # noqa: E402
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size  # noqa: E402
 
 from embedtriton import GrpcOptions, InvalidArgumentError, ModelConfig, Server, Tensor, batch  # noqa: E402
+from embedtriton.frontends import shared_memory  # noqa: E402
 
 
 def add_sub_inputs(a, b):
@@ -232,9 +233,10 @@ def test_requested_outputs_named_twice(endpoint):
         client.infer("Classes", [inp], outputs=clash)
 
 
-def test_cuda_shared_memory_answers_as_a_gpu_less_triton(endpoint):
-    """Status lists no region and unregistering succeeds (every shared-memory client's routine
-    cleanup, perf_analyzer's too); only registering fails, with Triton's wording."""
+def test_cuda_shared_memory_answers_as_a_gpu_less_triton(endpoint, monkeypatch):
+    """Without a GPU, status lists no region and unregistering succeeds (every shared-memory
+    client's routine cleanup, perf_analyzer's too); only registering fails, with Triton's wording."""
+    monkeypatch.setattr(shared_memory, "cuda_devices", lambda: (0, "no GPU"))  # on a GPU machine too
     _, address = endpoint
     client = grpcclient.InferenceServerClient(address)
     status = client.get_cuda_shared_memory_status(as_json=True)

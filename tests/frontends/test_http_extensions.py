@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from embedtriton import ModelConfig, Server, ServerConfig, Tensor, Tracing, batch  # noqa: E402
+from embedtriton.frontends import kserve, shared_memory  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,8 @@ def test_system_shared_memory_over_http_shared_with_grpc(endpoints):
         client.register_system_shared_memory("evil", "../etc/passwd", 16)  # never a path outside /dev/shm
 
 
-def test_cuda_shared_memory_answers_as_a_gpu_less_triton(endpoints):
+def test_cuda_shared_memory_answers_as_a_gpu_less_triton(endpoints, monkeypatch):
+    monkeypatch.setattr(shared_memory, "cuda_devices", lambda: (0, "no GPU"))  # on a GPU machine too
     _, client, _, _ = endpoints
     assert client.get_cuda_shared_memory_status() == []
     client.unregister_cuda_shared_memory()  # routine cleanup succeeds
@@ -150,11 +152,15 @@ def test_logging_and_trace_settings(endpoints):
     assert client.get_trace_settings()["trace_rate"] == "1"
 
 
-def test_server_metadata_lists_the_extensions_served(endpoints):
-    _, client, _, _ = endpoints
+def test_server_metadata_lists_the_extensions_served(endpoints, monkeypatch):
+    _, client, grpc_address, _ = endpoints
+    monkeypatch.setattr(kserve, "cuda_devices", lambda: (0, "no GPU"))
     extensions = set(client.get_server_metadata()["extensions"])
     assert {"binary_tensor_data", "system_shared_memory", "model_repository", "trace", "logging"} <= extensions
-    assert "cuda_shared_memory" not in extensions
+    assert "cuda_shared_memory" not in extensions  # only where the server sees a GPU
+    monkeypatch.setattr(kserve, "cuda_devices", lambda: (1, ""))
+    assert "cuda_shared_memory" in client.get_server_metadata()["extensions"]
+    assert "cuda_shared_memory" in grpcclient.InferenceServerClient(grpc_address).get_server_metadata().extensions
 
 
 def test_stop_does_not_wait_for_idle_keep_alive_connections(add_sub, add_sub_tensors):

@@ -120,3 +120,45 @@ def test_stock_cudashm_client(served, protocol):
     seen = served["seen"]
     assert seen["ptr"] is not None, f"the model got {seen['type']}, not a GPU array"
     assert seen["ptr"] == seen["region_ptr"], seen
+
+
+ALLOCATION_CHECK = r"""
+import base64, sys
+import cupy
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+size = 1 << 20
+ptr = cupy.cuda.runtime.malloc(size)  # cudaMalloc: an allocation of its own, not the memory pool's
+try:
+    handle = base64.b64encode(cupy.cuda.runtime.ipcGetMemHandle(ptr))
+    client = grpcclient.InferenceServerClient(sys.argv[1])
+    try:
+        client.register_cuda_shared_memory("too-big", handle, 0, 4 * size)  # past any rounding of the size
+        print("REGISTERED beyond the allocation")
+    except InferenceServerException as exc:
+        print("REFUSED", exc.status(), exc.message())
+    client.register_cuda_shared_memory("whole", handle, 0, size)
+    region = client.get_cuda_shared_memory_status("whole").regions["whole"]
+    print("STATUS", region.name, region.device_id, region.byte_size)
+    client.unregister_cuda_shared_memory("whole")
+finally:
+    cupy.cuda.runtime.free(ptr)
+"""
+
+
+def test_cudashm_registration_beyond_the_allocation_is_refused(served):
+    """As Triton checks it (cuMemGetAddressRange): a byte_size larger than the client's allocation
+    is refused, so no request can make Triton read or write past it; the whole allocation is fine."""
+    done = subprocess.run(
+        [sys.executable, "-c", ALLOCATION_CHECK, served["grpc"]], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0 and "No module named 'cupy'" in done.stderr:
+        pytest.skip("cupy is not installed")
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    assert (
+        "REFUSED StatusCode.INVALID_ARGUMENT failed to register shared memory region 'too-big': invalid args "
+        f"(byte_size {4 << 20} exceeds the "
+    ) in done.stdout, output
+    assert f"STATUS whole 0 {1 << 20}" in done.stdout, output

@@ -20,10 +20,9 @@ from ...backend import library
 from ...backend.library import STREAM_EMPTY, STREAM_END, STREAM_ITEM
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
-from ...tensors import triton_dtype
 from .. import kserve
 from ..security import forwarded
-from ..shared_memory import SystemSharedMemory
+from ..shared_memory import SharedMemory
 from .transport import OK, UNAVAILABLE, Call, code_of
 
 log = logging.getLogger("embedtriton")
@@ -143,7 +142,7 @@ def encode(request: Any, outputs: dict[str, Any], decoded: kserve.Decoded | None
     in_shm = decoded.in_shm if decoded is not None else ()
     classify = decoded.classify if decoded is not None else None
     for name, array in outputs.items():
-        datatype = triton_dtype(array.dtype)
+        datatype = kserve.output_datatype(array)
         if classify and name in classify:
             model = decoded.model  # type: ignore[union-attr]
             array = kserve.classify(array, datatype, classify[name], model.batched, model.labels(name))
@@ -204,7 +203,7 @@ class Reply:
 class Inference:
     """ModelInfer and ModelStreamInfer for one server."""
 
-    def __init__(self, server: CoreServer, shm: SystemSharedMemory, forward: re.Pattern[str] | None = None) -> None:
+    def __init__(self, server: CoreServer, shm: SharedMemory, forward: re.Pattern[str] | None = None) -> None:
         self.server = server
         self.shm = shm
         self.forward = forward  # --grpc-header-forward-pattern, compiled
@@ -272,8 +271,7 @@ class Inference:
             if typed:
                 raise InvalidArgumentError(f"unexpected 'content' provided when using shared memory for {where}")
             ref = kserve.shm_reference(name, _tensor_parameters(tensor))
-            data = kserve.shm_view(decoded, self.shm, ref, f"input '{name}'")  # type: ignore[arg-type]
-            return kserve.array_from_bytes(name, datatype, shape, data), 0
+            return kserve.shm_input(decoded, self.shm, ref, name, datatype, shape), 0  # type: ignore[arg-type]
         if typed:
             if raw:
                 raise InvalidArgumentError(

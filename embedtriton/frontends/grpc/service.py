@@ -21,15 +21,14 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ...core import CoreServer
 from ...errors import (
-    InvalidArgumentError,
     NotFoundError,
     TritonError,
+    UnavailableError,
     UnsupportedError,
 )
-from ...triton.devices import cuda_devices
 from .. import admin, kserve
 from ..security import GRPC_GROUPS, RestrictedApis
-from ..shared_memory import regions_of
+from ..shared_memory import CUDA, SYSTEM, refuse_cuda_without_gpu, regions_of
 from .infer import STOPPING, Inference, InFlight, Stream
 from .repository import Repository
 from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of, response_compression
@@ -224,7 +223,7 @@ class Service:
                 health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING).SerializeToString()
             )
             call.finish(UNAVAILABLE, "the server is stopping")
-        self.shm.unregister()
+        self.shm.clear()
 
     # -- server and model information ---------------------------------------------
 
@@ -251,11 +250,7 @@ class Service:
     def server_metadata(self, request: Any, call: Call) -> Any:
         """Triton's name and version; of its extensions, exactly those this endpoint implements."""
         meta = self.server.metadata()
-        served = set(kserve.EXTENSIONS)
-        if not self.shared_memory:
-            served.discard("system_shared_memory")
-        if self.server.tracer is None:
-            served.discard("trace")  # TraceSetting answers UNAVAILABLE without ServerConfig(tracing=...)
+        served = kserve.served_extensions(self.shared_memory, self.server.tracer is not None)
         extensions = [e for e in meta.get("extensions", []) if e in served]
         return service_pb2.ServerMetadataResponse(
             name=meta.get("name", ""), version=meta.get("version", ""), extensions=extensions
@@ -317,12 +312,12 @@ class Service:
         return service_pb2.SystemSharedMemoryRegisterResponse()
 
     def shm_unregister(self, request: Any, call: Call) -> Any:
-        self.shm.unregister(request.name)
+        self.shm.unregister(request.name, SYSTEM)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
     def shm_status(self, request: Any, call: Call) -> Any:
         response = service_pb2.SystemSharedMemoryStatusResponse()
-        for r in self.shm.status(request.name):
+        for r in self.shm.status(request.name, SYSTEM):
             response.regions[r.name].CopyFrom(
                 service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
                     name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
@@ -330,28 +325,34 @@ class Service:
             )
         return response
 
-    # CUDA shared memory, answered as Triton built without GPU support answers it: no region is
-    # ever registered, so the status lists none and unregistering (clients' routine cleanup)
-    # succeeds; only registering fails. Names are shared with system regions, as in Triton.
+    # CUDA shared memory: one region table with system shared memory (names are shared, as in
+    # Triton). Without a GPU it answers as Triton built without GPU support: no region is ever
+    # registered, so the status lists none and unregistering (clients' routine cleanup)
+    # succeeds; only registering fails.
 
     def cuda_shm_status(self, request: Any, call: Call) -> Any:
-        name = request.name
-        if name:
-            if any(r.name == name for r in self.shm.status()):
-                raise NotFoundError(
-                    f"The region named '{name}' is registered as system shared memory, not CUDA shared memory"
+        response = service_pb2.CudaSharedMemoryStatusResponse()
+        for r in self.shm.status(request.name, CUDA):
+            response.regions[r.name].CopyFrom(
+                service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(
+                    name=r.name, device_id=r.device_id, byte_size=r.byte_size
                 )
-            raise NotFoundError(f"Unable to find cuda shared memory region: '{name}'")
-        return service_pb2.CudaSharedMemoryStatusResponse()
+            )
+        return response
 
     def cuda_shm_register(self, request: Any, call: Call) -> Any:
-        why = "this server sees no GPU" if cuda_devices()[0] == 0 else "CUDA shared memory is not in this build yet"
-        raise InvalidArgumentError(
-            f"failed to register CUDA shared memory region: '{request.name}', GPUs not supported "
-            f"({why}: use system shared memory or send tensors in the request)"
-        )
+        refuse_cuda_without_gpu(request.name)
+        if self.draining:
+            raise UnavailableError(STOPPING)
+        if not self.shared_memory:
+            raise UnsupportedError(
+                "CUDA shared memory is turned off on this endpoint (serve_grpc(shared_memory=False))"
+            )
+        self.shm.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return service_pb2.CudaSharedMemoryRegisterResponse()
 
     def cuda_shm_unregister(self, request: Any, call: Call) -> Any:
+        self.shm.unregister(request.name, CUDA)
         return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     # -- health ---------------------------------------------------------------------

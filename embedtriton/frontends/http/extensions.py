@@ -6,14 +6,16 @@ of Triton's ``http_server.cc``. The logic is the gRPC endpoint's (:mod:`..admin`
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
+import re
 from typing import Any
 
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, NotFoundError, UnavailableError
-from ...triton.devices import cuda_devices
 from .. import admin
-from ..shared_memory import SystemSharedMemory
+from ..shared_memory import CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, SharedMemory, refuse_cuda_without_gpu
 from .connection import Refused
 
 
@@ -55,7 +57,7 @@ async def repository(server: CoreServer, draining: bool, method: str, rest: list
 
 
 def shared_memory(
-    shm: SystemSharedMemory, enabled: bool, draining: bool, kind: str, method: str, rest: list[str], body: bytes
+    shm: SharedMemory, enabled: bool, draining: bool, kind: str, method: str, rest: list[str], body: bytes
 ) -> Any:
     """``/v2/{system,cuda}sharedmemory[/region/{name}]/status|register|unregister``."""
     name = ""
@@ -66,26 +68,14 @@ def shared_memory(
     action = rest[0]
     if (action == "status") != (method == "GET") or method not in ("GET", "POST"):
         raise Refused(405, "Method Not Allowed")
-    if kind == "cudasharedmemory":  # as Triton built without GPU support answers it
-        if action == "status":
-            if name and any(r.name == name for r in shm.status()):
-                raise NotFoundError(
-                    f"The region named '{name}' is registered as system shared memory, not CUDA shared memory"
-                )
-            if name:
-                raise NotFoundError(f"Unable to find cuda shared memory region: '{name}'")
-            return []
-        if action == "register":
-            why = "this server sees no GPU" if cuda_devices()[0] == 0 else "CUDA shared memory is not in this build yet"
-            raise InvalidArgumentError(
-                f"failed to register CUDA shared memory region: '{name}', GPUs not supported "
-                f"({why}: use system shared memory or send tensors in the request)"
-            )
-        return None
+    memory = CUDA if kind == "cudasharedmemory" else SYSTEM
     if action == "status":
-        return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in shm.status(name)]
+        return [r.status() for r in shm.status(name, memory)]
     if action == "unregister":
-        shm.unregister(name)
+        shm.unregister(name, memory)
+        return None
+    if memory == CUDA:
+        _register_cuda(shm, enabled, draining, name, body)
         return None
     if not enabled:
         raise InvalidArgumentError("system shared memory is turned off on this endpoint (HttpOptions.shared_memory)")
@@ -102,6 +92,44 @@ def shared_memory(
             raise InvalidArgumentError(f"Shared memory register request needs an integer '{field}', not {value!r}")
     shm.register(name, key, offset, size)
     return None
+
+
+def _register_cuda(shm: SharedMemory, enabled: bool, draining: bool, name: str, body: bytes) -> None:
+    """``POST /v2/cudasharedmemory/region/{name}/register`` with ``{"raw_handle": {"b64": ...},
+    "device_id": N, "byte_size": N}``: read and checked in the order and words of Triton's
+    HandleCudaSharedMemory (its JSON errors are 400s here: the client's mistake)."""
+    refuse_cuda_without_gpu(name)  # as Triton built without GPU support answers, first
+    if not enabled:
+        raise InvalidArgumentError("CUDA shared memory is turned off on this endpoint (HttpOptions.shared_memory)")
+    if draining:
+        raise UnavailableError("the server is stopping: it takes no new requests")
+    if not name:
+        raise InvalidArgumentError("'region name' is necessary to register cuda shared memory region")
+    request = json_object(body, "register")
+    if "raw_handle" not in request:
+        raise InvalidArgumentError("Shared memory register request has no 'raw_handle' field")
+    raw_handle = request["raw_handle"]
+    if not isinstance(raw_handle, dict) or "b64" not in raw_handle:
+        raise InvalidArgumentError("attempt to access non-existing object member 'b64'")
+    b64 = raw_handle["b64"]
+    if not isinstance(b64, str):
+        raise InvalidArgumentError("attempt to access JSON non-string as string")
+    numbers = {}
+    for field in ("byte_size", "device_id"):
+        if field not in request:
+            raise InvalidArgumentError(f"attempt to access non-existing object member '{field}'")
+        value = request[field]
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+            raise InvalidArgumentError("attempt to access JSON non-unsigned-integer as unsigned-integer")
+        numbers[field] = value
+    try:  # leniently, as Triton's libb64 decoder: other characters are skipped, padding is optional
+        digits = re.sub(r"[^A-Za-z0-9+/]", "", b64)
+        handle = base64.b64decode(digits + "=" * (-len(digits) % 4))
+    except (binascii.Error, ValueError):
+        handle = b""
+    if len(handle) != CUDA_IPC_HANDLE_BYTES:
+        raise InvalidArgumentError("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+    shm.register_cuda(name, handle, numbers["device_id"], numbers["byte_size"])
 
 
 def logging_settings(server: CoreServer, method: str, body: bytes) -> Any:

@@ -3,8 +3,8 @@ Connections (parsing, limits, keep-alive, pipelining) are :mod:`.connection`'s; 
 besides inference (repository, shared memory, logging, trace) are :mod:`.extensions`'.
 
 Inference takes JSON tensors and Triton's binary tensor data extension, and inputs and outputs
-in registered system shared memory; it goes through the same :mod:`..kserve` checks as gRPC,
-then ``Model.submit``. Errors are Triton's JSON ``{"error": ...}`` with Triton's status codes
+in registered system or CUDA shared memory; it goes through the same :mod:`..kserve` checks as
+gRPC, then ``Model.submit``. Errors are Triton's JSON ``{"error": ...}`` with Triton's status codes
 (a client's mistake is a 4xx).
 """
 
@@ -23,7 +23,6 @@ import numpy as np
 
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
-from ...tensors import triton_dtype
 from .. import kserve, security
 from ..shared_memory import regions_of
 from . import extensions
@@ -169,11 +168,8 @@ class RestApi:
     def _server_metadata(self) -> dict[str, Any]:
         """Triton's name and version; of its extensions, those this endpoint implements."""
         meta = self.server.metadata()
-        served = {*kserve.EXTENSIONS, "binary_tensor_data"}
-        if not self.options.shared_memory:
-            served.discard("system_shared_memory")
-        if self.server.tracer is None:
-            served.discard("trace")
+        served = kserve.served_extensions(self.options.shared_memory, self.server.tracer is not None)
+        served.add("binary_tensor_data")
         names = [e for e in meta.get("extensions", []) if e in served]
         return {"name": meta.get("name"), "version": meta.get("version"), "extensions": names}
 
@@ -266,8 +262,7 @@ class RestApi:
             if ref is not None:  # read from the client's registered region
                 if "data" in tensor or "binary_data_size" in tparams:
                     raise InvalidArgumentError(f"input '{tname}' names a shared-memory region and also carries data")
-                view = kserve.shm_view(decoded, self.shm, ref, f"input '{tname}'")
-                inputs[tname] = kserve.array_from_bytes(tname, datatype, tuple(shape), view)
+                inputs[tname] = kserve.shm_input(decoded, self.shm, ref, tname, datatype, tuple(shape))
                 continue
             size = tparams.get("binary_data_size")
             if size is not None:
@@ -320,7 +315,7 @@ class RestApi:
             answer["id"] = request_id
         blobs: list[bytes] = []
         for oname, array in results.items():
-            datatype = triton_dtype(array.dtype)
+            datatype = kserve.output_datatype(array)
             if decoded.classify and oname in decoded.classify:
                 array = kserve.classify(array, datatype, decoded.classify[oname], model.batched, model.labels(oname))
                 datatype = "BYTES"
@@ -394,7 +389,7 @@ class RestEndpoint(RestApi):
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-        self.shm.unregister()
+        self.shm.clear()
 
 
 def _flatten(data: Any, expected: int, name: str) -> list[Any]:

@@ -623,11 +623,61 @@ PyObject* py_cuda_ipc_open(PyObject* self, PyObject* args)
   return PyLong_FromVoidPtr(ptr);
 }
 
-PyObject* py_cuda_ipc_close(PyObject* self, PyObject* arg)
+/* cuda_ipc_close(ptr, device): close what cuda_ipc_open opened (on its device). */
+PyObject* py_cuda_ipc_close(PyObject* self, PyObject* args)
 {
   (void)self;
-  void* ptr = PyLong_AsVoidPtr(arg);
+  PyObject* ptr_obj;
+  int device = 0;
+  if (!PyArg_ParseTuple(args, "O|i:cuda_ipc_close", &ptr_obj, &device)) return NULL;
+  void* ptr = PyLong_AsVoidPtr(ptr_obj);
   if (PyErr_Occurred()) return NULL;
-  if (ptr != NULL && cuda_ready()) cuda.IpcCloseMemHandle(ptr);
+  if (ptr != NULL && cuda_ready()) {
+    int current = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (cuda.GetDevice(&current) == 0 && (current == device || cuda.SetDevice(device) == 0)) {
+      cuda.IpcCloseMemHandle(ptr);
+      if (current != device) cuda.SetDevice(current);
+    }
+    Py_END_ALLOW_THREADS
+  }
   Py_RETURN_NONE;
+}
+
+/* cuda_allocation_size(ptr, device) -> int: the size of the allocation ptr starts, asked of the
+ * driver (cuMemGetAddressRange, as Triton checks a CUDA shared-memory registration). */
+PyObject* py_cuda_allocation_size(PyObject* self, PyObject* args)
+{
+  (void)self;
+  PyObject* ptr_obj;
+  int device;
+  if (!PyArg_ParseTuple(args, "Oi:cuda_allocation_size", &ptr_obj, &device)) return NULL;
+  uintptr_t ptr = (uintptr_t)PyLong_AsVoidPtr(ptr_obj);
+  if (PyErr_Occurred()) return NULL;
+  if (!cuda_ready()) return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, NO_CUDA);
+  static int (*range)(unsigned long long*, size_t*, unsigned long long) = NULL;
+  if (range == NULL) {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver == NULL) driver = dlopen("libcuda.so.1", RTLD_NOW);
+    if (driver != NULL) *(void**)&range = dlsym(driver, "cuMemGetAddressRange_v2");
+    if (range == NULL)
+      return raise_triton(TRITONSERVER_ERROR_INTERNAL, "the CUDA driver lacks cuMemGetAddressRange_v2");
+  }
+  unsigned long long base = 0;
+  size_t size = 0;
+  int current = 0, rc = -1;
+  Py_BEGIN_ALLOW_THREADS
+  if (cuda.GetDevice(&current) == 0 && (current == device || cuda.SetDevice(device) == 0)) {
+    void* probe = NULL; /* makes the device's primary context current on this thread */
+    if (cuda.Malloc(&probe, 1) == 0) cuda.Free(probe);
+    rc = range(&base, &size, (unsigned long long)ptr);
+    if (current != device) cuda.SetDevice(current);
+  }
+  Py_END_ALLOW_THREADS
+  if (rc != 0) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "the CUDA driver does not know the address (CUresult %d)", rc);
+    return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
+  }
+  return PyLong_FromSize_t(size - (size_t)(ptr - (uintptr_t)base));
 }

@@ -114,7 +114,10 @@ static PyMethodDef methods[] = {
      "device_array(ptr, shape, dtype, device, owner) -> DeviceArray: a view of device memory."},
     {"cuda_ipc_open", py_cuda_ipc_open, METH_VARARGS,
      "cuda_ipc_open(handle, device) -> int: open a CUDA IPC memory handle (64 bytes)."},
-    {"cuda_ipc_close", py_cuda_ipc_close, METH_O, "Close what cuda_ipc_open opened."},
+    {"cuda_ipc_close", py_cuda_ipc_close, METH_VARARGS,
+     "cuda_ipc_close(ptr, device=0): close what cuda_ipc_open opened."},
+    {"cuda_allocation_size", py_cuda_allocation_size, METH_VARARGS,
+     "cuda_allocation_size(ptr, device) -> int: bytes from ptr to the end of its allocation."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};

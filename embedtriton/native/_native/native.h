@@ -208,7 +208,8 @@ void gpu_value_done(GpuValue* g);
 PyObject* py_cuda_init(PyObject* self, PyObject* arg);
 PyObject* py_device_array(PyObject* self, PyObject* args);
 PyObject* py_cuda_ipc_open(PyObject* self, PyObject* args);
-PyObject* py_cuda_ipc_close(PyObject* self, PyObject* arg);
+PyObject* py_cuda_ipc_close(PyObject* self, PyObject* args);
+PyObject* py_cuda_allocation_size(PyObject* self, PyObject* args);
 
 /* ---- calls.c: calls in flight (caller side) ----------------------------- */
 
