@@ -56,9 +56,9 @@ def served():
     closed: list[int] = []
     original_close = shared_memory._ipc_close
 
-    def counting_close(close, ptr):  # every region's finalizer (bound when it is registered)
+    def counting_close(close, ptr, device_id):  # every region's finalizer (bound when it is registered)
         closed.append(ptr)
-        original_close(close, ptr)
+        original_close(close, ptr, device_id)
 
     server = Server()
 
