@@ -130,11 +130,11 @@ else
     [ "$tests_rc" = 124 ] && echo "tests/gpu stopped after ${GPU_TESTS_BUDGET:-300} s (GPU_TESTS_BUDGET)"
 
     if [ "${BENCH:-1}" != 0 ]; then
-        section "benchmark: benchmarks/gpu_zero_copy.py ${BENCH_ARGS:-}"
+        section "benchmark: benchmarks/bench_gpu.py ${BENCH_ARGS:-}"
         # shellcheck disable=SC2086
         (
             set -o pipefail
-            timeout -k 15 "${BENCH_BUDGET:-120}" "$PY" benchmarks/gpu_zero_copy.py --json "$OUT/bench.json" \
+            timeout -k 15 "${BENCH_BUDGET:-120}" "$PY" benchmarks/bench_gpu.py --json "$OUT/bench.json" \
                 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
         )
         bench_rc=$?

@@ -67,8 +67,8 @@ class GrpcOptions:
     signed by that CA. ``transport``: ``"native"`` (embedtriton's HTTP/2 server on libnghttp2,
     the fast one) or ``"grpcio"`` (grpcio's asyncio server). ``limits``: what one client may
     cost (:class:`GrpcLimits`; native transport). ``shared_memory=False`` refuses
-    SystemSharedMemoryRegister: shared memory is for same-host clients trusted with the
-    server's ``/dev/shm`` objects.
+    SystemSharedMemoryRegister and CudaSharedMemoryRegister: shared memory is for same-host
+    clients trusted with the server's ``/dev/shm`` objects and GPU memory they share.
 
     Compressed requests (gzip, deflate: ``compression_algorithm=`` in tritonclient) are accepted
     on both transports. ``infer_response_compression_level`` (Triton's

@@ -39,7 +39,7 @@ class HttpOptions:
     max_connections: int = 1024  # more are closed at once
     idle_timeout_s: float = 300.0  # a connection idle this long is closed
     request_timeout_s: float = 30.0  # a request begun must arrive whole within this (else 408)
-    shared_memory: bool = True  # clients may register system shared-memory regions
+    shared_memory: bool = True  # clients may register system and CUDA shared-memory regions
     tls_cert: str | None = None  # PEM files: serve HTTPS
     tls_key: str | None = None
     tls_client_ca: str | None = None  # also require client certificates signed by this CA

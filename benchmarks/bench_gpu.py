@@ -16,7 +16,7 @@ Each size is checked once (the output equals the input, through ``cupy.from_dlpa
 markdown table of medians (per round, the median of the round's calls; then the median of the
 rounds) with ratios to the floor, and writes benchmarks/results/gpu_zero_copy.json (or --json).
 
-    python benchmarks/gpu_zero_copy.py [--quick] [--rounds 5] [--sizes 1,4,16,64,256]
+    python benchmarks/bench_gpu.py [--quick] [--rounds 5] [--sizes 1,4,16,64,256]
 
 Without a GPU (or cupy) it says so and exits 0.
 """
