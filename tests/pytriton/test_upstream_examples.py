@@ -249,8 +249,12 @@ deadline = time.monotonic() + float(sys.argv[1])
 while time.monotonic() < deadline:
     try:
         assert urllib.request.urlopen("http://localhost:8000/v2/health/ready", timeout=1).status == 200
-        for port in sys.argv[2:]:
-            socket.create_connection(("localhost", int(port)), timeout=1).close()
+        for arg in sys.argv[2:]:
+            if arg.startswith("model:"):  # a model the example binds after the server is up
+                url = f"http://localhost:8000/v2/models/{arg[6:]}/ready"
+                assert urllib.request.urlopen(url, timeout=1).status == 200
+            else:
+                socket.create_connection(("localhost", int(arg)), timeout=1).close()
         break
     except Exception:
         time.sleep(0.05)
@@ -259,10 +263,11 @@ else:
 """
 
 
-def wait_serving(net: Network, tmp: Path, server: Process, *ports: int) -> None:
-    """Until ``server`` is ready over HTTP and accepts connections on ``ports`` (for clients
-    that do not wait for the server themselves, as PyTriton's ModelClient does)."""
-    probe = net.start([sys.executable, "-c", _PROBE, str(SERVER_START_S), *map(str, ports)], "probe", tmp)
+def wait_serving(net: Network, tmp: Path, server: Process, *ports: int, models: tuple[str, ...] = ()) -> None:
+    """Until ``server`` is ready over HTTP, accepts connections on ``ports`` and serves ``models``
+    (for clients that do not wait for the server themselves, as PyTriton's ModelClient does)."""
+    args = [*map(str, ports), *(f"model:{m}" for m in models)]
+    probe = net.start([sys.executable, "-c", _PROBE, str(SERVER_START_S), *args], "probe", tmp)
     assert probe.wait(SERVER_START_S + 5, server) == 0, probe.output + server.output
 
 
@@ -425,7 +430,7 @@ def test_perf_analyzer(net, tmp_path, perf_analyzer_on_path):
     env = {k: v for k, v in perf_analyzer_on_path.items() if not k.startswith(("PYTRITON_", "AIP_"))}
     server = start_server(net, tmp_path, "perf_analyzer", PYTHONPATH=str(STAND_INS))
     folder = copy_example("perf_analyzer", tmp_path / "client")
-    wait_serving(net, tmp_path, server, 8001)
+    wait_serving(net, tmp_path, server, 8001, models=("BART",))  # (perf_analyzer asks for it at once)
     client = net.start(["bash", str(folder / "client.sh")], "perf_analyzer", tmp_path, {**env, "PYTHONUNBUFFERED": "1"})
     assert client.wait(3 * CLIENT_S, server) != 0, client.output
     refusal = "This protocol is restricted, expecting header 'triton-grpc-protocol-triton-access-token'"
