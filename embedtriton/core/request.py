@@ -132,9 +132,9 @@ class InferRequest:
         device = output_device_of(options.get("output_device", "cpu"))
         # (read here or by tracing before the native submit, which checks the others)
         parameters, request_id = options.get("parameters"), options.get("request_id")
-        if parameters is not None and type(parameters) is not dict and not isinstance(parameters, Mapping):
+        if type(parameters) is not dict and parameters is not None and not isinstance(parameters, Mapping):
             raise refusal("parameters", parameters)
-        if request_id is not None and not isinstance(request_id, str):
+        if type(request_id) is not str and request_id is not None and not isinstance(request_id, str):
             raise refusal("request_id", request_id)
         return cls(
             inputs,
@@ -153,9 +153,10 @@ class InferRequest:
 def sequence_of(correlation_id: int | str | None, start: bool, end: bool) -> tuple[int | str, int] | None:
     """(correlation id, Triton's request flags) for a request of a sequence, or None. (The
     native submit checks the correlation id.)"""
-    for option, flag in (("sequence_start", start), ("sequence_end", end)):
-        if type(flag) is not bool and not isinstance(flag, np.bool_):
-            raise refusal(option, flag)
+    if start is not False and start is not True:
+        start = _flag("sequence_start", start)
+    if end is not False and end is not True:
+        end = _flag("sequence_end", end)
     if correlation_id is None:
         if start or end:
             raise InvalidArgumentError("sequence_start/sequence_end need a correlation_id")
@@ -163,10 +164,16 @@ def sequence_of(correlation_id: int | str | None, start: bool, end: bool) -> tup
     return correlation_id, (SEQUENCE_START if start else 0) | (SEQUENCE_END if end else 0)
 
 
+def _flag(option: str, value: Any) -> bool:
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise refusal(option, value)
+
+
 def output_device_of(device: str) -> int:
     """The GPU that outputs go to for ``output_device``: -1 for "cpu" (host numpy arrays), N for
     "gpu:N", 0 for "gpu". A GPU this process does not see is refused here."""
-    if not isinstance(device, str):
+    if type(device) is not str and not isinstance(device, str):
         raise refusal("output_device", device)
     if device == "cpu":
         return -1
