@@ -13,7 +13,7 @@ from ..backend.request import DEADLINE_PARAMETER, deadline, deadlines
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..triton import control
 from .fixits import explain_inputs
-from .request import InferRequest, RequestOptions
+from .request import InferRequest, RequestOptions, timeout_of, with_deadline
 from .streams import iterate, iterate_async
 
 if TYPE_CHECKING:
@@ -235,7 +235,7 @@ class Model:
         binding = server._bound.get(self.name)
         if not stream and (binding.decoupled if binding is not None else self.decoupled):
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
-        if request.timeout_us or deadlines.used:
+        if request.timeout_us is not None or deadlines.used:
             self._with_deadline(request)
         return binding
 
@@ -251,15 +251,17 @@ class Model:
         """A model-to-model call without its own timeout gets what is left of the calling
         request's; a request with a timeout carries its deadline to the model's callable."""
         now = time.monotonic_ns()
-        if not request.timeout_us:  # (0: no timeout, as in Triton)
+        timeout = timeout_of(request.timeout_us)  # (a wrong one is refused, a numpy integer taken)
+        if not timeout:  # (0: no timeout, as in Triton)
             ends = deadline.get()
             if ends is None:
                 return
             if ends <= now:
                 raise UnavailableError(f"the calling request's timeout expired before it called model '{self.name}'")
-            request.timeout_us = max(1, (ends - now) // 1000)
+            timeout = max(1, (ends - now) // 1000)
+        request.timeout_us = timeout
         deadlines.used = True
-        request.parameters = {**(request.parameters or {}), DEADLINE_PARAMETER: now + request.timeout_us * 1000}
+        request.parameters = with_deadline(request.parameters, now + timeout * 1000, DEADLINE_PARAMETER)
 
     def _ensemble_error(self, ensemble: Any, error: TritonError) -> TritonError:
         """Triton's "no available versions" for an ensemble, with the step models that are down."""

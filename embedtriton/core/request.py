@@ -3,13 +3,49 @@ and friends build it from keyword options, the gRPC frontend from a ModelInferRe
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
+
+import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..triton.devices import require_gpu
 
 SEQUENCE_START, SEQUENCE_END = 1, 2  # TRITONSERVER_RequestFlag
+_INT64_MAX, _UINT64_MAX = 2**63 - 1, 2**64 - 1
+
+# What each option takes: a wrong one is refused as "<option> must be <takes>, not <what it got>"
+# (refusal). The native submit refuses most of them (the TAKES_* of native.h, the same words);
+# Python checks only what it reads before the native path does, and only when options are given.
+TAKES = {
+    "parameters": "a mapping of str names to str, int, float or bool values, such as {'k': 1}",
+    "parameters[]": "a str, a float, a bool or an int from -2**63 to 2**63-1",
+    "priority": "an int from 0 to 2**64-1 (1 is the highest level, 0 the model's default)",
+    "timeout_us": "an int of microseconds from 0 to 2**64-1 (0: no timeout)",
+    "request_id": "a str",
+    "outputs": "a list of output names (str)",
+    "outputs[]": "an output name (str)",
+    "correlation_id": "an int from 1 to 2**64-1 or a non-empty str",
+    "sequence_start": "True or False",
+    "sequence_end": "True or False",
+    "output_device": "'cpu', 'gpu' or 'gpu:N'",
+}
+NOT_TEXT = ": a str must be UTF-8 text without NUL characters"  # (the native hint for such a str)
+
+
+def shown(value: Any) -> str:
+    """repr(value) for a message, cut to 80 characters (as the native ``shown``)."""
+    try:
+        text = repr(value)
+    except Exception:  # (a broken __repr__, an int too long to print)
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def refusal(option: str, value: Any, takes: str | None = None, hint: str = "") -> InvalidArgumentError:
+    """The error for a wrong option: what it is, what it got and what it takes."""
+    return InvalidArgumentError(f"{option} must be {takes or TAKES[option]}, not {shown(value)}{hint}")
 
 
 class RequestOptions(TypedDict, total=False):
@@ -27,6 +63,11 @@ class RequestOptions(TypedDict, total=False):
       ``"gpu"`` / ``"gpu:N"`` (GPU 0 / N): :class:`embedtriton.DeviceArray` objects in memory Triton
       writes the outputs to directly, owned by the arrays (``cupy.from_dlpack(out["y"])``,
       ``torch.from_dlpack(...)``: no copy).
+
+    ``priority``, ``timeout_us`` and an int ``correlation_id`` take ints (numpy integers too, not
+    bools). A wrong value raises :class:`InvalidArgumentError` naming the option, what it got and
+    what it takes, e.g. "outputs must be a list of output names (str), not 'y': for one output,
+    pass ['y']"; ``infer_async`` raises it where it is awaited.
     """
 
     parameters: Mapping[str, str | int | float | bool] | None
@@ -89,13 +130,19 @@ class InferRequest:
                 f"unknown request option(s) {sorted(unknown)}; the options are {sorted(_OPTIONS)}"
             )
         device = output_device_of(options.get("output_device", "cpu"))
+        # (read here or by tracing before the native submit, which checks the others)
+        parameters, request_id = options.get("parameters"), options.get("request_id")
+        if type(parameters) is not dict and parameters is not None and not isinstance(parameters, Mapping):
+            raise refusal("parameters", parameters)
+        if type(request_id) is not str and request_id is not None and not isinstance(request_id, str):
+            raise refusal("request_id", request_id)
         return cls(
             inputs,
             options.get("outputs"),
-            options.get("request_id"),
+            request_id,
             options.get("priority"),
             options.get("timeout_us"),
-            options.get("parameters"),
+            parameters,
             sequence_of(
                 options.get("correlation_id"), options.get("sequence_start", False), options.get("sequence_end", False)
             ),
@@ -104,7 +151,12 @@ class InferRequest:
 
 
 def sequence_of(correlation_id: int | str | None, start: bool, end: bool) -> tuple[int | str, int] | None:
-    """(correlation id, Triton's request flags) for a request of a sequence, or None."""
+    """(correlation id, Triton's request flags) for a request of a sequence, or None. (The
+    native submit checks the correlation id.)"""
+    if start is not False and start is not True:
+        start = _flag("sequence_start", start)
+    if end is not False and end is not True:
+        end = _flag("sequence_end", end)
     if correlation_id is None:
         if start or end:
             raise InvalidArgumentError("sequence_start/sequence_end need a correlation_id")
@@ -112,17 +164,51 @@ def sequence_of(correlation_id: int | str | None, start: bool, end: bool) -> tup
     return correlation_id, (SEQUENCE_START if start else 0) | (SEQUENCE_END if end else 0)
 
 
+def _flag(option: str, value: Any) -> bool:
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise refusal(option, value)
+
+
 def output_device_of(device: str) -> int:
     """The GPU that outputs go to for ``output_device``: -1 for "cpu" (host numpy arrays), N for
     "gpu:N", 0 for "gpu". A GPU this process does not see is refused here."""
+    if type(device) is not str and not isinstance(device, str):
+        raise refusal("output_device", device)
     if device == "cpu":
         return -1
     index: int | None = None
-    if isinstance(device, str) and device == "gpu":
+    if device == "gpu":
         index = 0
-    elif isinstance(device, str) and device.startswith("gpu:") and device[4:].isdigit():
+    elif device.startswith("gpu:") and device[4:].isascii() and device[4:].isdecimal():
         index = int(device[4:])
     if index is None:
-        raise InvalidArgumentError(f"output_device must be 'cpu', 'gpu' or 'gpu:N', not {device!r}")
+        raise refusal("output_device", device)
     require_gpu(f"output_device={device!r}", index)
     return index
+
+
+def timeout_of(value: Any) -> int:
+    """``timeout_us`` as an int (0 for None: no timeout), before Python computes a deadline
+    from it; numpy integers are taken."""
+    if type(value) is int and 0 <= value <= _UINT64_MAX:
+        return value
+    if value is None:
+        return 0
+    if not isinstance(value, bool) and hasattr(type(value), "__index__"):
+        try:
+            number = operator.index(value)
+        except Exception:
+            number = -1
+        if 0 <= number <= _UINT64_MAX:
+            return number
+    raise refusal("timeout_us", value)
+
+
+def with_deadline(parameters: Any, deadline_ns: int, name: str) -> dict[str, Any]:
+    """A request's parameters with its deadline (monotonic ns) under ``name``."""
+    if parameters is None:
+        return {name: min(deadline_ns, _INT64_MAX)}
+    if type(parameters) is not dict and not isinstance(parameters, Mapping):
+        raise refusal("parameters", parameters)
+    return {**parameters, name: min(deadline_ns, _INT64_MAX)}

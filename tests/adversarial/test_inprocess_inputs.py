@@ -88,7 +88,7 @@ def _deep(ndim: int) -> np.ndarray:
     "make,outputs,match",
     [
         (lambda: {"a": [[1.0, 2.0], [3.0]], "b": np.ones((2, 1), F32)}, None, "cannot turn input 'a'"),  # ragged
-        (lambda: {"a": np.ones((1, 1), F32), "b": np.ones((1, 1), F32)}, [1], "output names"),
+        (lambda: {"a": np.ones((1, 1), F32), "b": np.ones((1, 1), F32)}, [1], r"outputs\[0\] must be an output name"),
         (lambda: {"a": _deep(33), "b": _deep(33)}, None, "33 dimensions; at most 32"),
         (lambda: {"a": np.ones((1, 1), np.complex64), "b": np.ones((1, 1), F32)}, None, "complex64"),
         (lambda: [("a", 1)], None, "mapping"),

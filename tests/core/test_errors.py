@@ -69,7 +69,7 @@ def test_bad_inputs_are_rejected_before_the_callable(counted, inputs, message):
 
 def test_bad_parameters_and_inputs_types(counted):
     model, counter = counted
-    with pytest.raises(InvalidArgumentError, match="parameters must be str, int, float or bool"):
+    with pytest.raises(InvalidArgumentError, match=r"^parameters\['p'\] must be a str, a float, a bool or an int"):
         model.infer({"a": ONE, "b": ONE}, parameters={"p": [1]})
     with pytest.raises(InvalidArgumentError, match="mapping"):
         model.infer([ONE, ONE])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from embedtriton import (
@@ -16,7 +17,16 @@ from embedtriton import (
     ServerConfig,
     UnsupportedError,
 )
-from embedtriton.core.request import SEQUENCE_END, SEQUENCE_START, InferRequest, sequence_of
+from embedtriton.core.request import (
+    SEQUENCE_END,
+    SEQUENCE_START,
+    TAKES,
+    InferRequest,
+    sequence_of,
+    shown,
+    timeout_of,
+    with_deadline,
+)
 from embedtriton.frontends.grpc.options import normalize_address
 from embedtriton.triton import devices
 
@@ -260,11 +270,13 @@ def test_sequence_flags_need_a_correlation_id(flag):
     assert InferRequest.from_options(INPUTS, {flag: False}).sequence is None
 
 
-@pytest.mark.parametrize("device", ["tpu", "cuda", "GPU", None, "gpu:", "gpu:x", "gpu:-1", "cpu:0"])
+@pytest.mark.parametrize(
+    "device", ["tpu", "cuda", "GPU", None, "gpu:", "gpu:x", "gpu:-1", "cpu:0", "gpu:\u00b2", 0, np.array(["cpu"] * 2)]
+)
 def test_output_device_other_than_cpu_or_gpu_is_refused(device):
     with pytest.raises(InvalidArgumentError) as info:
         InferRequest.from_options(INPUTS, {"output_device": device})
-    assert str(info.value) == f"output_device must be 'cpu', 'gpu' or 'gpu:N', not {device!r}"
+    assert str(info.value) == f"output_device must be 'cpu', 'gpu' or 'gpu:N', not {shown(device)}"
 
 
 def test_output_device_gpu_without_a_gpu(monkeypatch):
@@ -281,6 +293,56 @@ def test_output_device_names_the_gpu(monkeypatch):
     assert InferRequest.from_options(INPUTS, {"output_device": "gpu:1"}).output_device == 1
     with pytest.raises(UnsupportedError, match=r"^output_device='gpu:2' asks for GPU 2, but this process sees 2 GPU"):
         InferRequest.from_options(INPUTS, {"output_device": "gpu:2"})
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"parameters": 5}, f"parameters must be {TAKES['parameters']}, not 5"),
+        ({"parameters": [("k", 1)]}, f"parameters must be {TAKES['parameters']}, not [('k', 1)]"),
+        ({"request_id": 1}, "request_id must be a str, not 1"),
+        ({"correlation_id": 1, "sequence_start": "false"}, "sequence_start must be True or False, not 'false'"),
+        ({"correlation_id": 1, "sequence_end": 0}, "sequence_end must be True or False, not 0"),
+        ({"sequence_end": None}, "sequence_end must be True or False, not None"),
+    ],
+)
+def test_options_read_in_python_are_refused_there(options, message):
+    with pytest.raises(InvalidArgumentError) as info:
+        InferRequest.from_options(INPUTS, options)
+    assert str(info.value) == message
+
+
+def test_options_the_native_submit_checks_pass_through():
+    options = {"priority": "1", "timeout_us": "1", "outputs": "y", "correlation_id": 1.5}
+    request = InferRequest.from_options(INPUTS, options)  # (refused by submit, in the same words)
+    assert (request.priority, request.timeout_us, request.outputs, request.sequence) == ("1", "1", "y", (1.5, 0))
+
+
+def test_timeout_of():
+    assert [timeout_of(v) for v in (None, 0, 5, 2**64 - 1, np.int64(7), np.uint64(2**64 - 1))] == [
+        0, 0, 5, 2**64 - 1, 7, 2**64 - 1
+    ]  # fmt: skip
+    for value in ("1", -1, 2**64, 1.5, math.nan, True, np.float32(1), np.array([1, 2]), [1]):
+        with pytest.raises(InvalidArgumentError) as info:
+            timeout_of(value)
+        assert str(info.value) == f"timeout_us must be {TAKES['timeout_us']}, not {shown(value)}"
+
+
+def test_with_deadline_keeps_the_parameters_and_fits_in_int64():
+    assert with_deadline(None, 5, "d") == {"d": 5}
+    assert with_deadline({"k": 1}, 2**70, "d") == {"k": 1, "d": 2**63 - 1}  # (timeout_us up to 2**64-1)
+    with pytest.raises(InvalidArgumentError, match=r"^parameters must be a mapping .*, not \[\('k', 1\)\]$"):
+        with_deadline([("k", 1)], 5, "d")
+
+
+def test_shown_cuts_long_values_and_survives_a_failing_repr():
+    class Unprintable:
+        def __repr__(self):
+            raise RuntimeError("no")
+
+    assert shown("x" * 78) == repr("x" * 78) and len(shown("x" * 79)) == 80
+    assert shown("x" * 200) == "'" + "x" * 76 + "..."
+    assert shown(10**5000) == "<int object>" and shown(Unprintable()) == "<Unprintable object>"
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,53 @@ PyObject* raise_triton(int code, const char* message)
   return NULL;
 }
 
+/* repr(value) for a message, cut to 80 characters (a new reference; NULL only when out of
+ * memory): embedtriton.core.request.shown. */
+PyObject* shown(PyObject* value)
+{
+  PyObject* text = PyObject_Repr(value);
+  if (text == NULL || PyUnicode_AsUTF8(text) == NULL) {
+    PyErr_Clear();
+    Py_XDECREF(text);
+    return PyUnicode_FromFormat("<%s object>", Py_TYPE(value)->tp_name);
+  }
+  if (PyUnicode_GET_LENGTH(text) > 80) {
+    PyObject* head = PyUnicode_Substring(text, 0, 77);
+    Py_SETREF(text, head != NULL ? PyUnicode_FromFormat("%U...", head) : NULL);
+    Py_XDECREF(head);
+  }
+  return text;
+}
+
+/* Raise InvalidArgumentError "<option> must be <takes>, not <shown(value)><hint>" (the wording
+ * of embedtriton.core.request.refusal), replacing any error set; returns NULL. */
+PyObject* refuse(const char* option, const char* takes, PyObject* value, const char* hint)
+{
+  PyErr_Clear();
+  PyObject* got = shown(value);
+  PyObject* message = NULL;
+  if (got != NULL)
+    message = PyUnicode_FromFormat("%s must be %s, not %U%s", option, takes, got, hint);
+  const char* text = message != NULL ? PyUnicode_AsUTF8(message) : NULL;
+  if (text != NULL) raise_triton(TRITONSERVER_ERROR_INVALID_ARG, text);
+  Py_XDECREF(got);
+  Py_XDECREF(message);
+  return NULL;
+}
+
+/* The UTF-8 text of a str for Triton's C strings, or NULL (no error set) for anything else,
+ * a str that is not valid text (lone surrogates) or one with a NUL that would cut it. */
+const char* text_of(PyObject* value)
+{
+  Py_ssize_t size;
+  const char* text = PyUnicode_Check(value) ? PyUnicode_AsUTF8AndSize(value, &size) : NULL;
+  if (text == NULL || (Py_ssize_t)strlen(text) != size) {
+    PyErr_Clear();
+    return NULL;
+  }
+  return text;
+}
+
 /* Raise from a Triton error; deletes it when owned. */
 PyObject* raise_from(TRITONSERVER_Error* err, int owned)
 {

@@ -177,36 +177,44 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject*
   return holder;
 }
 
+/* The INVALID_ARG error for one of the parameters, in the words of embedtriton/core/request.py:
+ * "parameters[<key>] must be <TAKES_PARAMETER>, not <value>", or with value NULL "a name in
+ * parameters must be <TAKES_PARAMETER_NAME>, not <key>". Clears any Python error. */
+static TRITONSERVER_Error* refused_parameter(PyObject* key, PyObject* value)
+{
+  PyErr_Clear();
+  PyObject* name = shown(key);
+  PyObject* got = value != NULL ? shown(value) : NULL;
+  const char* n = name != NULL ? PyUnicode_AsUTF8(name) : NULL;
+  const char* g = got != NULL ? PyUnicode_AsUTF8(got) : NULL;
+  TRITONSERVER_Error* err =
+      value == NULL ? new_error(TRITONSERVER_ERROR_INVALID_ARG,
+                                "a name in parameters must be " TAKES_PARAMETER_NAME ", not %s%s",
+                                n != NULL ? n : "?", TEXT_HINT(key))
+                    : new_error(TRITONSERVER_ERROR_INVALID_ARG,
+                                "parameters[%s] must be " TAKES_PARAMETER ", not %s%s",
+                                n != NULL ? n : "?", g != NULL ? g : "?", TEXT_HINT(value));
+  PyErr_Clear();
+  Py_XDECREF(name);
+  Py_XDECREF(got);
+  return err;
+}
+
 TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req, PyObject* key,
                                   PyObject* value)
 {
-  const char* k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
-  if (k == NULL) {
-    PyErr_Clear();
-    return new_error(TRITONSERVER_ERROR_INVALID_ARG, "parameter names must be strings");
-  }
+  const char* k = text_of(key);
+  if (k == NULL) return refused_parameter(key, NULL);
   if (PyBool_Check(value))
     return api.TRITONSERVER_InferenceRequestSetBoolParameter(req, k, value == Py_True);
   if (PyLong_Check(value)) {
     long long v = PyLong_AsLongLong(value);
-    if (v == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return new_error(TRITONSERVER_ERROR_INVALID_ARG,
-                       "parameter '%s' does not fit in a signed 64-bit integer", k);
-    }
+    if (v == -1 && PyErr_Occurred()) return refused_parameter(key, value);
     return api.TRITONSERVER_InferenceRequestSetIntParameter(req, k, v);
   }
   if (PyFloat_Check(value))
     return api.TRITONSERVER_InferenceRequestSetDoubleParameter(req, k, PyFloat_AS_DOUBLE(value));
-  if (PyUnicode_Check(value)) {
-    const char* s = PyUnicode_AsUTF8(value);
-    if (s == NULL) {
-      PyErr_Clear();
-      return new_error(TRITONSERVER_ERROR_INVALID_ARG, "parameter '%s' is not valid text", k);
-    }
-    return api.TRITONSERVER_InferenceRequestSetStringParameter(req, k, s);
-  }
-  return new_error(TRITONSERVER_ERROR_INVALID_ARG,
-                   "parameter '%s' is a %s; parameters must be str, int, float or bool", k,
-                   Py_TYPE(value)->tp_name);
+  const char* s = text_of(value);
+  if (s != NULL) return api.TRITONSERVER_InferenceRequestSetStringParameter(req, k, s);
+  return refused_parameter(key, value);
 }

@@ -131,6 +131,9 @@ int numpy_typenum_of(TRITONSERVER_DataType t);
 uintptr_t dtype_size(TRITONSERVER_DataType t);
 PyObject* raise_triton(int code, const char* message);
 PyObject* raise_from(TRITONSERVER_Error* err, int owned);
+PyObject* shown(PyObject* value);
+PyObject* refuse(const char* option, const char* takes, PyObject* value, const char* hint);
+const char* text_of(PyObject* value);
 TRITONSERVER_Error* new_error(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 TRITONSERVER_Error* error_from_python(const char* context);
 
@@ -302,6 +305,23 @@ PyObject* py_stream_close(PyObject* self, PyObject* capsule);
 /* ---- submit.c, many.c: requests from Python ---------------------------- */
 
 #define NOT_RUNNING "the server is not running; call start() or use 'with server:'"
+
+/* What each request option takes, in the words of embedtriton/core/request.py (TAKES): a wrong
+ * one is refused as "<option> must be <takes>, not <what it got>" (refuse). */
+#define TAKES_PRIORITY "an int from 0 to 2**64-1 (1 is the highest level, 0 the model's default)"
+#define TAKES_TIMEOUT_US "an int of microseconds from 0 to 2**64-1 (0: no timeout)"
+#define TAKES_REQUEST_ID "a str"
+#define TAKES_OUTPUTS "a list of output names (str)"
+#define TAKES_OUTPUT "an output name (str)"
+#define TAKES_OUTPUT_BUFFER "None or a writable, contiguous buffer"
+#define TAKES_PARAMETERS \
+  "a mapping of str names to str, int, float or bool values, such as {'k': 1}"
+#define TAKES_PARAMETER "a str, a float, a bool or an int from -2**63 to 2**63-1"
+#define TAKES_PARAMETER_NAME "a str"
+#define TAKES_CORRELATION_ID "an int from 1 to 2**64-1 or a non-empty str"
+/* (after a str that text_of refuses) */
+#define NOT_TEXT ": a str must be UTF-8 text without NUL characters"
+#define TEXT_HINT(value) (PyUnicode_Check(value) ? NOT_TEXT : "")
 
 /* The per-request options submit() and submit_many() share (request_options). */
 typedef struct Options {

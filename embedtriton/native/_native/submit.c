@@ -3,17 +3,42 @@
  * stream; and cancel() for a cancellable asynchronous one. */
 #include "native.h"
 
-/* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError. */
-static PyObject* as_dict(PyObject* obj, const char* message)
+/* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError
+ * "<option> must be <takes>, not ...". */
+static PyObject* as_dict(PyObject* obj, const char* option, const char* takes)
 {
   PyObject* d = PyMapping_Check(obj) && !PySequence_Check(obj)
                     ? PyObject_CallOneArg((PyObject*)&PyDict_Type, obj)
                     : NULL;
   if (d == NULL) {
     PyErr_Clear();
-    raise_triton(TRITONSERVER_ERROR_INVALID_ARG, message);
+    refuse(option, takes, obj, "");
   }
   return d;
+}
+
+/* An unsigned 64-bit option (priority, timeout_us): None is 0; an int (not a bool) or an
+ * object with __index__ (numpy integers) in range. -1 with an InvalidArgumentError. */
+static int u64_option(PyObject* value, const char* option, const char* takes,
+                      unsigned long long* out)
+{
+  *out = 0;
+  if (value == Py_None) return 0;
+  if (PyLong_CheckExact(value)) {
+    *out = PyLong_AsUnsignedLongLong(value);
+  } else if (!PyBool_Check(value) && PyIndex_Check(value)) {
+    PyObject* n = PyNumber_Index(value);
+    *out = n != NULL ? PyLong_AsUnsignedLongLong(n) : (unsigned long long)-1;
+    Py_XDECREF(n);
+  } else {
+    *out = (unsigned long long)-1;
+    PyErr_SetNone(PyExc_TypeError);
+  }
+  if (*out == (unsigned long long)-1 && PyErr_Occurred()) {
+    refuse(option, takes, value, ""); /* (clears the error) */
+    return -1;
+  }
+  return 0;
 }
 
 /* The handle of a cancellable asynchronous call holds a reference to it. */
@@ -56,30 +81,34 @@ int request_options(PyObject* const* args, Options* o)
 {
   o->outputs = o->parameters = NULL;
   o->request_id = args[5];
-  o->priority = args[6] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[6]);
-  o->timeout_us = args[7] == Py_None ? 0 : PyLong_AsUnsignedLongLong(args[7]);
-  if (PyErr_Occurred()) {
-    PyErr_Clear();
-    raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
-                 "priority and timeout_us must be non-negative integers");
+  if (u64_option(args[6], "priority", TAKES_PRIORITY, &o->priority) < 0 ||
+      u64_option(args[7], "timeout_us", TAKES_TIMEOUT_US, &o->timeout_us) < 0)
     return -1;
-  }
-  if (o->request_id != Py_None && !PyUnicode_Check(o->request_id)) {
-    raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "request_id must be a string");
+  if (o->request_id != Py_None && text_of(o->request_id) == NULL) {
+    refuse("request_id", TAKES_REQUEST_ID, o->request_id, TEXT_HINT(o->request_id));
     return -1;
   }
   PyObject* outputs = args[4];
   if (outputs == Py_None || PyTuple_Check(outputs) || PyDict_Check(outputs)) {
     o->outputs = Py_NewRef(outputs);
-  } else if ((o->outputs = PySequence_Tuple(outputs)) == NULL) {
+  } else if (PyUnicode_Check(outputs)) { /* outputs="y": a slip for ["y"] */
+    PyObject* got = shown(outputs);
+    PyObject* hint = got != NULL ? PyUnicode_FromFormat(": for one output, pass [%U]", got) : NULL;
+    const char* text = hint != NULL ? PyUnicode_AsUTF8(hint) : NULL;
+    if (text != NULL) refuse("outputs", TAKES_OUTPUTS, outputs, text);
+    Py_XDECREF(got);
+    Py_XDECREF(hint);
+    return -1;
+  } else if (PyBytes_Check(outputs) || PyByteArray_Check(outputs) ||
+             (o->outputs = PySequence_Tuple(outputs)) == NULL) {
     PyErr_Clear();
-    raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "outputs must be a sequence of output names");
+    refuse("outputs", TAKES_OUTPUTS, outputs, "");
     return -1;
   }
   PyObject* parameters = args[8];
   o->parameters = parameters == Py_None || PyDict_Check(parameters)
                       ? Py_NewRef(parameters)
-                      : as_dict(parameters, "parameters must be a mapping of name -> value");
+                      : as_dict(parameters, "parameters", TAKES_PARAMETERS);
   if (o->parameters == NULL) {
     Py_CLEAR(o->outputs);
     return -1;
@@ -144,7 +173,7 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   if (request_options(args, &o) < 0) return NULL;
   PyObject* inputs = PyDict_Check(args[3])
                          ? Py_NewRef(args[3])
-                         : as_dict(args[3], "inputs must be a mapping of input name -> array");
+                         : as_dict(args[3], "inputs", "a mapping of input name -> array");
   PyObject* result = NULL;
   if (inputs != NULL && lock_open_server(server) == 0)
     result = submit_locked(server, model, version, inputs, o.outputs, o.request_id, o.priority,
@@ -210,10 +239,9 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
     }
     pos = 0;
     while (PyDict_Next(outputs, &pos, &key, &value)) {
-      const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+      const char* name = text_of(key);
       if (name == NULL) {
-        PyErr_Clear();
-        raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "output names must be strings");
+        refuse("a name in outputs", TAKES_OUTPUT, key, TEXT_HINT(key));
         goto fail;
       }
       if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
@@ -226,8 +254,10 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
         p->view.len = (Py_ssize_t)device_array_nbytes(value);
       } else if (PyObject_GetBuffer(value, &p->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
-        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
-                     "an output buffer must be a writable, contiguous buffer");
+        PyObject* option = PyUnicode_FromFormat("outputs[%R]", key);
+        const char* text = option != NULL ? PyUnicode_AsUTF8(option) : NULL;
+        if (text != NULL) refuse(text, TAKES_OUTPUT_BUFFER, value, "");
+        Py_XDECREF(option);
         goto fail;
       }
       p->name = name;
@@ -239,10 +269,11 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
     Py_ssize_t n = PyTuple_GET_SIZE(outputs);
     for (Py_ssize_t i = 0; i < n; i++) {
       PyObject* item = PyTuple_GET_ITEM(outputs, i);
-      const char* name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
+      const char* name = text_of(item);
       if (name == NULL) {
-        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
-                     "outputs must be a sequence of output names (str)");
+        char option[40];
+        snprintf(option, sizeof option, "outputs[%zd]", i);
+        refuse(option, TAKES_OUTPUT, item, TEXT_HINT(item));
         goto fail;
       }
       if ((err = api.TRITONSERVER_InferenceRequestAddRequestedOutput(req, name))) goto fail_err;
@@ -264,15 +295,17 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
       goto fail;
     }
     if (PyUnicode_Check(id)) {
-      const char* text = PyUnicode_AsUTF8(id);
-      if (text == NULL) goto fail;
+      const char* text = text_of(id);
+      if (text == NULL || text[0] == '\0') {
+        refuse("correlation_id", TAKES_CORRELATION_ID, id, text == NULL ? NOT_TEXT : "");
+        goto fail;
+      }
       err = api.TRITONSERVER_InferenceRequestSetCorrelationIdString(req, text);
     } else {
-      unsigned long long number = PyLong_AsUnsignedLongLong(id);
-      if (PyErr_Occurred() || number == 0) {
-        PyErr_Clear();
-        raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
-                     "correlation_id must be a positive int or a non-empty str");
+      unsigned long long number;
+      if (PyBool_Check(id) || u64_option(id, "correlation_id", TAKES_CORRELATION_ID, &number) < 0 ||
+          number == 0) {
+        refuse("correlation_id", TAKES_CORRELATION_ID, id, "");
         goto fail;
       }
       err = api.TRITONSERVER_InferenceRequestSetCorrelationId(req, number);
