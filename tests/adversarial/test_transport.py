@@ -443,7 +443,7 @@ def test_fd_exhaustion(tmp_path):
         child.stdin.write("stats\n")
         child.stdin.flush()
         stats = json.loads(child.stdout.readline())
-        assert stats["emfile"] > 0 and stats["evicted"] >= 24
+        assert stats["emfile"] > 0 and stats["evicted"] > 0
         newest.close()
     finally:
         for c in conns:

@@ -281,12 +281,15 @@ static void listen_watch(ServerObject* srv, int on)
  * ended, or, if it never sent anything, when it was accepted. It gets GOAWAY (with the last stream processed: none
  * is refused, it has none open; its client reconnects when it next needs to) and is closed at the end of this loop
  * iteration once that is flushed (io_main), not here: later epoll events of this iteration may still point at it.
- * Returns 0 when every connection has a call open. */
+ * One accepted in this iteration is not a candidate: it has not been read yet (the later ones of a burst would
+ * otherwise close the earlier ones, whose requests may be waiting unread). Returns 0 when none is a candidate. */
 static int evict_idle(ServerObject* srv)
 {
   Conn* victim = NULL;
   for (Conn* c = srv->conns; c; c = c->next)
-    if (!c->dead && !c->evicted && c->nstreams == 0 && (!victim || c->last_active < victim->last_active)) victim = c;
+    if (!c->dead && !c->evicted && c->nstreams == 0 && c->accepted_at < srv->now &&
+        (!victim || c->last_active < victim->last_active))
+      victim = c;
   if (!victim) return 0;
   if (!victim->handshaking && !victim->goaway_sent)
     ng.submit_goaway(victim->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(victim->sess),
@@ -312,7 +315,7 @@ void accept_some(ServerObject* srv)
          * the queue, is accepted on the next one (the listener stays readable). */
         if (evict_idle(srv)) return;
         if (srv->reserve_fd >= 0) {
-          /* Every connection has a call open: refuse the newcomer. Retrying at once would spin (the listener
+          /* No connection can make room: refuse the newcomer. Retrying at once would spin (the listener
            * stays readable), so spend the reserve descriptor to take it off the queue and close it, then take
            * the reserve back. */
           close(srv->reserve_fd);
@@ -332,8 +335,7 @@ void accept_some(ServerObject* srv)
       return;
     }
     /* At the cap an idle connection makes room (one per newcomer: it counts until its close at the end of this
-     * iteration). When every connection has a call open, the newcomer is closed at once, before any TLS or HTTP/2
-     * work. */
+     * iteration). When none can, the newcomer is closed at once, before any TLS or HTTP/2 work. */
     if (srv->nconns >= srv->max_conns && !evict_idle(srv)) {
       close(fd);
       STAT_ADD(srv->n_refused, 1);
