@@ -2,8 +2,8 @@
 
 Every connection costs a file descriptor, and a process that runs out of them fails in places that
 have nothing to do with connections: loading a model, registering shared memory, Triton's own
-files. So each endpoint caps its connections below the limit, and at the cap closes its
-longest-idle connection to admit a new one (README "Security").
+files. So each endpoint caps its connections below the limit, and at the cap closes an idle
+connection to admit a new one (README "Security").
 """
 
 from __future__ import annotations

@@ -414,8 +414,9 @@ def _cpu_seconds(pid):
 
 def test_fd_exhaustion(tmp_path):
     """With its descriptors used up (RLIMIT_NOFILE lowered in a child process) the server neither spins nor leaves
-    connections hanging in the accept queue: each newcomer gets in by closing the longest-idle connection without an
-    open call, so the newest client is served; a connection with a call open keeps it."""
+    connections hanging in the accept queue: each newcomer gets in by closing an idle connection, one that sent
+    nothing first, then the longest idle, so the newest client is served; a connection with a call open keeps it, and
+    so does an idle one that spoke."""
     child = subprocess.Popen(
         [sys.executable, "-c", FD_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path
     )
@@ -424,6 +425,8 @@ def test_fd_exhaustion(tmp_path):
         port = int(child.stdout.readline())
         busy = Raw(port)
         sid = busy.request("Echo", b"held", end=False)  # a call open (no end of stream yet) from before the flood
+        spoke = Raw(port)
+        assert spoke.call("Echo", b"before")[0] == 0  # idle the longest, but not silent
         conns = [Raw(port, preface=False) for _ in range(30)]
         time.sleep(0.3)
         cpu = _cpu_seconds(child.pid)
@@ -440,11 +443,14 @@ def test_fd_exhaustion(tmp_path):
         busy.conn.end_stream(sid)
         busy.flush()
         assert busy.response(sid)[:3:2] == (0, b"held")
+        assert spoke.call("Echo", b"after")[:3:2] == (0, b"after")
+        assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in spoke.events)
         child.stdin.write("stats\n")
         child.stdin.flush()
         stats = json.loads(child.stdout.readline())
         assert stats["emfile"] > 0 and stats["evicted"] > 0
-        newest.close()
+        for c in (busy, spoke, newest):
+            c.close()
     finally:
         for c in conns:
             c.close()

@@ -20,10 +20,11 @@ class GrpcLimits:
 
     ``max_connections``: open connections, lowered to fit the process's descriptor limit
     (``min(max_connections, (limit - descriptors open - 64) // 2)``; the soft limit is raised to
-    the hard one first). At the cap, or out of descriptors, the longest-idle connection without a
-    call open gets GOAWAY and is closed to admit the new one; when every connection has a call
-    open, the new one is closed at once. ``idle_timeout_s``: a
-    connection with no call and nothing received for this long is closed (GOAWAY).
+    the hard one first). At the cap, or out of descriptors, an idle connection (no call open) gets
+    GOAWAY and is closed to admit the new one: one that has not finished its preface first, then
+    the longest idle; when every connection has a call open, the new one is closed at once.
+    ``idle_timeout_s``: a connection with no call and nothing received for this long is closed
+    (GOAWAY).
     ``handshake_timeout_s``: the TLS handshake and HTTP/2 preface must be done within it.
     ``max_header_list_bytes``: request headers (metadata) per call, counted as HTTP/2 does;
     beyond, the call fails with RESOURCE_EXHAUSTED. ``max_buffered_bytes``, per connection: replies

@@ -155,6 +155,7 @@ class Connection(asyncio.Protocol):
         self.refused: Refused | None = None  # why the connection is refused (set in a callback)
         self.deadline = math.inf  # (loop time) see _arm; the endpoint's sweep calls _expired after it
         self.idle_since = math.inf  # (loop time) accepted, or its last answer sent: see idle()
+        self.spoke = False  # it sent something (a client that sends nothing is the first closed to make room)
         self.in_request = False  # bytes of a request arrived, and not yet all of it
         self.busy = False  # answering a request
         self.reading_paused = False
@@ -220,6 +221,7 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self.spoke = True
         if self.refused is not None or self.worker is None:
             return  # the connection is being refused: nothing more is read
         try:

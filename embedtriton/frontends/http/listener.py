@@ -1,5 +1,5 @@
-"""The HTTP endpoint's listening socket: connections accepted within the endpoint's cap, the
-longest-idle one closed to admit a new one at the cap or out of descriptors (README "Security").
+"""The HTTP endpoint's listening socket: connections accepted within the endpoint's cap, an
+idle one closed to admit a new one at the cap or out of descriptors (README "Security").
 
 Our own accept() rather than asyncio's server: asyncio accepts a whole backlog at once (each
 taking a descriptor before any of them is counted) and, out of descriptors, stops accepting for
@@ -86,11 +86,12 @@ class Listener:
             sock.close()
 
     def make_room(self) -> bool:
-        """At the connection cap, or out of descriptors: close the longest-idle connection with
-        nothing in flight (:meth:`Connection.idle`), so that idle clients cannot keep a new one
-        out. False when every connection has a request in flight."""
+        """At the connection cap, or out of descriptors: close a connection with nothing in flight
+        (:meth:`Connection.idle`), so that idle clients cannot keep a new one out; first one that
+        never sent anything (the cheapest attack: a client that spoke keeps its connection through
+        it), then the longest idle. False when every connection has a request in flight."""
         connections = self.endpoint.connections
-        victim = min((c for c in connections if c.idle()), key=lambda c: c.idle_since, default=None)
+        victim = min((c for c in connections if c.idle()), key=lambda c: (c.spoke, c.idle_since), default=None)
         if victim is None or victim.transport is None:
             return False
         connections.discard(victim)  # out of the count now; its connection_lost follows

@@ -275,21 +275,25 @@ static void listen_watch(ServerObject* srv, int on)
   epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &e);
 }
 
-/* Make room for a new connection: the longest-idle connection without an open stream is closed, so that idle
- * clients (a flood that connects and sends nothing, pooled channels nobody uses) cannot keep a new client out,
- * and no call in progress is ever cut. Idle since its last_active: when it last received bytes or its last call
- * ended, or, if it never sent anything, when it was accepted. It gets GOAWAY (with the last stream processed: none
- * is refused, it has none open; its client reconnects when it next needs to) and is closed at the end of this loop
- * iteration once that is flushed (io_main), not here: later epoll events of this iteration may still point at it.
- * One accepted in this iteration is not a candidate: it has not been read yet (the later ones of a burst would
- * otherwise close the earlier ones, whose requests may be waiting unread). Returns 0 when none is a candidate. */
+/* Make room for a new connection: an idle connection (no open stream) is closed, so that idle clients (a flood
+ * that connects and sends nothing, pooled channels nobody uses) cannot keep a new client out, and no call in
+ * progress is ever cut. Which one: first one that has not finished its TLS handshake and HTTP/2 preface (the
+ * cheapest attack on descriptors is to connect and send nothing; a client that spoke keeps its connection through
+ * it), then the longest idle, counted from its last_active (its last bytes received or its last call's end, else
+ * its accept). It gets GOAWAY (with the last stream processed: none is refused, it has none open; its client
+ * reconnects when it next needs to) and is closed at the end of this loop iteration once that is flushed (io_main),
+ * not here: later epoll events of this iteration may still point at it. One accepted in this iteration is not a
+ * candidate: it has not been read yet (the later ones of a burst would otherwise close the earlier ones, whose
+ * requests may be waiting unread). Returns 0 when none is a candidate. */
 static int evict_idle(ServerObject* srv)
 {
   Conn* victim = NULL;
-  for (Conn* c = srv->conns; c; c = c->next)
-    if (!c->dead && !c->evicted && c->nstreams == 0 && c->accepted_at < srv->now &&
-        (!victim || c->last_active < victim->last_active))
+  for (Conn* c = srv->conns; c; c = c->next) {
+    if (c->dead || c->evicted || c->nstreams > 0 || c->accepted_at >= srv->now) continue;
+    if (!victim || c->preface_done < victim->preface_done ||
+        (c->preface_done == victim->preface_done && c->last_active < victim->last_active))
       victim = c;
+  }
   if (!victim) return 0;
   if (!victim->handshaking && !victim->goaway_sent)
     ng.submit_goaway(victim->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(victim->sess),

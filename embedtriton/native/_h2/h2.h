@@ -14,8 +14,8 @@
  *   6. write what nghttp2 has to send, close finished connections.
  *
  * Limits against hostile clients: max_connections (at the cap, or when
- * accept() runs out of descriptors, the longest-idle connection without an
- * open stream is closed to admit the newcomer: evict_idle), handshake_timeout,
+ * accept() runs out of descriptors, an idle connection (no open stream) is
+ * closed to admit the newcomer: evict_idle), handshake_timeout,
  * idle_timeout, max_header_list_bytes (and MAX_HEADER_FIELDS),
  * max_buffered_bytes (queued response bytes per connection, half of it per
  * stream), the rapid-reset and CONTINUATION limits of nghttp2 (RESET_BURST,
