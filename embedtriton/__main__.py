@@ -60,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--tls-client-ca", help="PEM CA: require client certificates signed by it")
     serve.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024, help="gRPC message size cap")
-    serve.add_argument("--max-connections", type=int, default=1024, help="open connections at most (per endpoint)")
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="open connections at most (per endpoint; fewer if the descriptor limit is lower)",
+    )
     serve.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle connection is closed")
     serve.add_argument(
         "--no-shared-memory",

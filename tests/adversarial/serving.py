@@ -4,6 +4,7 @@ so that an attack that would crash it cannot take the test run down with it."""
 from __future__ import annotations
 
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -15,11 +16,13 @@ from pathlib import Path
 class Served:
     """An ``embedtriton serve`` child process serving the models of a bind function."""
 
-    def __init__(self, folder: Path, bind_source: str, *options: str) -> None:
+    def __init__(self, folder: Path, bind_source: str, *options: str, nofile: int | None = None) -> None:
+        """``nofile``: the child's descriptor limit (RLIMIT_NOFILE, soft and hard: it cannot raise it)."""
         (folder / "served_models.py").write_text(textwrap.dedent(bind_source))
         command = [sys.executable, "-m", "embedtriton", "serve", "served_models:bind", "--grpc", "127.0.0.1:0"]
+        limit = None if nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
         self.process = subprocess.Popen(
-            [*command, "--metrics", "", *options], cwd=folder, stderr=subprocess.PIPE, text=True
+            [*command, "--metrics", "", *options], cwd=folder, stderr=subprocess.PIPE, text=True, preexec_fn=limit
         )
         self.lines: list[str] = []
         deadline = time.monotonic() + 60

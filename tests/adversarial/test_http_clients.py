@@ -58,17 +58,27 @@ def test_a_request_stalled_mid_body_gets_408_while_others_are_served(port):
     stalled.close()
 
 
-def test_connections_over_the_limit_are_closed_and_idle_ones_time_out(port):
-    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
-    time.sleep(0.1)
-    extra = socket.create_connection(("127.0.0.1", port), timeout=5)
-    assert extra.recv(4096) == b""  # over max_connections: closed at once
-    extra.close()
-    time.sleep(1.5)  # idle_timeout_s: the held ones are closed
-    assert all(s.recv(4096) == b"" for s in held)
-    for s in held:
+def test_at_the_connection_cap_the_longest_idle_connection_makes_room(port):
+    """At max_connections (4) a new connection gets in by closing an idle one: one that sent
+    nothing first (the oldest of them), then the longest idle. One with a request arriving is not
+    closed (it gets its 408 later), nor a keep-alive one that spoke; idle ones time out."""
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=5)  # the oldest, with a request arriving
+    stalled.sendall(b'POST /v2/models/Double/infer HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"inputs"')
+    spoke = socket.create_connection(("127.0.0.1", port), timeout=5)  # idle the longest, after a request
+    spoke.sendall(b"GET /v2/health/live HTTP/1.1\r\n\r\n")
+    assert spoke.recv(4096).startswith(b"HTTP/1.1 200")
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]  # silent
+    time.sleep(0.05)
+    assert live(port).startswith(b"HTTP/1.1 200")  # a fifth connection, served
+    assert held[0].recv(4096) == b""  # closed to make room
+    assert stalled.recv(4096).startswith(b"HTTP/1.1 408")  # not closed to make room
+    spoke.sendall(b"GET /v2/health/live HTTP/1.1\r\n\r\n")
+    assert spoke.recv(4096).startswith(b"HTTP/1.1 200")  # not closed either
+    time.sleep(1.5)  # idle_timeout_s: the others are closed
+    assert spoke.recv(4096) == b"" and held[1].recv(4096) == b""
+    for s in [stalled, spoke, *held]:
         s.close()
-    assert live(port).startswith(b"HTTP/1.1 200")  # room again
+    assert live(port).startswith(b"HTTP/1.1 200")
 
 
 def test_a_pipelining_flood_that_does_not_read_is_held_back():

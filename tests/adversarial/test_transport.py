@@ -275,27 +275,46 @@ def test_library_choice(tmp_path):
 # ---- 4: connection cap, idle and handshake timeouts, running out of file descriptors ----
 
 
-def test_connection_cap(start):
-    """Connections beyond max_connections are closed at once; those within keep working."""
-    srv = start(max_connections=3)
-    clients = [Raw(srv.port) for _ in range(3)]
-    for c in clients:
-        assert c.call("Echo", b"in")[0] == 0
-    extra = [Raw(srv.port) for _ in range(2)]
-    for c in extra:
-        closed_after = c.wait_closed(3.0)
-        assert closed_after is not None and closed_after < 1.0
-    for c in clients:
-        assert c.call("Echo", b"still")[:3:2] == (0, b"still")
-    stats = srv.stats()
-    assert stats["connections"] == 3 and stats["refused"] >= 2
-    clients[0].close()
-    deadline = time.monotonic() + 3
-    while srv.stats()["connections"] > 2 and time.monotonic() < deadline:
+def _wait_held(handler, count, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while len(handler.held) < count and time.monotonic() < deadline:
         time.sleep(0.01)
-    again = Raw(srv.port)  # room again
-    assert again.call("Echo", b"new")[0] == 0
-    for c in clients[1:] + extra + [again]:
+    assert len(handler.held) == count
+
+
+def test_connection_cap(start, handler):
+    """At max_connections a new connection gets in by closing the longest-idle one without an open call (GOAWAY,
+    then close); one with a call open is never closed. When every connection has a call open, the newcomer is
+    closed at once."""
+    srv = start(max_connections=3)
+    busy = Raw(srv.port)
+    busy.request("Hold")  # open the longest, with a call open
+    _wait_held(handler, 1)
+    idle = [Raw(srv.port) for _ in range(2)]
+    for c in idle:
+        assert c.call("Echo", b"in")[0] == 0  # idle[0] is idle the longest
+    newcomer = Raw(srv.port)
+    started = time.monotonic()
+    assert newcomer.call("Echo", b"new")[:3:2] == (0, b"new")
+    assert time.monotonic() - started < 1.0
+    goaway = idle[0].wait(lambda e: isinstance(e, h2.events.ConnectionTerminated), 3.0)
+    assert goaway is not None and goaway.error_code == 0
+    assert idle[0].wait_closed(2.0) is not None
+    assert idle[1].call("Echo", b"still")[:3:2] == (0, b"still")
+    assert not busy.closed and srv.stats()["evicted"] == 1
+    idle[1].request("Hold")
+    newcomer.request("Hold")
+    _wait_held(handler, 3)
+    extra = Raw(srv.port)  # every connection has a call open: no room
+    closed_after = extra.wait_closed(3.0)
+    assert closed_after is not None and closed_after < 1.0
+    stats = srv.stats()
+    assert stats["connections"] == 3 and stats["refused"] >= 1 and stats["evicted"] == 1
+    for call in handler.held:
+        call.send(b"done")
+        call.finish(0)
+    assert busy.response(1)[:3:2] == (0, b"done")
+    for c in [busy, extra, newcomer, *idle]:
         c.close()
 
 
@@ -395,29 +414,43 @@ def _cpu_seconds(pid):
 
 def test_fd_exhaustion(tmp_path):
     """With its descriptors used up (RLIMIT_NOFILE lowered in a child process) the server neither spins nor leaves
-    connections hanging in the accept queue: they are accepted and closed at once, and existing ones keep working."""
+    connections hanging in the accept queue: each newcomer gets in by closing an idle connection, one that sent
+    nothing first, then the longest idle, so the newest client is served; a connection with a call open keeps it, and
+    so does an idle one that spoke."""
     child = subprocess.Popen(
         [sys.executable, "-c", FD_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tmp_path
     )
     conns = []
     try:
         port = int(child.stdout.readline())
-        normal = Raw(port)
-        assert normal.call("Echo", b"before")[0] == 0
+        busy = Raw(port)
+        sid = busy.request("Echo", b"held", end=False)  # a call open (no end of stream yet) from before the flood
+        spoke = Raw(port)
+        assert spoke.call("Echo", b"before")[0] == 0  # idle the longest, but not silent
         conns = [Raw(port, preface=False) for _ in range(30)]
         time.sleep(0.3)
         cpu = _cpu_seconds(child.pid)
         time.sleep(1.0)
         cpu = _cpu_seconds(child.pid) - cpu
         assert cpu < 0.3, f"the server used {cpu:.2f} s of CPU in 1 s while out of descriptors"
-        closed = sum(c.wait_closed(0.05) is not None for c in conns)
-        assert closed >= 30 - 6, f"only {closed} of 30 connections beyond the descriptor limit were closed"
+        closed = [c.wait_closed(0.05) is not None for c in conns]
+        assert sum(closed) >= 30 - 6, f"only {sum(closed)} of 30 connections beyond the descriptor limit were closed"
+        assert not closed[-1], "the newest connection was closed, not the longest idle"
+        newest = Raw(port)
         started = time.monotonic()
-        assert normal.call("Echo", b"during", timeout=3)[:3:2] == (0, b"during")
+        assert newest.call("Echo", b"during", timeout=3)[:3:2] == (0, b"during")
         assert time.monotonic() - started < 1.0
+        busy.conn.end_stream(sid)
+        busy.flush()
+        assert busy.response(sid)[:3:2] == (0, b"held")
+        assert spoke.call("Echo", b"after")[:3:2] == (0, b"after")
+        assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in spoke.events)
         child.stdin.write("stats\n")
         child.stdin.flush()
-        assert json.loads(child.stdout.readline()).get("emfile", 0) > 0
+        stats = json.loads(child.stdout.readline())
+        assert stats["emfile"] > 0 and stats["evicted"] > 0
+        for c in (busy, spoke, newest):
+            c.close()
     finally:
         for c in conns:
             c.close()

@@ -11,6 +11,7 @@ from typing import Any
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError, UnavailableError
 from ...triton.runtime import find_runtime
+from ..descriptors import connection_cap
 from .options import COMPRESSION_LEVELS, GrpcLimits, GrpcOptions
 
 try:
@@ -48,11 +49,17 @@ class GrpcEndpoint:
         )
         self._native: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # limits.max_connections, or fewer when the process's descriptor limit leaves less room
+        self.max_connections = connection_cap(options.limits.max_connections, "gRPC")
         if options.transport == "native":
             self._start_native(options.address, options.max_message_bytes, options.tls, options.limits)
         else:
             self._start_grpcio(
-                options.address, options.max_message_bytes, options.tls, options.infer_response_compression_level
+                options.address,
+                options.max_message_bytes,
+                options.tls,
+                options.infer_response_compression_level,
+                options.limits,
             )
 
     def _start_native(self, address: str, max_message_bytes: int, tls: Any, limits: GrpcLimits) -> None:
@@ -60,9 +67,10 @@ class GrpcEndpoint:
 
         host, _, port = address.rpartition(":")  # GrpcOptions checked and normalized it
         host = host.strip("[]")
+        transport_options = {**limits.transport_options(), "max_connections": self.max_connections}
         try:
             self._native = _h2.Server(
-                host, int(port), self.service, max_message_bytes, tls, _nghttp2_path(), **limits.transport_options()
+                host, int(port), self.service, max_message_bytes, tls, _nghttp2_path(), **transport_options
             )
         except ValueError as exc:  # e.g. a TLS certificate or key file that does not load
             raise InvalidArgumentError(f"cannot serve gRPC on {address}: {exc}") from exc
@@ -78,13 +86,20 @@ class GrpcEndpoint:
             f" (without {', '.join(missing)}: an old copy; set EMBEDTRITON_NGHTTP2 to a newer one)" if missing else "",
         )
 
-    def _start_grpcio(self, address: str, max_message_bytes: int, tls: Any, compression_level: str) -> None:
+    def _start_grpcio(
+        self, address: str, max_message_bytes: int, tls: Any, compression_level: str, limits: GrpcLimits
+    ) -> None:
         loop = self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=loop.run_forever, name="embedtriton-grpc", daemon=True)
         self._thread.start()
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # What grpc-core offers of GrpcLimits: it refuses connections over the cap (it cannot close
+            # an idle one to admit them), so idle and half-open ones must time out to make room.
+            ("grpc.max_allowed_incoming_connections", self.max_connections),
+            ("grpc.max_connection_idle_ms", _milliseconds(limits.idle_timeout_s)),
+            ("grpc.server_handshake_timeout_ms", _milliseconds(limits.handshake_timeout_s)),
         ]
         if compression_level != "none":
             # grpc-core keeps the client's grpc-accept-encoding from the application (the service's
@@ -144,3 +159,8 @@ def _nghttp2_path() -> str | None:
     except TritonError:
         return None
     return str(found[0]) if found else None
+
+
+def _milliseconds(seconds: float) -> int:
+    """A grpc-core channel argument in milliseconds (a C int)."""
+    return min(int(seconds * 1000), 2**31 - 1)

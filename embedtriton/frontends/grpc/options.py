@@ -18,15 +18,21 @@ COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
 class GrpcLimits:
     """What one gRPC client may cost the endpoint (native transport; see README "Security").
 
-    ``max_connections``: open connections; more are closed at once. ``idle_timeout_s``: a
-    connection with no call and nothing received for this long is closed (GOAWAY).
+    ``max_connections``: open connections, lowered to fit the process's descriptor limit
+    (``min(max_connections, (limit - descriptors open - 64) // 2)``; the soft limit is raised to
+    the hard one first). At the cap, or out of descriptors, an idle connection (no call open) gets
+    GOAWAY and is closed to admit the new one: one that has not finished its preface first, then
+    the longest idle; when every connection has a call open, the new one is closed at once.
+    ``idle_timeout_s``: a connection with no call and nothing received for this long is closed
+    (GOAWAY).
     ``handshake_timeout_s``: the TLS handshake and HTTP/2 preface must be done within it.
     ``max_header_list_bytes``: request headers (metadata) per call, counted as HTTP/2 does;
     beyond, the call fails with RESOURCE_EXHAUSTED. ``max_buffered_bytes``, per connection: replies
     queued for a client that does not read them (beyond, its call is reset, RESOURCE_EXHAUSTED, and
     its requests cancelled) and request messages still arriving (memory follows the bytes received,
     never a declared length; beyond, the call fails with RESOURCE_EXHAUSTED); at least one message
-    of ``max_message_bytes`` always fits.
+    of ``max_message_bytes`` always fits. The grpcio transport takes ``max_connections`` (it
+    refuses connections over the cap, closing none), ``idle_timeout_s`` and ``handshake_timeout_s``.
     """
 
     max_connections: int = 1024

@@ -154,6 +154,8 @@ class Connection(asyncio.Protocol):
         self.worker: asyncio.Task[None] | None = None
         self.refused: Refused | None = None  # why the connection is refused (set in a callback)
         self.deadline = math.inf  # (loop time) see _arm; the endpoint's sweep calls _expired after it
+        self.idle_since = math.inf  # (loop time) accepted, or its last answer sent: see idle()
+        self.spoke = False  # it sent something (a client that sends nothing is the first closed to make room)
         self.in_request = False  # bytes of a request arrived, and not yet all of it
         self.busy = False  # answering a request
         self.reading_paused = False
@@ -163,12 +165,23 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        if len(self.endpoint.connections) >= self.endpoint.options.max_connections:
-            transport.close()  # over max_connections: no worker, nothing read
-            return
         self.worker = asyncio.ensure_future(self._answer())
-        self.endpoint.connections.add(self)
+        self.endpoint.connections.add(self)  # the endpoint's Listener kept it within max_connections
+        self.idle_since = self.endpoint.now()
         self._arm()
+
+    def idle(self) -> bool:
+        """Nothing in flight: no request arriving, queued or being answered, and the last answer
+        all handed to the kernel (a keep-alive connection between requests, or one that sent
+        nothing yet). Such a connection may be closed to admit a new one (``Listener.make_room``)."""
+        transport = self.transport
+        return (
+            self.worker is not None
+            and transport is not None
+            and not (self.in_request or self.busy or self.queue or self.refused)
+            and not transport.is_closing()
+            and transport.get_write_buffer_size() == 0
+        )
 
     def _arm(self) -> None:
         """(Re)start the clock: idle_timeout_s between requests, request_timeout_s within one
@@ -208,6 +221,7 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self.spoke = True
         if self.refused is not None or self.worker is None:
             return  # the connection is being refused: nothing more is read
         try:
@@ -317,6 +331,7 @@ class Connection(asyncio.Protocol):
                     self._send(status, payload, keep_alive, headers.get(b"accept-encoding"))
             finally:
                 self.busy = False
+                self.idle_since = loop.time()
             if not keep_alive:
                 return
 

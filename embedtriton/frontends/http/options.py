@@ -18,7 +18,12 @@ class HttpOptions:
 
     ``max_body_bytes`` and ``max_header_bytes`` bound what a request may carry (413 / 431);
     ``max_connections``, ``idle_timeout_s`` and ``request_timeout_s`` bound what a client may
-    hold (a request not whole in time gets 408). ``tls_cert``/``tls_key`` (PEM files) serve
+    hold (a request not whole in time gets 408). ``max_connections`` is lowered to fit the
+    process's descriptor limit (``min(max_connections, (limit - descriptors open - 64) // 2)``;
+    the soft limit is raised to the hard one first); at the cap, or out of descriptors, an idle
+    connection (no request arriving, queued or being answered) is closed to admit the new one,
+    one that never sent anything first, then the longest idle; the new one is refused only when
+    every connection has a request in flight. ``tls_cert``/``tls_key`` (PEM files) serve
     HTTPS; ``tls_client_ca`` also requires client certificates signed by that CA.
 
     ``restricted_api`` (Triton's ``--http-restricted-api``): specs
@@ -36,7 +41,7 @@ class HttpOptions:
     address: str | int = "127.0.0.1:8000"
     max_body_bytes: int = 64 * 1024 * 1024
     max_header_bytes: int = 16 * 1024
-    max_connections: int = 1024  # more are closed at once
+    max_connections: int = 1024  # at the cap, an idle connection makes room
     idle_timeout_s: float = 300.0  # a connection idle this long is closed
     request_timeout_s: float = 30.0  # a request begun must arrive whole within this (else 408)
     shared_memory: bool = True  # clients may register system and CUDA shared-memory regions

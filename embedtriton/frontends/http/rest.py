@@ -24,10 +24,12 @@ import numpy as np
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from .. import kserve, security
+from ..descriptors import connection_cap
 from ..shared_memory import regions_of
 from . import extensions
 from .connection import Binary, Connection, Refused, Text, decompress, httptools_module, status_of
 from .generate import generate
+from .listener import Listener
 from .options import HttpOptions
 
 # A route's handler: (lower-cased headers, body, forwarded headers) -> (status, answer)
@@ -341,27 +343,22 @@ class RestEndpoint(RestApi):
         self.httptools = httptools_module()  # before anything starts: without it, say what to install
         super().__init__(server, options)
         self.connections: set[Connection] = set()
+        # options.max_connections, or fewer when the process's descriptor limit leaves less room
+        self.max_connections = connection_cap(options.max_connections, "HTTP")
         context = options.ssl_context()
-        handshake = options.request_timeout_s if context else None  # a stalled TLS handshake is cut too
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
-        self._thread.start()
         host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
-
-        async def start() -> asyncio.AbstractServer:
-            return await self._loop.create_server(
-                lambda: Connection(self), host.strip("[]"), int(port), ssl=context, ssl_handshake_timeout=handshake
-            )
-
+        try:
+            self._listener = Listener(self, host.strip("[]"), int(port), context, options.request_timeout_s)
+        except OSError as exc:
+            raise UnavailableError(f"cannot serve HTTP on {options.address}: {exc}") from None
+        self.port: int = self._listener.port
+        self._loop = asyncio.new_event_loop()
         self.now = self._loop.time
         self._sweep_every = min(1.0, options.request_timeout_s / 4, options.idle_timeout_s / 4)
-        self._loop.call_soon_threadsafe(self._sweep)
-        try:
-            self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=30)
-        except Exception as exc:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            raise UnavailableError(f"cannot serve HTTP on {options.address}: {exc}") from None
-        self.port: int = self._server.sockets[0].getsockname()[1]
+        self._loop.call_soon(self._sweep)
+        self._listener.start(self._loop)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
+        self._thread.start()
 
     def _sweep(self) -> None:
         """Every so often: connections past their deadline (stalled or idle) are dealt with."""
@@ -372,7 +369,7 @@ class RestEndpoint(RestApi):
 
     def stop(self, grace: float = 1.0) -> None:
         async def close() -> None:
-            self._server.close()
+            self._listener.close()
             until = self._loop.time() + grace  # answers in progress (not idle keep-alives) get the grace period
             while self._loop.time() < until and any(c.busy or c.queue for c in self.connections):
                 await asyncio.sleep(0.005)

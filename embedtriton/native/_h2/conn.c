@@ -1,5 +1,5 @@
 /* Connections (IO thread): reading and writing (plaintext or TLS), accepting
- * within the limits, and the timers (handshake and idle timeouts, accept
+ * within the limits (closing an idle connection to make room), and the timers (handshake and idle timeouts, accept
  * pauses). */
 #include "h2.h"
 
@@ -275,6 +275,35 @@ static void listen_watch(ServerObject* srv, int on)
   epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &e);
 }
 
+/* Make room for a new connection: an idle connection (no open stream) is closed, so that idle clients (a flood
+ * that connects and sends nothing, pooled channels nobody uses) cannot keep a new client out, and no call in
+ * progress is ever cut. Which one: first one that has not finished its TLS handshake and HTTP/2 preface (the
+ * cheapest attack on descriptors is to connect and send nothing; a client that spoke keeps its connection through
+ * it), then the longest idle, counted from its last_active (its last bytes received or its last call's end, else
+ * its accept). It gets GOAWAY (with the last stream processed: none is refused, it has none open; its client
+ * reconnects when it next needs to) and is closed at the end of this loop iteration once that is flushed (io_main),
+ * not here: later epoll events of this iteration may still point at it. One accepted in this iteration is not a
+ * candidate: it has not been read yet (the later ones of a burst would otherwise close the earlier ones, whose
+ * requests may be waiting unread). Returns 0 when none is a candidate. */
+static int evict_idle(ServerObject* srv)
+{
+  Conn* victim = NULL;
+  for (Conn* c = srv->conns; c; c = c->next) {
+    if (c->dead || c->evicted || c->nstreams > 0 || c->accepted_at >= srv->now) continue;
+    if (!victim || c->preface_done < victim->preface_done ||
+        (c->preface_done == victim->preface_done && c->last_active < victim->last_active))
+      victim = c;
+  }
+  if (!victim) return 0;
+  if (!victim->handshaking && !victim->goaway_sent)
+    ng.submit_goaway(victim->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(victim->sess),
+                     NGHTTP2_NO_ERROR, NULL, 0);
+  victim->evicted = victim->goaway_sent = 1;
+  victim->close_at = srv->now + GOAWAY_LINGER; /* so that sweep() does not mark it dead (unflushed) before then */
+  STAT_ADD(srv->n_evicted, 1);
+  return 1;
+}
+
 void accept_some(ServerObject* srv)
 {
   for (int i = 0; i < ACCEPT_BATCH; i++) {
@@ -284,20 +313,24 @@ void accept_some(ServerObject* srv)
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      if ((errno == EMFILE || errno == ENFILE) && srv->reserve_fd >= 0) {
-        /* Out of descriptors. The listener stays readable (level-triggered), so retrying would spin: spend the
-         * reserve descriptor to take the connection off the queue and close it, then take the reserve back. */
+      if (errno == EMFILE || errno == ENFILE) {
         STAT_ADD(srv->n_emfile, 1);
-        close(srv->reserve_fd);
-        fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0) {
-          close(fd);
-          STAT_ADD(srv->n_refused, 1);
+        /* Out of descriptors: an idle connection closes at the end of this iteration, and the newcomer, left in
+         * the queue, is accepted on the next one (the listener stays readable). */
+        if (evict_idle(srv)) return;
+        if (srv->reserve_fd >= 0) {
+          /* No connection can make room: refuse the newcomer. Retrying at once would spin (the listener
+           * stays readable), so spend the reserve descriptor to take it off the queue and close it, then take
+           * the reserve back. */
+          close(srv->reserve_fd);
+          fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+          if (fd >= 0) {
+            close(fd);
+            STAT_ADD(srv->n_refused, 1);
+          }
+          srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+          if (fd >= 0 && srv->reserve_fd >= 0) continue;
         }
-        srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (fd >= 0 && srv->reserve_fd >= 0) continue;
-      } else if (errno == EMFILE || errno == ENFILE) {
-        STAT_ADD(srv->n_emfile, 1);
       }
       /* no reserve (or another error such as ENOBUFS): stop watching the listener for a moment */
       if (srv->reserve_fd < 0) srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -305,7 +338,9 @@ void accept_some(ServerObject* srv)
       srv->accept_at = srv->now + ACCEPT_PAUSE;
       return;
     }
-    if (srv->nconns >= srv->max_conns) { /* over the cap: closed at once, before any TLS or HTTP/2 work */
+    /* At the cap an idle connection makes room (one per newcomer: it counts until its close at the end of this
+     * iteration). When none can, the newcomer is closed at once, before any TLS or HTTP/2 work. */
+    if (srv->nconns >= srv->max_conns && !evict_idle(srv)) {
       close(fd);
       STAT_ADD(srv->n_refused, 1);
       continue;

@@ -13,12 +13,15 @@
  *   5. timers (handshake and idle timeouts, accept pauses), every sweep_every;
  *   6. write what nghttp2 has to send, close finished connections.
  *
- * Limits against hostile clients: max_connections, handshake_timeout,
+ * Limits against hostile clients: max_connections (at the cap, or when
+ * accept() runs out of descriptors, an idle connection (no open stream) is
+ * closed to admit the newcomer: evict_idle), handshake_timeout,
  * idle_timeout, max_header_list_bytes (and MAX_HEADER_FIELDS),
  * max_buffered_bytes (queued response bytes per connection, half of it per
  * stream), the rapid-reset and CONTINUATION limits of nghttp2 (RESET_BURST,
- * RESET_RATE, MAX_CONTINUATIONS), a reserve descriptor for EMFILE, and
- * max_message_bytes on compressed request messages once inflated too.
+ * RESET_RATE, MAX_CONTINUATIONS), a reserve descriptor for EMFILE when no
+ * connection can make room, and max_message_bytes on compressed request
+ * messages once inflated too.
  *
  * Lifetimes: a Stream (C) exists from the request's HEADERS until its CLOSE
  * event has been dispatched; it owns one reference to its Call (Python),
@@ -140,6 +143,7 @@ struct Conn {
   int handshaking, dead, epollout;
   int preface_done; /* the client's SETTINGS (the end of its connection preface) arrived */
   int goaway_sent;  /* closing: an idle timeout sent GOAWAY */
+  int evicted;      /* closed to admit a new connection: flushed once (its GOAWAY), then closed, this iteration */
   double accepted_at, close_at;
   double last_active;  /* when it last received bytes or its last stream ended (the idle timeout counts from it) */
   int pending_in;      /* read budget used up: on srv->pend, served again next iteration whatever epoll says */
@@ -206,7 +210,7 @@ struct ServerObject {
   ServerObject* reg_next; /* registry of running servers (GIL) */
 
   /* counters written by the IO thread, read by stats() (relaxed atomics) */
-  uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets;
+  uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets, n_evicted;
   int64_t n_open;
 };
 

@@ -274,7 +274,8 @@ void* io_main(void* arg)
       next = c->next;
       conn_flush(c);
       int idle = c->outoff == c->outlen;
-      if (c->dead || (!c->handshaking && idle && !ng.session_want_read(c->sess) && !ng.session_want_write(c->sess)) ||
+      if (c->dead || c->evicted ||
+          (!c->handshaking && idle && !ng.session_want_read(c->sess) && !ng.session_want_write(c->sess)) ||
           (srv->stopping && (srv->hard || c->handshaking || (idle && c->nstreams == 0))))
         conn_close(c);
     }

@@ -331,11 +331,12 @@ static PyObject* Server_stats(ServerObject* self, PyObject* unused)
 {
   (void)unused;
   return Py_BuildValue(
-      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open), "buffer_resets",
+      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open), "buffer_resets",
       (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted", (unsigned long long)STAT_GET(self->n_accepted),
       "refused", (unsigned long long)STAT_GET(self->n_refused), "emfile", (unsigned long long)STAT_GET(self->n_emfile),
       "idle_closed", (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
-      (unsigned long long)STAT_GET(self->n_handshake_timeouts));
+      (unsigned long long)STAT_GET(self->n_handshake_timeouts), "evicted",
+      (unsigned long long)STAT_GET(self->n_evicted));
 }
 
 static PyMethodDef Server_methods[] = {
@@ -343,7 +344,8 @@ static PyMethodDef Server_methods[] = {
      "stop(grace=0): stop accepting, let calls finish for up to grace seconds, cancel the rest, join the IO thread"},
     {"stats", (PyCFunction)Server_stats, METH_NOARGS,
      "stats() -> dict of counters: connections (open now), accepted, refused (over max_connections or out of file "
-     "descriptors), emfile (accepts that failed for want of descriptors), idle_closed, handshake_timeouts, "
+     "descriptors, with a call open on every connection), emfile (accepts that failed for want of descriptors), "
+     "evicted (idle connections closed to admit a new one), idle_closed, handshake_timeouts, "
      "buffer_resets (calls reset for queueing more than max_buffered_bytes allows)"},
     {NULL, NULL, 0, NULL}};
 
