@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config import InstanceGroup, ModelConfig, Tensor
+from ..config import InstanceGroup, ModelConfig, QueuePolicy, Tensor, TimeoutAction
 from ..config.triton_json import model_config_json
 from ..errors import InvalidArgumentError
 from ..tensors import BY_NAME, triton_dtype
@@ -68,6 +68,9 @@ class Binding:
         # Warm-up (see ModelState.warmup_left in the backend): Triton runs each stage `count`
         # times on each instance before the model serves; a failure is recorded, not sent.
         self.warmup_runs = warmup_runs(config)
+        # Queue policies and priorities, kept by the backend in front of Triton's queue (read at
+        # load; Triton's config then has none, see triton_config), or None.
+        self.queue_gate = queue_gate(config)
         self.warming = False  # True while the server loads this model
         self.warmup_error: str | None = None
         self._alive = 0  # loaded copies of the model in Triton (the backend counts them)
@@ -106,8 +109,28 @@ class Binding:
         aio.schedule(coroutine, batch)
 
     def triton_config(self, library_path: str) -> dict[str, Any]:
-        """Triton's config for this model; ``library_path``: the backend library (also the batch strategy)."""
-        return model_config_json(self.name, self.inputs, self.outputs, self.config, BACKEND_NAME, library_path)
+        """Triton's config for this model; ``library_path``: the backend library (also the batch strategy).
+
+        Without its queue policies and priority levels, which the backend applies itself
+        (``queue_gate``): with them Triton 2.51's dynamic batcher leaves 0.5 s idle gaps.
+        """
+        config = model_config_json(self.name, self.inputs, self.outputs, self.config, BACKEND_NAME, library_path)
+        if self.queue_gate is not None:
+            for key in _QUEUE_KEYS:
+                config["dynamic_batching"].pop(key, None)
+        return config
+
+    def applied_config(self, applied: dict[str, Any]) -> dict[str, Any]:
+        """The config Triton applied (``Model.config()``) with the queue policies and priority
+        levels the backend applies in Triton's place, as Triton would report them."""
+        batching = applied.get("dynamic_batching")
+        if self.queue_gate is None or not isinstance(batching, dict):
+            return applied
+        declared = model_config_json(self.name, self.inputs, self.outputs, self.config, BACKEND_NAME)
+        ours = declared["dynamic_batching"]
+        batching.update({"priority_levels": 0, "default_priority_level": 0, "priority_queue_policy": {}})
+        batching.update({key: ours[key] for key in _QUEUE_KEYS if key in ours})
+        return applied
 
     @property
     def alive(self) -> bool:
@@ -147,6 +170,40 @@ class Binding:
         if accepted:
             batch.append(candidate)
         return accepted
+
+
+_QUEUE_KEYS = ("priority_levels", "default_priority_level", "default_queue_policy", "priority_queue_policy")
+
+
+def queue_gate(config: ModelConfig) -> tuple[int, int, tuple[tuple[bool, int, bool, int], ...]] | None:
+    """What the backend's queue gate applies (``embedtriton/native/_native/queues.c``): the
+    requests an instance takes at once, the default priority level's index, and per level (1
+    first) its policy as (delay, default timeout µs, allow override, max queue size). None when
+    Triton would prefetch anyway: no priority levels and a default policy without a timeout,
+    override or size limit (Triton 2.51 stalls only otherwise)."""
+    batcher = config.batcher
+    default = batcher.default_queue_policy or QueuePolicy()
+    if config.sequence_batcher is not None or not (
+        batcher.priority_levels
+        or default.default_timeout_microseconds
+        or default.allow_timeout_override
+        or default.max_queue_size
+    ):
+        return None
+    levels = max(1, batcher.priority_levels)
+    policies = tuple(
+        (
+            policy.timeout_action is TimeoutAction.DELAY,
+            policy.default_timeout_microseconds,
+            policy.allow_timeout_override,
+            policy.max_queue_size,
+        )
+        for policy in ((batcher.priority_queue_policy or {}).get(level, default) for level in range(1, levels + 1))
+    )
+    default_level = (batcher.default_priority_level or batcher.priority_levels or 1) - 1
+    preferred = batcher.preferred_batch_size
+    limit = max(preferred) if preferred else max(1, config.max_batch_size if config.batching else 1)
+    return limit, default_level, policies
 
 
 def warmup_runs(config: ModelConfig) -> int:

@@ -13,6 +13,7 @@ from ..backend.request import DEADLINE_PARAMETER, deadline, deadlines
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..triton import control
 from .fixits import explain_inputs
+from .queues import queue_stats, with_queue_in_statistics
 from .request import InferRequest, RequestOptions, timeout_of, with_deadline
 from .streams import iterate, iterate_async
 
@@ -322,7 +323,9 @@ class Model:
 
     def config(self) -> dict[str, Any]:
         """The model configuration that Triton applied."""
-        return control.model_config(self._server._require_handle(), self.name, self.version)
+        config = control.model_config(self._server._require_handle(), self.name, self.version)
+        applied = getattr(self._server._bound.get(self.name), "applied_config", None)  # queue policies
+        return applied(config) if applied is not None else config
 
     def statistics(self) -> dict[str, Any]:
         """Triton's statistics for this model (inference/execution counts, timings, batch stats)."""
@@ -330,4 +333,4 @@ class Model:
         entries = stats.get("model_stats", [])
         if not entries:
             raise NotFoundError(f"no statistics for model '{self.name}'")
-        return entries[0]
+        return with_queue_in_statistics(entries[0], queue_stats(self._server._require_handle()))

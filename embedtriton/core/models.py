@@ -355,6 +355,8 @@ class ModelsMixin:
         model-level binding; Triton loads the versions its version policy picks."""
         versions = [b for b in (self._versions.get(binding.name) or {}).values() if b is not binding] + [binding]
         for each in versions:  # the model-level binding last: its files win
+            if isinstance(each, Binding):  # Triton's config, so its queue policies, are the model-level one's
+                each.queue_gate = binding.queue_gate
             self._repository.write(each)
             library.bindings[self._repository.key(each)] = each
         config = binding.triton_config(library.library_path())

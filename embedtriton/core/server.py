@@ -20,6 +20,7 @@ from ..triton.options import server_options
 from ..triton.runtime import load_runtime
 from .lifecycle import live_servers, new_server, retire
 from .models import ModelsMixin
+from .queues import queue_stats, with_queues_in_metrics
 from .repositories import LoadedModel, Repositories
 from .repository import Repository
 
@@ -220,8 +221,10 @@ class CoreServer(ModelsMixin):
         return control.server_metadata(self._require_handle())
 
     def metrics(self) -> str:
-        """Triton's metrics in Prometheus text format."""
-        return control.metrics(self._require_handle())
+        """Triton's metrics in Prometheus text format (with the queues of bound models' queue
+        policies and priorities, which Triton does not see: see :mod:`.queues`)."""
+        handle = self._require_handle()
+        return with_queues_in_metrics(control.metrics(handle), queue_stats(handle))
 
     def _require_handle(self) -> int:
         handle = self._handle

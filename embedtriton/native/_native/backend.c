@@ -135,6 +135,25 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
     gil_leave(entered);
     return err;
   }
+  PyObject* gate = PyObject_GetAttrString(binding, "queue_gate"); /* see Binding.queue_gate */
+  if (gate == NULL) PyErr_Clear();
+  TRITONSERVER_Server* server = NULL;
+  if (gate != NULL && gate != Py_None &&
+      (err = api.TRITONBACKEND_ModelServer(model, &server)) == NULL &&
+      (ms->gate = gate_new(gate, server, ms->name, (long long)version, ms->include != NULL)) ==
+          NULL) {
+    Py_DECREF(gate);
+    err = error_from_python("cannot read the model's queue policies");
+    model_state_free(ms);
+    gil_leave(entered);
+    return err;
+  }
+  Py_XDECREF(gate);
+  if (err != NULL) {
+    model_state_free(ms);
+    gil_leave(entered);
+    return err;
+  }
   PyObject* r = PyObject_CallMethod(binding, "_loaded", "i", 1); /* see Binding._loaded */
   if (r == NULL) PyErr_WriteUnraisable(binding);
   Py_XDECREF(r);
@@ -151,6 +170,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* mode
     PyObject* r = PyObject_CallMethod(((ModelState*)state)->binding, "_loaded", "i", -1);
     if (r == NULL) PyErr_WriteUnraisable(NULL);
     Py_XDECREF(r);
+    if (((ModelState*)state)->gate != NULL) gate_close(((ModelState*)state)->gate);
     model_state_free((ModelState*)state);
     gil_leave(entered);
   }
@@ -164,16 +184,57 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
 static TRITONSERVER_Error* execute_requests(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
                                             TRITONBACKEND_Request** requests, const uint32_t count);
 
+static ModelState* instance_model_state(TRITONBACKEND_ModelInstance* instance,
+                                        TRITONSERVER_Error** err)
+{
+  TRITONBACKEND_Model* model;
+  void* state = NULL;
+  *err = api.TRITONBACKEND_ModelInstanceModel(instance, &model);
+  if (*err == NULL) *err = api.TRITONBACKEND_ModelState(model, &state);
+  return (ModelState*)state;
+}
+
+/* Instances are counted for the model's queue policies (queues.c). */
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(
+    TRITONBACKEND_ModelInstance* instance)
+{
+  TRITONSERVER_Error* err = NULL;
+  ModelState* ms = instance_model_state(instance, &err);
+  if (err == NULL && ms != NULL && ms->gate != NULL) gate_instances(ms->gate, 1);
+  return err;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(
+    TRITONBACKEND_ModelInstance* instance)
+{
+  TRITONSERVER_Error* err = NULL;
+  ModelState* ms = instance_model_state(instance, &err);
+  if (err == NULL && ms != NULL && ms->gate != NULL) gate_instances(ms->gate, -1);
+  return err;
+}
+
+static TRITONSERVER_Error* execute_model(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                                         TRITONBACKEND_Request** requests, const uint32_t count);
+
 EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                               TRITONBACKEND_Request** requests,
                                                               const uint32_t count)
 {
-  TRITONBACKEND_Model* model;
-  void* state = NULL;
-  TRITONSERVER_Error* err = api.TRITONBACKEND_ModelInstanceModel(instance, &model);
-  if (err == NULL) err = api.TRITONBACKEND_ModelState(model, &state);
+  TRITONSERVER_Error* err = NULL;
+  ModelState* ms = instance_model_state(instance, &err);
   if (err != NULL) return err;
-  ModelState* ms = (ModelState*)state;
+  if (ms->gate == NULL) return execute_model(ms, instance, requests, count);
+  /* queue policies: this instance is busy until its callable is done (gate_end, at the latest
+   * here; finish_batch ends it before the responses go out) */
+  gate_begin(ms->gate, requests, count);
+  err = execute_model(ms, instance, requests, count);
+  gate_end();
+  return err;
+}
+
+static TRITONSERVER_Error* execute_model(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                                         TRITONBACKEND_Request** requests, const uint32_t count)
+{
   if (atomic_load(&ms->warmup_left) > 0) { /* one of Triton's warm-up runs, while binding.warming */
     int entered = gil_enter();
     PyObject* warming = PyObject_GetAttrString(ms->binding, "warming");
@@ -322,6 +383,9 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
     saved = PyEval_SaveThread();
     t_gil_depth = 0;
   }
+  /* Its callable is done: with queue policies, the next requests go to Triton now, to be
+   * batched while these responses go out (queues.c). */
+  if (gate_current() != NULL && gate_current() == ms->gate) gate_end();
   for (uint32_t i = 0; i < count; i++)
     if (responses[i] != NULL) send_final(responses[i], errors[i]);
   free(responses);

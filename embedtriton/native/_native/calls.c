@@ -23,6 +23,7 @@ static void call_destroy(Call* c)
   }
   Py_CLEAR(c->loop);
   Py_CLEAR(c->future);
+  if (c->gate_error != NULL) api.TRITONSERVER_ErrorDelete(c->gate_error);
   if (c->keep != c->keep_inline) free(c->keep);
   for (Py_ssize_t i = 0; i < c->n_presets; i++) {
     PyBuffer_Release(&c->presets[i].view);
@@ -131,6 +132,7 @@ void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, vo
 {
   if (flags & RELEASE_RESCHEDULE) return; /* Triton keeps it for another iteration */
   Call* c = (Call*)userp;
+  if (atomic_load(&c->gate) != NULL) gate_forget(c); /* let through, never run (see queues.c) */
   held_release(c);
   /* forget it (closed, or cancelled by stop): the pointer may be reused */
   if (c->is_stream) take_stream_closed(request);
@@ -158,6 +160,7 @@ PyObject* call_collect(Call* c)
   if (c->aborted)
     return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
                         "the server stopped before this request completed");
+  if (c->gate_error != NULL) return raise_from(c->gate_error, 0); /* from its queue policy */
   TRITONSERVER_InferenceResponse* response = atomic_load(&c->response);
   if (response == NULL)
     return raise_triton(TRITONSERVER_ERROR_INTERNAL,

@@ -106,6 +106,9 @@ static PyMethodDef methods[] = {
     {"finish_batch", py_finish_batch, METH_VARARGS,
      "finish_batch(batch, result): answer an async callable's batch (event loop side)."},
     {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
+    {"gate_stats", py_gate_stats, METH_O,
+     "gate_stats(server) -> [(model, version, waiting, waited_ns, rejected, rejected_ns, "
+     "cancelled, cancelled_ns)] of the queue policies' gates (queues.c)."},
     {"map_shared", py_map_shared, METH_VARARGS,
      "map_shared(fd, length) -> Mapping: map a shared-memory file, guarded against SIGBUS."},
     {"cuda_init", py_cuda_init, METH_O,

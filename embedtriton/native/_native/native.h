@@ -34,7 +34,8 @@
  *   submit.c     submit(), cancel()
  *   backend.c    the backend: models, execute
  *   batch_io.c   a batch's inputs to Python, its outputs to Triton
- *   modes.c      batch rules, decoupled models, iterative sequences */
+ *   modes.c      batch rules, decoupled models, iterative sequences
+ *   queues.c     queue policies and priorities in front of Triton's dynamic batcher */
 #ifndef EMBEDTRITON_NATIVE_H
 #define EMBEDTRITON_NATIVE_H
 
@@ -255,6 +256,15 @@ typedef struct Call {
   struct Preset* presets;    /* outputs to write into the caller's buffers */
   struct TraceRecord* trace; /* when traced: Triton's timestamps for this request */
   int out_device;            /* outputs in this GPU's memory; -1: host memory */
+  /* queues.c: a call to a model with queue policies or priorities */
+  _Atomic(struct Gate*) gate; /* while the gate holds it, or let it through unstarted */
+  int gate_state;             /* under the gate's lock */
+  int gate_level;             /* its priority level's index */
+  uint64_t gate_since;        /* when the gate took it (CLOCK_MONOTONIC ns) */
+  uint64_t gate_deadline;     /* its queue timeout (CLOCK_MONOTONIC ns); 0: none */
+  struct Call* gate_next;     /* in the gate's queue */
+  TRITONSERVER_InferenceTrace* gate_trace; /* held: its trace, not handed to Triton yet */
+  TRITONSERVER_Error* gate_error;          /* the error the gate completed it with (owned) */
 } Call;
 
 /* The calls of one submit_many(): their caller waits for several at once. */
@@ -360,6 +370,7 @@ PyObject* py_drain(PyObject* self, PyObject* unused);
 
 struct TraceRecord;
 void trace_deliver(struct TraceRecord* r);
+void trace_abandon(TRITONSERVER_InferenceTrace* trace, struct TraceRecord* r);
 TRITONSERVER_InferenceTrace* trace_new(PyObject* sink, struct TraceRecord** record);
 
 /* ---- inputs.c, submit.c: requests from Python --------------------------- */
@@ -400,6 +411,7 @@ typedef struct {
    * (binding.warmup_error) and answered as a success; the server then fails the load itself. */
   atomic_int warmup_left;
   atomic_int warmup_failed;
+  struct Gate* gate; /* queue policies and priorities (binding.queue_gate), or NULL */
 } ModelState;
 
 /* The model whose warm-up this thread is running, or NULL (send_final records its errors). */
@@ -420,5 +432,27 @@ void run_decoupled(ModelState* ms, TRITONBACKEND_Request** requests, uint32_t co
                    PyObject* steps, uint64_t* sizes, TRITONSERVER_Error** errors);
 void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
                    TRITONBACKEND_Request** requests, uint32_t count, uint64_t exec_start);
+
+/* ---- queues.c: queue policies and priorities ---------------------------- */
+
+typedef struct Gate Gate;
+/* gate_admit(): pass the call to Triton now / the gate holds it / (-1) refused */
+enum { GATE_GO = 1, GATE_WAITS = 2 };
+Gate* gate_new(PyObject* spec, TRITONSERVER_Server* server, const char* model, long long version,
+               int release_gil);
+void gate_close(Gate* g);
+void gate_instances(Gate* g, int delta);
+void gate_begin(Gate* g, TRITONBACKEND_Request** requests, uint32_t count);
+void gate_end(void);
+Gate* gate_current(void);
+Gate* gate_find(TRITONSERVER_Server* server, const char* model, long long version);
+void gate_release_ref(Gate* g);
+int gate_admit(Gate* g, Call* c, TRITONSERVER_InferenceTrace* trace, uint64_t priority,
+               uint64_t timeout_us, const char* request_id, TRITONSERVER_Error** err);
+void gate_forget(Call* c);
+int gate_take(Call* c);
+void gate_fail_cancelled(Call* c);
+void gate_drop(Call* c);
+PyObject* py_gate_stats(PyObject* self, PyObject* arg);
 
 #endif

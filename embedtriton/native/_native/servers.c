@@ -65,8 +65,10 @@ static void cancel_held_locked(Call* c)
 void call_cancel(Call* c)
 {
   pthread_mutex_lock(&held_lock);
-  cancel_held_locked(c);
+  int taken = !c->released && gate_take(c); /* waiting in its queue policy's gate */
+  if (!taken) cancel_held_locked(c);
   pthread_mutex_unlock(&held_lock);
+  if (taken) gate_fail_cancelled(c);
 }
 
 /* With the GIL: complete a call that Triton did not complete (claimed by the
@@ -119,13 +121,30 @@ PyObject* py_cancel_all(PyObject* self, PyObject* arg)
   TRITONSERVER_Server* server = server_arg(arg);
   if (PyErr_Occurred()) return NULL;
   long n = 0;
+  Call** taken = NULL; /* calls waiting in a gate (queues.c): failed once the lock is let go */
+  size_t n_taken = 0, cap = 0;
   pthread_mutex_lock(&held_lock);
   for (Call* c = held.next; c != &held; c = c->next)
     if (c->server == server) {
-      cancel_held_locked(c);
       n++;
+      if (n_taken == cap) {
+        size_t grown_cap = cap ? 2 * cap : 16;
+        Call** grown = realloc(taken, grown_cap * sizeof(Call*));
+        if (grown != NULL) taken = grown, cap = grown_cap;
+      }
+      if (n_taken < cap && gate_take(c)) {
+        atomic_fetch_add(&c->refs, 1); /* keep it until it is failed below */
+        taken[n_taken++] = c;
+      } else {
+        cancel_held_locked(c);
+      }
     }
   pthread_mutex_unlock(&held_lock);
+  for (size_t i = 0; i < n_taken; i++) {
+    gate_fail_cancelled(taken[i]);
+    call_unref(taken[i]);
+  }
+  free(taken);
   return PyLong_FromLong(n);
 }
 
@@ -182,6 +201,7 @@ PyObject* py_abort_pending(PyObject* self, PyObject* arg)
     pthread_mutex_unlock(&held_lock);
     if (found == NULL) break;
     n++;
+    gate_drop(found); /* (never handed to Triton: only its gate knew it) */
     held_release(found);
     atomic_fetch_add(&found->refs, 1); /* keep it while we tell its caller */
     if (call_claim(found)) call_abort(found);

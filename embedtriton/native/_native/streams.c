@@ -89,6 +89,7 @@ PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     if (finished && c->aborted)
       return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
                           "the server stopped before this stream completed");
+    if (finished && c->gate_error != NULL) return raise_from(c->gate_error, 0);
     return Py_BuildValue("(iO)", finished ? 2 : 1, Py_None);
   }
   PyObject* outputs = collect_response(q->response, c);

@@ -349,11 +349,21 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
   }
   held_add(c);
   atomic_fetch_add(&in_flight, 1);
+  /* A model with queue policies or priorities: its gate may hold the request (queues.c). */
+  Gate* gate = gate_find(server, model, version);
+  int admitted = GATE_GO;
+  if (gate != NULL) {
+    const char* id = request_id != Py_None ? PyUnicode_AsUTF8(request_id) : NULL;
+    admitted = gate_admit(gate, c, trace, priority, timeout_us, id, &err);
+    gate_release_ref(gate);
+  }
   /* The GIL stays held: handing over a request does not block, and releasing
    * the GIL here would let the model thread in and make this caller queue
    * for it again (a convoy under load). Callbacks that Triton runs inline
    * (errors, cache hits) find the GIL already held. */
-  if (release_gil) { /* a model with a batch rule: see TRITONBACKEND_ModelBatchIncludeRequest */
+  if (admitted != GATE_GO) {
+    /* held by the gate (err NULL), or refused (err: Triton's wording) */
+  } else if (release_gil) { /* a batch rule: see TRITONBACKEND_ModelBatchIncludeRequest */
     Py_BEGIN_ALLOW_THREADS
     err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
     Py_END_ALLOW_THREADS
@@ -361,6 +371,7 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
     err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
   }
   pthread_rwlock_unlock(&servers_lock);
+  if (err != NULL && admitted == GATE_GO && gate != NULL) gate_forget(c);
   if (err != NULL) {        /* Triton did not take the request: no callbacks */
     if (c->trace != NULL) { /* the sink sees no times; Triton drops its side with the request */
       trace_deliver(c->trace);

@@ -132,6 +132,18 @@ void trace_deliver(TraceRecord* r)
   record_unref(r);
 }
 
+/* With the GIL: a trace Triton never took (its request was never handed over, see queues.c):
+ * delete it; its record r (if any) goes to the sink and loses the root's reference too. */
+void trace_abandon(TRITONSERVER_InferenceTrace* trace, TraceRecord* r)
+{
+  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceTraceDelete(trace);
+  if (err) api.TRITONSERVER_ErrorDelete(err);
+  if (r != NULL) {
+    trace_deliver(r);
+    record_unref(r);
+  }
+}
+
 /* Triton lets go of the trace when it deletes the request, which we do late
  * (see bury()); the timestamps are delivered earlier, when the request is
  * released (release_cb), and REQUEST_END is recorded by then. A child trace

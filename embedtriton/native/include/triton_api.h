@@ -180,6 +180,8 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
      int64_t* memory_type_id, void** userp))                                                       \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelName,                                                  \
     (TRITONBACKEND_Model * model, const char** name))                                              \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ModelServer,                                                \
+    (TRITONBACKEND_Model * model, TRITONSERVER_Server * *server))                                  \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelVersion,                                               \
     (TRITONBACKEND_Model * model, uint64_t * version))                                             \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelRepository,                                            \
