@@ -133,6 +133,10 @@ def close_server(server: _ServerHandle, /) -> None:
 def drain() -> int:
     """Delete the requests and responses Triton released long enough ago; returns how many wait."""
 
+def gate_stats(server: _ServerHandle, /) -> list[tuple[str, int, int, int, int, int, int, int]]:
+    """(model, version, waiting, waited_ns, rejected, rejected_ns, cancelled, cancelled_ns) per
+    queue-policy gate of a server (see native/_native/queues.c)."""
+
 def map_shared(fd: int, length: int, /) -> _Mapping:
     """Map the first length bytes of a shared-memory file read-write, guarded against SIGBUS."""
 

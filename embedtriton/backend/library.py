@@ -39,6 +39,7 @@ class NativeModel(Protocol):
     iterative: bool
     sequence: bool
     batch_rule: Any
+    queue_gate: tuple[int, int, tuple[tuple[bool, int, bool, int], ...]] | None  # see queues.c
 
     def execute(self, requests: list[Request]) -> Any: ...  # a batch: outputs per request, steps, or a message
     def _iterate(self, step: list[tuple[int, Request | None]]) -> list[tuple[Any, bool]]: ...  # iterative only
