@@ -4,12 +4,14 @@ run, in interleaved rounds (medians):
 - no policy (the floor): ``DynamicBatcher()``;
 - a queue timeout: ``QueuePolicy(default_timeout_microseconds=100_000)`` (REJECT);
 - a bounded queue: ``QueuePolicy(max_queue_size=64)``;
-- priorities: ``priority_levels=2``, requests alternating priority 1 and 2;
+- priorities: ``priority_levels=2``;
 - all of them: two levels, each with a timeout (DELAY on level 2), per-request overrides
   and a bounded queue.
 
-Each is a trivial batched model (``max_batch_size=8``, x + 1). A round is ``--seconds`` of
-closed-loop clients (1 client, then 8 clients, each calling ``infer`` in a loop); its gap is
+Each is a trivial batched model (``max_batch_size=8``, x + 1), called the same way (requests
+alternating priority 1 and 2, which Triton treats as its one level where a model has no levels).
+A round is ``--seconds`` of closed-loop clients (1 client, then 8 clients, each calling
+``infer`` in a loop); its gap is
 the longest time without a completed request (from the round's start to its last
 completion). Triton 2.51's dynamic batcher leaves 0.5 s idle gaps with any queue policy or
 priority (see the README), so the table counts the rounds with a gap over 100 ms, and gives
@@ -59,7 +61,6 @@ BATCHERS: dict[str, DynamicBatcher] = {
     ),
 }
 FLOOR = "no policy (floor)"
-PRIORITIES = {"2 priority levels", "all of them"}
 
 
 def round_of(call: Callable[[int], Any], clients: int, seconds: float) -> tuple[float, float, int]:
@@ -130,12 +131,9 @@ def main() -> None:
     )
     with server:
         calls: dict[str, Callable[[int], Any]] = {}
-        for label, name in names.items():
+        for label, name in names.items():  # the same calls to every model (priority is 0 where there are no levels)
             model = server.model(name)
-            if label in PRIORITIES:
-                calls[label] = lambda i, m=model: m.infer(X, priority=1 + i % 2)
-            else:
-                calls[label] = lambda i, m=model: m.infer(X)
+            calls[label] = lambda i, m=model: m.infer(X, priority=1 + i % 2)
             calls[label](0)  # warm
         order = list(batchers)
         for r in range(rounds):
