@@ -69,9 +69,11 @@ def test_a_fetched_config_changed_and_loaded_back_applies_live(endpoint):
         with pytest.raises(InferenceServerException, match="unexpected shape"):
             infer(client)  # the batch axis went with max_batch_size 0
     finally:
-        client.load_model("AddSub", config=json.dumps({"max_batch_size": 8, "dynamic_batching": {}}))
-        stop.set()
-        thread.join()
+        try:
+            client.load_model("AddSub", config=json.dumps({"max_batch_size": 8, "dynamic_batching": {}}))
+        finally:  # even when the reload fails: else the caller loops on, its errors filling memory
+            stop.set()
+            thread.join()
     assert infer(client, 8).shape == (8, 1)
     assert [e for e in errors if "unexpected shape" not in str(e)] == []  # nothing else failed
 
