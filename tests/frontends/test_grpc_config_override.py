@@ -14,12 +14,12 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from embedtriton import ModelConfig, ModelWarmup, Server, WarmupInput  # noqa: E402
+from embedtriton import ModelConfig, ModelWarmup, Server, ServerConfig, WarmupInput  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def endpoint(add_sub, add_sub_tensors):
-    server = Server()
+    server = Server(ServerConfig(model_control_mode="explicit"))  # clients may load (Triton's default: none)
     server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     zeros = {n: WarmupInput(dtype=np.float32, shape=(1,), zero_data=True) for n in "ab"}
     warm = ModelConfig(max_batch_size=8, model_warmup=[ModelWarmup(name="zeros", batch_size=2, inputs=zeros)])
