@@ -189,7 +189,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
         [Tensor(name="a", dtype=F32, shape=(1,)), Tensor(name="b", dtype=F32, shape=(1,))],
         [Tensor(name="add", dtype=F32, shape=(1,)), Tensor(name="sub", dtype=F32, shape=(1,))],
     )
-    server = Server(ServerConfig(model_repository=[str(repo)]))
+    server = Server(ServerConfig(model_repository=[str(repo)], model_control_mode="explicit"))  # loaded below
     server.bind("AddSub", batch(add_sub_raw), *tensors, ModelConfig(max_batch_size=8, batcher=DynamicBatcher()))
     server.bind("AddSubPlain", batch(add_sub_raw), *tensors, ModelConfig(batching=False))
     server.start()  # (loads libtritonserver: the driver links against that copy)

@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         "--model-control-mode",
         choices=["none", "explicit", "poll"],
         default="none",
-        help="for --model-repository: 'none' loads every model at start (tritonserver's default), 'explicit' on "
-        "request (RepositoryModelLoad), 'poll' watches the folders",
+        help="tritonserver's option: 'none' (its default) loads every --model-repository model at start and "
+        "refuses network load/unload (UNAVAILABLE, HTTP 503); 'explicit' lets gRPC and HTTP clients load and "
+        "unload models (repository models load on request only); 'poll' is 'none' and watches the folders",
     )
     serve.add_argument(
         "--repository-poll-secs", type=float, default=15.0, help="with --model-control-mode poll (default 15)"
@@ -140,10 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         log.setLevel(logging.WARNING)  # each trial reloads the model: its INFO lines would break the progress bar
         config = ServerConfig(cache_config=[f"local,size={args.cache_bytes}"] if args.cache_bytes else [])
     else:
-        config = ServerConfig(exit_timeout_secs=args.exit_timeout)
+        config = ServerConfig(exit_timeout_secs=args.exit_timeout, model_control_mode=args.model_control_mode)
         if args.model_repository:
             config.model_repository = list(args.model_repository)
-            config.model_control_mode = args.model_control_mode
             config.repository_poll_secs = args.repository_poll_secs
     try:
         server = Server(config)

@@ -13,7 +13,9 @@ they default to):
 (or ``cd examples && python -m embedtriton serve triton_example_models:bind``: ``python -m``
 at the repository root would import the source tree instead of the installed package.)
 ``bind_model_repository`` binds only the eight models of ``docs/examples/model_repository``,
-the repository that ``simple_grpc_model_control.py`` counts.
+the repository that ``simple_grpc_model_control.py`` counts; that script loads and unloads
+models, which a server allows its clients only in explicit mode, as tritonserver does:
+``embedtriton serve examples.triton_example_models:bind_model_repository --model-control-mode explicit``.
 
 The models, and the scripts that call them:
 

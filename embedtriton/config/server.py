@@ -15,6 +15,20 @@ class ServerConfig:
     """Settings of the embedded Triton server.
 
     ``cache_config`` takes Triton's ``--cache-config`` strings, e.g. ``["local,size=1048576"]``.
+
+    ``model_control_mode`` is Triton's ``--model-control-mode``, with its default, ``"none"``:
+
+    - ``"none"``: every model of ``model_repository`` loads at start; network clients may not
+      load or unload models (gRPC RepositoryModelLoad/Unload and HTTP
+      ``/v2/repository/models/{m}/load|unload`` answer UNAVAILABLE, HTTP 503, "explicit model
+      load / unload is not allowed if polling is enabled", as Triton answers);
+    - ``"explicit"``: network clients may load and unload models (bound callables and
+      repository models; a repository's models load on request only, none at start);
+    - ``"poll"``: as ``"none"``, and the repositories are watched every ``repository_poll_secs``.
+
+    The mode says what *network clients* and repository models may do. The application itself
+    binds, unbinds, loads (with a new ``config`` too) and unloads its bound callables in every
+    mode; ``server.load``/``unload`` of a repository model follow the mode, as Triton's.
     """
 
     id: str = "triton"  # the name server metadata reports; Triton's own default, which clients may expect
@@ -38,7 +52,8 @@ class ServerConfig:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     # Triton model repositories served next to bound callables (see README "Model repositories")
     model_repository: list[str] = field(default_factory=list)
-    model_control_mode: str = "explicit"  # "none": all at start; "explicit": load()/unload(); "poll": watched
+    # Triton's default: repository models load at start, network clients may not load or unload
+    model_control_mode: str = "none"  # "none" | "explicit" (clients may load/unload) | "poll" (watched)
     repository_poll_secs: float = 15.0
     # Triton's --model-load-retry-count: how often a model that failed to load is tried again
     model_load_retry_count: int = 0

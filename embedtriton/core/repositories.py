@@ -281,17 +281,25 @@ class Repositories:
         """At server start: NONE and POLL load every model; POLL starts watching."""
         if not self.paths:
             return
-        found = scan(self.paths)
-        if self.mode in ("none", "poll"):  # callables first: Triton models (ensembles) may use them
-            for item in sorted(found.values(), key=lambda f: f.kind != "callable"):
-                try:
-                    self._load(item)
-                except TritonError as exc:
-                    log.error("model '%s' of the repository failed to load: %s", item.name, exc)
+        found = scan(self.paths)  # also in explicit mode: a missing folder fails the start
+        if self.mode in ("none", "poll"):
+            self.load_all(found)
         if self.mode == "poll":
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="embedtriton-repository-poll", daemon=True)
             self._thread.start()
+
+    def load_all(self, found: dict[str, Found] | None = None) -> None:
+        """Load every model of the repositories as it is on disk now (NONE and POLL at start;
+        tritonserver's ``--load-model=*`` in explicit mode); a model that fails is logged and
+        the others load."""
+        if found is None:
+            found = scan(self.paths) if self.paths else {}
+        for item in sorted(found.values(), key=lambda f: f.kind != "callable"):  # callables first:
+            try:  # Triton models (ensembles) may use them
+                self._load(item)
+            except TritonError as exc:
+                log.error("model '%s' of the repository failed to load: %s", item.name, exc)
 
     def stop(self) -> None:
         self._stop.set()

@@ -21,7 +21,11 @@ def repository_index(server: CoreServer, ready_only: bool) -> list[dict[str, str
 
 
 def _check_mode(server: CoreServer) -> None:
-    """As Triton: load and unload requests only in explicit model control mode."""
+    """As Triton: load and unload requests only in explicit model control mode. In NONE (the
+    default) and POLL alike, Triton's core answers UNAVAILABLE in these words
+    (``ModelRepositoryManager::LoadUnloadModel``, model_control_enabled_ is EXPLICIT only),
+    before it looks at the name; HTTP sends it as 503. Triton itself runs in explicit mode
+    here (so that the application can bind); this is the policy its network clients meet."""
     if server.config.model_control_mode != "explicit":
         raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")
 

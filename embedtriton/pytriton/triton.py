@@ -179,6 +179,7 @@ class Triton:
             self._server.start()
             try:
                 p = self._plan
+                self._server._repositories.load_all()  # tritonserver's --load-model=*, as PyTriton runs it
                 if p.http is not None:
                     self._ports["http"] = self._server.serve_http(p.http, **p.http_settings)
                 if p.grpc is not None:

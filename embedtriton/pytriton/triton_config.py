@@ -275,9 +275,12 @@ def plan(
         server["log_info"] = server["log_warning"] = True  # tritonserver logs info and warnings
     if config.cache_config is not None:
         server["cache_config"] = list(config.cache_config)
-    if config.model_repository is not None:  # its models load at start, next to the bound ones
+    # PyTriton runs tritonserver with --model-control-mode=explicit --load-model=*: clients may load
+    # and unload models (its default security config guards model-repository with its token), and
+    # every model of a model_repository loads at start (Triton.run loads them)
+    server["model_control_mode"] = "explicit"
+    if config.model_repository is not None:
         server["model_repository"] = [str(config.model_repository)]
-        server["model_control_mode"] = "none"
     metrics_on = config.allow_metrics is not False
     server["metrics"] = metrics_on
     if config.allow_cpu_metrics is not None:

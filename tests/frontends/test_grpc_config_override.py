@@ -14,12 +14,12 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from embedtriton import ModelConfig, ModelWarmup, Server, WarmupInput  # noqa: E402
+from embedtriton import ModelConfig, ModelWarmup, Server, ServerConfig, WarmupInput  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def endpoint(add_sub, add_sub_tensors):
-    server = Server()
+    server = Server(ServerConfig(model_control_mode="explicit"))  # clients may load (Triton's default: none)
     server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     zeros = {n: WarmupInput(dtype=np.float32, shape=(1,), zero_data=True) for n in "ab"}
     warm = ModelConfig(max_batch_size=8, model_warmup=[ModelWarmup(name="zeros", batch_size=2, inputs=zeros)])
@@ -69,9 +69,11 @@ def test_a_fetched_config_changed_and_loaded_back_applies_live(endpoint):
         with pytest.raises(InferenceServerException, match="unexpected shape"):
             infer(client)  # the batch axis went with max_batch_size 0
     finally:
-        client.load_model("AddSub", config=json.dumps({"max_batch_size": 8, "dynamic_batching": {}}))
-        stop.set()
-        thread.join()
+        try:
+            client.load_model("AddSub", config=json.dumps({"max_batch_size": 8, "dynamic_batching": {}}))
+        finally:  # even when the reload fails: else the caller loops on, its errors filling memory
+            stop.set()
+            thread.join()
     assert infer(client, 8).shape == (8, 1)
     assert [e for e in errors if "unexpected shape" not in str(e)] == []  # nothing else failed
 

@@ -9,7 +9,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from embedtriton import ModelConfig, Server, Step, Tensor, batch  # noqa: E402
+from embedtriton import ModelConfig, Server, ServerConfig, Step, Tensor, batch  # noqa: E402
 
 
 @batch
@@ -23,7 +23,7 @@ def embed(ids):
 
 
 def test_a_pipeline_in_one_grpc_call(add_sub, add_sub_tensors):
-    server = Server()
+    server = Server(ServerConfig(model_control_mode="explicit"))  # the client unloads a step below
     server.bind(
         "Tokenize",
         tokenize,

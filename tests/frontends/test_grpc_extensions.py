@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tritonclient.grpc import service_pb2  # noqa: E402
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size  # noqa: E402
 
-from embedtriton import GrpcOptions, InvalidArgumentError, ModelConfig, Server, Tensor, batch  # noqa: E402
+from embedtriton import GrpcOptions, InvalidArgumentError, ModelConfig, Server, ServerConfig, Tensor, batch  # noqa: E402
 from embedtriton.frontends import shared_memory  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def endpoint(add_sub, add_sub_tensors, bind_double):
     def echo(x):
         return {"y": x}
 
-    server = Server()
+    server = Server(ServerConfig(model_control_mode="explicit"))  # clients load and unload (Triton's default: none)
     server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     bind_double(server, identity)
 

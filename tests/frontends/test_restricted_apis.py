@@ -20,7 +20,7 @@ import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from embedtriton import InvalidArgumentError, Server  # noqa: E402
+from embedtriton import InvalidArgumentError, Server, ServerConfig  # noqa: E402
 from embedtriton.frontends.grpc import GrpcOptions  # noqa: E402
 from embedtriton.frontends.http.options import HttpOptions  # noqa: E402
 
@@ -41,7 +41,7 @@ def _grpc_headers(key: str, value: str | None = None) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def served(bind_double, counter):
     calls = counter(lambda requests: [{"y": r["x"] * 2} for r in requests])
-    server = Server()
+    server = Server(ServerConfig(model_control_mode="explicit"))  # with the admin key, clients may load models
     bind_double(server, calls)
     with server:
         grpc_port = server.serve_grpc("127.0.0.1:0", restricted_protocol=[USERS, ADMINS])

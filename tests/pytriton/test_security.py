@@ -102,6 +102,40 @@ def test_model_client_sends_the_token_as_pytriton_does(local_config, url_of, pro
             assert client.infer_sample(np.array([3.0], F32))["y"][0] == 6.0
 
 
+REPOSITORY_MODEL = """
+import numpy as np
+from embedtriton import ModelConfig, Tensor, batch
+
+@batch
+def infer_func(x):
+    return {"y": x + 1}
+
+inputs = [Tensor(name="x", dtype=np.float32, shape=(1,))]
+outputs = [Tensor(name="y", dtype=np.float32, shape=(1,))]
+config = ModelConfig(max_batch_size=4)
+"""
+
+
+def test_model_control_is_pytritons_explicit_with_every_repository_model_loaded(local_config, tmp_path):
+    """PyTriton runs tritonserver with --model-control-mode=explicit --load-model=*: a repository's
+    models load at start, and clients with the token load and unload models (bound ones too)."""
+    (tmp_path / "Inc" / "1").mkdir(parents=True)
+    (tmp_path / "Inc" / "1" / "model.py").write_text(REPOSITORY_MODEL)
+    with Triton(config=local_config(model_repository=tmp_path)) as triton:
+        triton.bind("Double", double, X, Y, config=ModelConfig(max_batch_size=4))
+        assert triton.server.config.model_control_mode == "explicit"
+        assert triton.server.model("Inc").ready  # loaded at start, as with --load-model=*
+        _, grpc = _clients(triton)
+        token = create_auth_headers(triton.get_access_token(), "grpc")
+        with pytest.raises(InferenceServerException, match="restricted"):
+            grpc.unload_model("Inc")
+        for name in ("Inc", "Double"):
+            grpc.unload_model(name, headers=token)
+            assert not grpc.is_model_ready(name)
+            grpc.load_model(name, headers=token)
+            assert grpc.is_model_ready(name)
+
+
 def test_an_empty_endpoint_list_restricts_nothing_and_tritonconfig_applies(local_config, caplog):
     config = local_config(http_restricted_api="model-config:k=v", grpc_restricted_protocol="model-config:k=v")
     open_security = TritonSecurityConfig(restricted_endpoints=[])
