@@ -282,6 +282,13 @@ void* io_main(void* arg)
     if (srv->stopping && !srv->conns && !srv->nev) break;
   }
   PyEval_RestoreThread(srv->tstate);
+  /* Empty this thread's Python state while it is still the current one: PyGILState_Release
+   * clears it after detaching, and some extensions' objects that a collection on this thread
+   * left in its thread-locals crash when freed without a current thread state (gevent's hub,
+   * created here when a tritonclient.http client was collected on this thread, segfaulted). */
+  PyObject* locals = PyThreadState_GetDict();
+  if (locals != NULL) PyDict_Clear(locals);
+  PyErr_Clear();
   PyGILState_Release(gs);
   return NULL;
 }
