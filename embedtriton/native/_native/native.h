@@ -296,6 +296,7 @@ void end_drain(TRITONSERVER_Server* server);
 void held_add(Call* c);
 void held_release(Call* c);
 void call_cancel(Call* c);
+void call_wake_caller(Call* c);
 PyObject* py_pending(PyObject* self, PyObject* arg);
 PyObject* py_cancel_all(PyObject* self, PyObject* arg);
 PyObject* py_fail_pending(PyObject* self, PyObject* arg);

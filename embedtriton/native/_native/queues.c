@@ -393,20 +393,7 @@ static void complete_failed(Call* c, TRITONSERVER_Error* err, TRITONSERVER_Infer
     else trace_deliver(c->trace);
     c->trace = NULL;
   }
-  if (call_claim(c)) {
-    if (c->is_stream) {
-      pthread_mutex_lock(&c->mu);
-      c->finished = 1;
-      pthread_cond_signal(&c->cv);
-      int notify = !c->closed && c->loop != NULL;
-      pthread_mutex_unlock(&c->mu);
-      if (notify) wake_stream_consumer(c);
-    } else if (c->is_async) {
-      schedule_async(c);
-    } else {
-      sync_done(c);
-    }
-  }
+  if (call_claim(c)) call_wake_caller(c);
   c->finalized = 1;
   call_drop_inputs(c);
   bury(c->request, NULL);

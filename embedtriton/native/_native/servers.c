@@ -71,11 +71,10 @@ void call_cancel(Call* c)
   if (taken) gate_fail_cancelled(c);
 }
 
-/* With the GIL: complete a call that Triton did not complete (claimed by the
- * caller of this): its caller gets an UnavailableError. */
-static void call_abort(Call* c)
+/* With the GIL: wake the caller of a call completed here, not by Triton (claimed by
+ * the caller of this): its stream ends, its future is resolved or its thread woken. */
+void call_wake_caller(Call* c)
 {
-  c->aborted = 1;
   if (c->is_stream) {
     pthread_mutex_lock(&c->mu);
     c->finished = 1;
@@ -88,6 +87,14 @@ static void call_abort(Call* c)
   } else {
     sync_done(c);
   }
+}
+
+/* With the GIL: complete a call that Triton did not complete (claimed by the
+ * caller of this): its caller gets an UnavailableError. */
+static void call_abort(Call* c)
+{
+  c->aborted = 1;
+  call_wake_caller(c);
 }
 
 static TRITONSERVER_Server* server_arg(PyObject* arg)
