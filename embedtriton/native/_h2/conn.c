@@ -288,13 +288,19 @@ static void listen_watch(ServerObject* srv, int on)
 static int evict_idle(ServerObject* srv)
 {
   Conn* victim = NULL;
+  int silent = 0; /* a connection that never spoke is open, a candidate or not (accepted this iteration) */
   for (Conn* c = srv->conns; c; c = c->next) {
-    if (c->dead || c->evicted || c->nstreams > 0 || c->accepted_at >= srv->now) continue;
+    if (c->dead || c->evicted) continue;
+    if (!c->preface_done) silent = 1;
+    if (c->nstreams > 0 || c->accepted_at >= srv->now) continue;
     if (!victim || c->preface_done < victim->preface_done ||
         (c->preface_done == victim->preface_done && c->last_active < victim->last_active))
       victim = c;
   }
-  if (!victim) return 0;
+  /* While a flood of silent connections arrives, a client that spoke is never the one closed for it: when
+   * only such clients are candidates (the silent ones were all accepted this iteration), the newcomer is
+   * refused instead. */
+  if (!victim || (victim->preface_done && silent)) return 0;
   if (!victim->handshaking && !victim->goaway_sent)
     ng.submit_goaway(victim->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(victim->sess),
                      NGHTTP2_NO_ERROR, NULL, 0);
