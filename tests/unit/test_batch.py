@@ -279,8 +279,9 @@ def test_concatenate_and_split_rows_helpers():
 
 
 def test_output_rows_are_split_by_input_sizes_without_a_check():
-    """A batch function that returns the wrong number of rows is not caught here: the last
-    request gets the surplus, or the requests beyond the rows get empty arrays."""
+    """A batch function that returns the wrong number of rows is not caught here (the backend's
+    output shape check refuses the parts whose batch size is wrong): the last request gets the
+    surplus, or the requests beyond the rows get empty arrays."""
 
     @batch
     def short(x):

@@ -257,13 +257,13 @@ def test_group_by_keys_calls_once_per_set_of_inputs_and_answers_in_order():
         return [{"n": np.array([len(r)])} for r in requests]
 
     requests = [
+        make_request(b=[[3, 4]]),
         make_request(a=[[1]]),
         make_request(a=[[1]], b=[[1, 2]]),
         make_request(a=[[2]]),
-        make_request(b=[[3, 4]]),
     ]
     answers = model(requests)
-    assert [answer["n"].tolist() for answer in answers] == [[1], [2], [1], [1]]
+    assert [answer["n"].tolist() for answer in answers] == [[1], [1], [2], [1]]
     assert calls == [["a"], ["a", "b"], ["b"]]  # sorted by the groups' sorted input names
 
 

@@ -273,7 +273,8 @@ def test_decoupled_closes_the_generator_when_the_backend_stops_early():
         finally:
             closed.append(True)
 
-    steps = runners.Decoupled("S", stream).execute([make_request()])
+    gen = stream([])  # held here too: only an explicit close() ends it, not garbage collection
+    steps = runners.Decoupled("S", lambda requests: gen).execute([make_request()])
     next(steps)
     steps.close()
     assert closed == [True]
