@@ -619,3 +619,41 @@ def test_a_batch_rule_that_raises_lets_the_request_in(caplog):
     with caplog.at_level(logging.ERROR, logger="embedtriton"):
         assert binding._include(formed, make_request(x=[-1.0])) is True
     assert len(formed) == 2 and "batch_rule of model 'R' raised" in caplog.text
+
+
+def test_async_sets_the_batch_deadline_in_its_own_task(monkeypatch):
+    monkeypatch.setattr(deadlines, "used", True)
+    seen = []
+
+    async def infer(requests):
+        seen.append(deadline.get())
+        return [{} for _ in requests]
+
+    asyncio.run(runners.Async("A", infer).execute([make_request({DEADLINE_PARAMETER: 9}), make_request()]))
+    assert seen == [9] and deadline.get() is None
+
+
+def test_the_event_loop_wrapper_answers_the_batch_with_the_result_or_a_message():
+    """``aio._run`` (the task on the library's loop) hands the runner's result to finish_batch;
+    if the coroutine itself fails (a bug of ours, or cancelled), the batch still gets an answer."""
+    from embedtriton.backend import aio
+
+    finished = []
+
+    async def answers():
+        return [{"y": 1}]
+
+    async def broken():
+        raise RuntimeError("ours")
+
+    asyncio.run(aio._run(answers(), "batch-1", lambda b, r: finished.append((b, r))))
+    asyncio.run(aio._run(broken(), "batch-2", lambda b, r: finished.append((b, r))))
+    assert finished == [("batch-1", [{"y": 1}]), ("batch-2", "the async model failed: RuntimeError: ours")]
+
+
+def test_a_request_shows_its_shapes_and_parameters():
+    request = make_request({"p": 1}, x=np.zeros((2, 3), F32))
+    assert repr(request) == "Request({'x': (2, 3)}, parameters={'p': 1})"
+    assert request.span is None and request.data is request
+    with pytest.raises(AttributeError):
+        request.anything = 1  # __slots__: no attribute but the declared ones
