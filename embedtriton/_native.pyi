@@ -14,6 +14,7 @@ from typing_extensions import Buffer, CapsuleType
 
 from .backend.binding import Binding
 from .backend.request import Request
+from .core.request import InferRequest
 from .errors import TritonError
 
 _ServerHandle: TypeAlias = int  # a TRITONSERVER_Server*
@@ -45,50 +46,44 @@ def submit(
     server: _ServerHandle | None,
     model: str,
     version: int,
-    inputs: _Inputs,
-    outputs: _OutputsRequested,
-    request_id: str | None,
-    priority: int | None,
-    timeout_us: int | None,
-    parameters: abc.Mapping[str, str | int | float | bool] | None,
+    request: InferRequest,
     loop: asyncio.AbstractEventLoop | None,
     future: asyncio.Future[_Outputs] | Callable[[], object] | None,
-    stream: bool = False,
-    sequence: tuple[int | str, int] | None = None,
-    release_gil: bool = False,
-    trace_sink: _TraceSink | None = None,
-    cancellable: bool = False,
-    out_device: int = -1,
+    stream: bool,
+    cancellable: bool,
+    release_gil: bool,
     /,
 ) -> _Outputs | _Stream | _RequestHandle | None:
     """Submit one inference request.
 
+    The request's fields are read once, as they are: ``inputs`` (_Inputs), ``outputs``
+    (_OutputsRequested), ``request_id``, ``priority``, ``timeout_us``, ``parameters``,
+    ``sequence`` ((correlation id, Triton sequence flags) or None), ``output_device`` (a GPU
+    index; -1: host memory) and ``trace_sink`` (_TraceSink or None).
+
     Without a loop: blocks (GIL released) and returns the outputs. With a loop: returns None,
     or a handle for cancel() when cancellable; the future is resolved on the loop. With
     stream: returns a stream for stream_next() (with a loop, ``future`` is the callable that
-    wakes the consumer). ``sequence`` is (correlation id, Triton sequence flags).
+    wakes the consumer). ``release_gil``: hand the request to Triton without the GIL.
     """
 
 def submit_many(
     server: _ServerHandle,
     model: str,
     version: int,
+    request: InferRequest,
     inputs: list[dict[str, Any]],
-    outputs: Sequence[str] | abc.Mapping[str, Any] | None,
-    request_id: str | None,
-    priority: int | None,
-    timeout_us: int | None,
-    parameters: abc.Mapping[str, Any] | None,
-    parameters_list: list[abc.Mapping[str, Any] | None] | None,
-    sinks: list[Callable[..., None] | None] | None,
+    parameters: list[abc.Mapping[str, Any] | None] | None,
+    sinks: list[_TraceSink | None] | None,
     window: int,
     release_gil: bool,
-    out_device: int = -1,
     /,
 ) -> list[_Outputs | BaseException]:
     """Submit many requests, at most ``window`` in flight; wait for all. Each request's
-    outputs, or its exception, in order. The options are submit()'s; a None entry of
-    ``parameters_list`` takes ``parameters``."""
+    outputs, or its exception, in order. ``request`` carries the options they share, read
+    as submit() reads them (its own inputs are not sent); a request's entry of
+    ``parameters`` (tracing's), when given and not None, replaces the shared parameters, and
+    its entry of ``sinks`` is its trace sink."""
 
 def stream_next(stream: _Stream, block: bool, /) -> tuple[Literal[0], _Outputs] | tuple[Literal[1, 2], None]:
     """The next response of a stream: (0, outputs), (1, None) when none is there yet

@@ -142,36 +142,23 @@ class Model:
         # With a batch rule, Triton's batcher calls Python: hand requests over without the GIL.
         release_gil = binding is not None and binding.batch_rule is not None
         native = library._native or library.native()
-        r = request
+        tracer, span, traced = server._tracer, None, None
         try:
-            tracer = server._tracer
             if tracer is not None:
-                parent = r.trace_parent
+                parent = request.trace_parent
                 span, sink, traced = tracer.begin(
-                    self.name, self.version, r.inputs, r.request_id, r.parameters, parent, parent is not None
-                )
-                if span is not None:
-                    try:
-                        return native.submit(
-                            server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
-                            r.timeout_us, traced, loop, target, stream, r.sequence, release_gil, sink, cancellable,
-                            r.output_device,
-                        )  # fmt: skip
-                    except Exception as exc:
-                        tracer.abandon(span, traced, exc)
-                        raise
-            if r.output_device >= 0:
-                return native.submit(
-                    server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
-                    r.timeout_us, r.parameters, loop, target, stream, r.sequence, release_gil, None, cancellable,
-                    r.output_device,
+                    self.name, self.version, request.inputs, request.request_id, request.parameters, parent,
+                    parent is not None,
                 )  # fmt: skip
+                if span is not None:
+                    request = request.traced(traced, sink)
             return native.submit(
-                server._handle, self.name, self.version, r.inputs, r.outputs, r.request_id, r.priority,
-                r.timeout_us, r.parameters, loop, target, stream, r.sequence, release_gil, None, cancellable,
-            )  # fmt: skip
-        except (NotFoundError, UnavailableError) as exc:
-            if binding is None or not hasattr(binding, "step_models"):
+                server._handle, self.name, self.version, request, loop, target, stream, cancellable, release_gil
+            )
+        except Exception as exc:
+            if span is not None:
+                tracer.abandon(span, traced, exc)
+            if not isinstance(exc, (NotFoundError, UnavailableError)) or not hasattr(binding, "step_models"):
                 raise
             raise self._ensemble_error(binding, exc) from None  # an ensemble: name the step that is down
 
@@ -212,9 +199,8 @@ class Model:
             sinks = [sink for _, sink, _ in begun]
             parameters = [traced for _, _, traced in begun]  # (None: the shared parameters)
         results = native.submit_many(
-            server._handle, self.name, self.version, items, request.outputs, None, request.priority,
-            request.timeout_us, request.parameters, parameters, sinks, max_in_flight,
-            binding is not None and binding.batch_rule is not None, request.output_device,
+            server._handle, self.name, self.version, request, items, parameters, sinks, max_in_flight,
+            binding is not None and binding.batch_rule is not None,
         )  # fmt: skip
         first = None
         for i, result in enumerate(results):

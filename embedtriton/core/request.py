@@ -90,11 +90,14 @@ class InferRequest:
     ``outputs`` names the outputs to return, or maps names to caller-provided buffers (shared
     memory) or None. ``sequence`` is ``(correlation id, TRITONSERVER_RequestFlag bits)``.
     ``trace_parent``: the OpenTelemetry context of a remote caller, when tracing.
+    ``trace_sink``: what takes Triton's timestamps of a traced request (see :meth:`traced`).
+
+    The native submit reads these fields itself (``request_spec_read`` in submit.c).
     """
 
     __slots__ = (
         "inputs", "outputs", "request_id", "priority", "timeout_us", "parameters", "sequence", "trace_parent",
-        "output_device",
+        "output_device", "trace_sink",
     )  # fmt: skip
 
     def __init__(
@@ -108,6 +111,7 @@ class InferRequest:
         sequence: tuple[int | str, int] | None = None,
         trace_parent: Any = None,
         output_device: int = -1,
+        trace_sink: Any = None,
     ) -> None:
         self.inputs = inputs
         self.outputs = outputs
@@ -118,6 +122,15 @@ class InferRequest:
         self.sequence = sequence
         self.trace_parent = trace_parent
         self.output_device = output_device  # the GPU that outputs go to; -1: host memory
+        self.trace_sink = trace_sink
+
+    def traced(self, parameters: Mapping[str, Any] | None, sink: Any) -> InferRequest:
+        """This request as traced: a copy with tracing's parameters (which carry the span's
+        key) and its timestamp sink; the caller's request stays as it was."""
+        return InferRequest(
+            self.inputs, self.outputs, self.request_id, self.priority, self.timeout_us, parameters,
+            self.sequence, self.trace_parent, self.output_device, sink,
+        )  # fmt: skip
 
     @classmethod
     def from_options(cls, inputs: Mapping[str, Any], options: Mapping[str, Any]) -> InferRequest:

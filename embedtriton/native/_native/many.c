@@ -81,45 +81,48 @@ static void abandon(Group* g, Call** window, Py_ssize_t n)
   for (Py_ssize_t i = 0; i < n; i++) call_free(window[i]);
 }
 
-/* submit_many(server, model, version, inputs_list, outputs, request_id, priority,
- *             timeout_us, parameters, parameters_list, sinks, window, release_gil[, out_device])
- * -> a list: each request's outputs dict, or its exception. The options are submit()'s
- * (request_options); parameters_list and sinks (per request, from tracing) may be None,
- * and so may an entry of parameters_list (the shared parameters then). */
+/* submit_many(server, model, version, request, inputs, parameters, sinks, window, release_gil)
+ * -> a list: each request's outputs dict, or its exception. request: an InferRequest whose
+ * options all the requests share, read as submit() reads it (request_spec_read; its inputs
+ * are not sent); inputs: a list of inputs dicts, one per request. parameters and sinks (per
+ * request, from tracing) may be None, and so may an entry of parameters (the shared
+ * parameters then) or of sinks. */
 PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs != 13 && nargs != 14) {
-    PyErr_SetString(PyExc_TypeError, "submit_many() takes 13 or 14 arguments");
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "submit_many() takes 9 arguments");
     return NULL;
   }
-  TRITONSERVER_Server* server;
-  const char* model;
-  long long version;
-  if (target_args(args, &server, &model, &version) < 0) return NULL;
-  PyObject *inputs = args[3], *parameters_list = args[9], *sinks = args[10];
-  long size = PyLong_AsLong(args[11]);
-  int release_gil = PyObject_IsTrue(args[12]) == 1;
-  int out_device = nargs == 14 ? (int)PyLong_AsLong(args[13]) : -1; /* output_device */
+  RequestSpec shared;
+  if (target_args(args, &shared) < 0) return NULL;
+  PyObject *inputs = args[4], *parameters_list = args[5], *sinks = args[6];
+  long size = PyLong_AsLong(args[7]);
+  int release_gil = PyObject_IsTrue(args[8]) == 1;
   if (PyErr_Occurred()) return NULL;
-  if (t_model_thread || (t_in_execute && t_model_name != NULL && strcmp(model, t_model_name) == 0))
+  if (t_model_thread ||
+      (t_in_execute && t_model_name != NULL && strcmp(shared.model, t_model_name) == 0))
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
                         "infer_many() from a callable would block the instance that runs it: "
                         "await model.infer_async(...) for each request instead");
-  if (!PyList_Check(inputs) || (parameters_list != Py_None && !PyList_Check(parameters_list)) ||
-      (sinks != Py_None && !PyList_Check(sinks)) || size < 1 || size > 65536) {
+  if (!PyList_Check(inputs) ||
+      (parameters_list != Py_None &&
+       (!PyList_Check(parameters_list) ||
+        PyList_GET_SIZE(parameters_list) != PyList_GET_SIZE(inputs))) ||
+      (sinks != Py_None &&
+       (!PyList_Check(sinks) || PyList_GET_SIZE(sinks) != PyList_GET_SIZE(inputs))) ||
+      size < 1 || size > 65536) {
     PyErr_SetString(PyExc_TypeError, "submit_many(): bad arguments");
     return NULL;
   }
-  Options o;
-  if (request_options(args, &o) < 0) return NULL;
+  if (request_spec_read(args[3], &shared) < 0) return NULL;
   Py_ssize_t n = PyList_GET_SIZE(inputs);
   PyObject* results = PyList_New(n);
   Call** window = calloc((size_t)size, sizeof(Call*));
   if (results == NULL || window == NULL) {
     Py_XDECREF(results);
     free(window);
-    options_clear(&o);
+    request_spec_clear(&shared);
     return PyErr_NoMemory();
   }
   for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(results, i, Py_NewRef(Py_None));
@@ -139,15 +142,16 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
       raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
                    "inputs must be a mapping of input name -> array");
     } else {
-      PyObject* params = parameters_list == Py_None ? Py_None : PyList_GET_ITEM(parameters_list, i);
-      PyObject* sink = sinks == Py_None ? Py_None : PyList_GET_ITEM(sinks, i);
+      RequestSpec one = shared; /* (borrows its references) */
+      one.inputs = item;
+      if (parameters_list != Py_None && PyList_GET_ITEM(parameters_list, i) != Py_None)
+        one.parameters = PyList_GET_ITEM(parameters_list, i);
+      if (sinks != Py_None) one.trace_sink = PyList_GET_ITEM(sinks, i);
       Call* c = NULL;
       PyObject* r = NULL;
       atomic_fetch_add(&g.left, 1); /* before Triton may complete it */
-      if (lock_open_server(server) == 0)
-        r = submit_locked(server, model, version, item, o.outputs, o.request_id, o.priority,
-                          o.timeout_us, params == Py_None ? o.parameters : params, Py_None, Py_None,
-                          0, Py_None, release_gil, sink, 0, out_device, &g, &c);
+      if (lock_open_server(shared.server) == 0)
+        r = submit_locked(&one, Py_None, Py_None, 0, release_gil, 0, &g, &c);
       if (r != NULL) {
         Py_DECREF(r);
         c->group_index = i;
@@ -164,14 +168,14 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   }
   leave(&g);
   free(window);
-  options_clear(&o);
+  request_spec_clear(&shared);
   return results;
 
 interrupted:
   abandon(&g, window, held);
   leave(&g);
   free(window);
-  options_clear(&o);
+  request_spec_clear(&shared);
   Py_DECREF(results);
   return NULL;
 }

@@ -334,27 +334,39 @@ PyObject* py_stream_close(PyObject* self, PyObject* capsule);
 #define NOT_TEXT ": a str must be UTF-8 text without NUL characters"
 #define TEXT_HINT(value) (PyUnicode_Check(value) ? NOT_TEXT : "")
 
-/* The per-request options submit() and submit_many() share (request_options). */
-typedef struct Options {
-  PyObject* outputs;    /* None, a tuple of names or a dict name -> buffer (a reference) */
-  PyObject* request_id; /* None or str (borrowed) */
+/* One request as submit() and submit_many() read it: where it goes (target_args) and the
+ * fields of its InferRequest (embedtriton/core/request.py), read once by request_spec_read.
+ * The common case costs nothing; other mappings and sequences are converted. Item checks
+ * (input arrays, output names and buffers, parameter values, the correlation id) are made
+ * as submit_locked hands them to Triton. */
+typedef struct RequestSpec {
+  TRITONSERVER_Server* server;
+  const char* model; /* (the caller's str, borrowed) */
+  long long version;
+  PyObject* inputs;     /* a dict name -> array */
+  PyObject* outputs;    /* None, a tuple of names or a dict name -> buffer */
+  PyObject* request_id; /* None or a str that text_of takes */
   unsigned long long priority, timeout_us;
-  PyObject* parameters; /* None or a dict (a reference) */
-} Options;
+  PyObject* parameters; /* None or a dict */
+  PyObject* sequence;   /* None or (correlation id, TRITONSERVER_RequestFlag bits) */
+  PyObject* trace_sink; /* None or the callable that takes the request's timestamps */
+  int out_device;       /* the GPU that outputs go to; -1: host memory */
+} RequestSpec;
 
-int request_options(PyObject* const* args, Options* o);
-void options_clear(Options* o);
+/* (server, model, version) from args[0..2]: -1 with UnavailableError when the server is
+ * not running (a bad model or version leaves a Python error for the caller). */
+int target_args(PyObject* const* args, RequestSpec* s);
+/* The request's fields into s (references, which request_spec_clear drops; the target is
+ * left as it is). -1 with an InvalidArgumentError "<option> must be <takes>, not ...",
+ * and nothing held. */
+int request_spec_read(PyObject* request, RequestSpec* s);
+void request_spec_clear(RequestSpec* s);
 int lock_open_server(TRITONSERVER_Server* server);
 
-PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
-                        PyObject* inputs, PyObject* outputs, PyObject* request_id,
-                        unsigned long long priority, unsigned long long timeout_us,
-                        PyObject* parameters, PyObject* loop, PyObject* future, int stream,
-                        PyObject* sequence, int release_gil, PyObject* trace_sink, int cancellable,
-                        int out_device, Group* group, Call** out);
+/* With servers_lock held (read), which it lets go of: one request to Triton. */
+PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, int stream,
+                        int release_gil, int cancellable, Group* group, Call** out);
 PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
-int target_args(PyObject* const* args, TRITONSERVER_Server** server, const char** model,
-                long long* version);
 
 /* ---- graveyard.c: late deletes ------------------------------------------ */
 

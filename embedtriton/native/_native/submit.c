@@ -59,67 +59,117 @@ PyObject* py_cancel(PyObject* self, PyObject* capsule)
   Py_RETURN_NONE;
 }
 
-/* The (server, model, version) that submit() and submit_many() start with; -1 when the
- * server is not running. (A bad model or version leaves a Python error for the caller.) */
-int target_args(PyObject* const* args, TRITONSERVER_Server** server, const char** model,
-                long long* version)
+int target_args(PyObject* const* args, RequestSpec* s)
 {
   if (!api_loaded || args[0] == Py_None) {
     raise_triton(TRITONSERVER_ERROR_UNAVAILABLE, NOT_RUNNING);
     return -1;
   }
-  *server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(args[0]);
-  *model = PyUnicode_AsUTF8(args[1]);
-  *version = PyLong_AsLongLong(args[2]);
+  s->server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(args[0]);
+  s->model = PyUnicode_AsUTF8(args[1]);
+  s->version = PyLong_AsLongLong(args[2]);
   return 0;
 }
 
-/* The options that submit() and submit_many() share, args[4] to args[8]: outputs,
- * request_id, priority, timeout_us, parameters. The common case costs nothing; other
- * mappings and sequences are converted. Returns -1 with an InvalidArgumentError. */
-int request_options(PyObject* const* args, Options* o)
+/* The InferRequest fields that request_spec_read reads, interned on first use. */
+enum {
+  F_INPUTS,
+  F_OUTPUTS,
+  F_REQUEST_ID,
+  F_PRIORITY,
+  F_TIMEOUT_US,
+  F_PARAMETERS,
+  F_SEQUENCE,
+  F_OUTPUT_DEVICE,
+  F_TRACE_SINK,
+  N_FIELDS
+};
+static const char* const field_names[N_FIELDS] = {"inputs",   "outputs",       "request_id",
+                                                  "priority", "timeout_us",    "parameters",
+                                                  "sequence", "output_device", "trace_sink"};
+static PyObject* fields[N_FIELDS];
+
+/* outputs as the spec holds it (a new reference): None, a tuple or a dict as they are,
+ * another sequence as a tuple. NULL with an InvalidArgumentError. */
+static PyObject* outputs_of(PyObject* outputs)
 {
-  o->outputs = o->parameters = NULL;
-  o->request_id = args[5];
-  if (u64_option(args[6], "priority", TAKES_PRIORITY, &o->priority) < 0 ||
-      u64_option(args[7], "timeout_us", TAKES_TIMEOUT_US, &o->timeout_us) < 0)
-    return -1;
-  if (o->request_id != Py_None && text_of(o->request_id) == NULL) {
-    refuse("request_id", TAKES_REQUEST_ID, o->request_id, TEXT_HINT(o->request_id));
-    return -1;
-  }
-  PyObject* outputs = args[4];
-  if (outputs == Py_None || PyTuple_Check(outputs) || PyDict_Check(outputs)) {
-    o->outputs = Py_NewRef(outputs);
-  } else if (PyUnicode_Check(outputs)) { /* outputs="y": a slip for ["y"] */
+  if (outputs == Py_None || PyTuple_Check(outputs) || PyDict_Check(outputs))
+    return Py_NewRef(outputs);
+  if (PyUnicode_Check(outputs)) { /* outputs="y": a slip for ["y"] */
     PyObject* got = shown(outputs);
     PyObject* hint = got != NULL ? PyUnicode_FromFormat(": for one output, pass [%U]", got) : NULL;
     const char* text = hint != NULL ? PyUnicode_AsUTF8(hint) : NULL;
     if (text != NULL) refuse("outputs", TAKES_OUTPUTS, outputs, text);
     Py_XDECREF(got);
     Py_XDECREF(hint);
-    return -1;
-  } else if (PyBytes_Check(outputs) || PyByteArray_Check(outputs) ||
-             (o->outputs = PySequence_Tuple(outputs)) == NULL) {
+    return NULL;
+  }
+  PyObject* names = NULL;
+  if (PyBytes_Check(outputs) || PyByteArray_Check(outputs) ||
+      (names = PySequence_Tuple(outputs)) == NULL) {
     PyErr_Clear();
     refuse("outputs", TAKES_OUTPUTS, outputs, "");
-    return -1;
   }
-  PyObject* parameters = args[8];
-  o->parameters = parameters == Py_None || PyDict_Check(parameters)
-                      ? Py_NewRef(parameters)
-                      : as_dict(parameters, "parameters", TAKES_PARAMETERS);
-  if (o->parameters == NULL) {
-    Py_CLEAR(o->outputs);
-    return -1;
-  }
-  return 0;
+  return names;
 }
 
-void options_clear(Options* o)
+int request_spec_read(PyObject* request, RequestSpec* s)
 {
-  Py_CLEAR(o->outputs);
-  Py_CLEAR(o->parameters);
+  s->inputs = s->outputs = s->request_id = s->parameters = s->sequence = s->trace_sink = NULL;
+  s->priority = s->timeout_us = 0;
+  s->out_device = -1;
+  PyObject* v[N_FIELDS] = {NULL};
+  for (int i = 0; i < N_FIELDS; i++) {
+    if (fields[i] == NULL && (fields[i] = PyUnicode_InternFromString(field_names[i])) == NULL)
+      goto fail;
+    if ((v[i] = PyObject_GetAttr(request, fields[i])) == NULL) {
+      if (PyErr_ExceptionMatches(PyExc_AttributeError))
+        PyErr_Format(PyExc_TypeError, "the request must be an InferRequest, not %.100s",
+                     Py_TYPE(request)->tp_name);
+      goto fail;
+    }
+  }
+  /* (checked in this order: the first wrong option is the one refused) */
+  if (u64_option(v[F_PRIORITY], "priority", TAKES_PRIORITY, &s->priority) < 0 ||
+      u64_option(v[F_TIMEOUT_US], "timeout_us", TAKES_TIMEOUT_US, &s->timeout_us) < 0)
+    goto fail;
+  PyObject* request_id = v[F_REQUEST_ID];
+  if (request_id != Py_None && text_of(request_id) == NULL) {
+    refuse("request_id", TAKES_REQUEST_ID, request_id, TEXT_HINT(request_id));
+    goto fail;
+  }
+  if ((s->outputs = outputs_of(v[F_OUTPUTS])) == NULL) goto fail;
+  PyObject* parameters = v[F_PARAMETERS];
+  s->parameters = parameters == Py_None || PyDict_Check(parameters)
+                      ? Py_NewRef(parameters)
+                      : as_dict(parameters, "parameters", TAKES_PARAMETERS);
+  if (s->parameters == NULL) goto fail;
+  PyObject* inputs = v[F_INPUTS];
+  s->inputs = PyDict_Check(inputs) ? Py_NewRef(inputs)
+                                   : as_dict(inputs, "inputs", "a mapping of input name -> array");
+  if (s->inputs == NULL) goto fail;
+  s->out_device = (int)PyLong_AsLong(v[F_OUTPUT_DEVICE]);
+  if (s->out_device == -1 && PyErr_Occurred()) goto fail;
+  s->request_id = Py_NewRef(request_id);
+  s->sequence = Py_NewRef(v[F_SEQUENCE]);
+  s->trace_sink = Py_NewRef(v[F_TRACE_SINK]);
+  for (int i = 0; i < N_FIELDS; i++) Py_DECREF(v[i]);
+  return 0;
+
+fail:
+  for (int i = 0; i < N_FIELDS; i++) Py_XDECREF(v[i]);
+  request_spec_clear(s);
+  return -1;
+}
+
+void request_spec_clear(RequestSpec* s)
+{
+  Py_CLEAR(s->inputs);
+  Py_CLEAR(s->outputs);
+  Py_CLEAR(s->request_id);
+  Py_CLEAR(s->parameters);
+  Py_CLEAR(s->sequence);
+  Py_CLEAR(s->trace_sink);
 }
 
 /* Take servers_lock (read) for a request to server: -1 (the lock not held) with an
@@ -133,68 +183,91 @@ int lock_open_server(TRITONSERVER_Server* server)
   return -1;
 }
 
-/* submit(server, model, version, inputs, outputs, request_id, priority,
- *        timeout_us, parameters, loop, future[, stream, sequence, release_gil,
- *        trace_sink, cancellable])
+/* submit(server, model, version, request, loop, future, stream, cancellable, release_gil)
+ * request: an InferRequest (its fields: request_spec_read).
  * Without a loop: blocks (GIL released) and returns the outputs dict.
  * With a loop: returns None (a handle for cancel() when cancellable); the
- * future is resolved on the loop. */
+ * future is resolved on the loop. A stream: returns its handle; with a loop,
+ * future is the callable that wakes its consumer. release_gil: hand the request
+ * to Triton without the GIL (a model with a batch rule). */
 PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 {
   (void)self;
-  if (nargs < 11 || nargs > 17) {
-    PyErr_SetString(PyExc_TypeError, "submit() takes 11 to 17 arguments");
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "submit() takes 9 arguments");
     return NULL;
   }
-  int out_device = nargs >= 17 ? (int)PyLong_AsLong(args[16]) : -1; /* output_device */
-  if (out_device == -1 && PyErr_Occurred()) return NULL;
-  PyObject* trace_sink = nargs >= 15 ? args[14] : Py_None;
-  int cancellable = nargs >= 16 && PyObject_IsTrue(args[15]) == 1;
-  int release_gil = nargs >= 14 && PyObject_IsTrue(args[13]) == 1;
-  int stream = nargs >= 12 && PyObject_IsTrue(args[11]) == 1;
-  PyObject* sequence = nargs >= 13 ? args[12] : Py_None; /* (correlation id, flags) */
-  TRITONSERVER_Server* server;
-  const char* model;
-  long long version;
-  if (target_args(args, &server, &model, &version) < 0) return NULL;
-  PyObject* loop = args[9];
+  PyObject *loop = args[4], *future = args[5];
+  int stream = PyObject_IsTrue(args[6]) == 1;
+  int cancellable = PyObject_IsTrue(args[7]) == 1;
+  int release_gil = PyObject_IsTrue(args[8]) == 1;
+  RequestSpec s;
+  if (target_args(args, &s) < 0) return NULL;
   if (t_model_thread && loop == Py_None && !PyErr_Occurred()) /* it would wait on its own loop */
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
                         "a blocking call from an async def callable would stop the event loop that "
                         "runs it: use await model.infer_async(...) (or async for ... in "
                         "model.stream_async(...))");
-  if (t_in_execute && loop == Py_None && t_model_name != NULL && model != NULL &&
-      strcmp(model, t_model_name) == 0) /* its instance would wait for itself */
+  if (t_in_execute && loop == Py_None && t_model_name != NULL && s.model != NULL &&
+      strcmp(s.model, t_model_name) == 0) /* its instance would wait for itself */
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
                         "a sync callable cannot call its own model: the instance running it would "
                         "wait for itself; write it as an async def callable and await "
                         "model.infer_async(...) to recurse");
-  Options o;
-  if (request_options(args, &o) < 0) return NULL;
-  PyObject* inputs = PyDict_Check(args[3])
-                         ? Py_NewRef(args[3])
-                         : as_dict(args[3], "inputs", "a mapping of input name -> array");
+  if (request_spec_read(args[3], &s) < 0) return NULL;
   PyObject* result = NULL;
-  if (inputs != NULL && lock_open_server(server) == 0)
-    result = submit_locked(server, model, version, inputs, o.outputs, o.request_id, o.priority,
-                           o.timeout_us, o.parameters, loop, args[10], stream, sequence,
-                           release_gil, trace_sink, cancellable, out_device, NULL, NULL);
-  Py_XDECREF(inputs);
-  options_clear(&o);
+  if (lock_open_server(s.server) == 0)
+    result = submit_locked(&s, loop, future, stream, release_gil, cancellable, NULL, NULL);
+  request_spec_clear(&s);
   return result;
 }
 
-/* With servers_lock held (read), which it lets go of: one request to Triton.
- * With a group (submit_many): returns None once Triton took it, the call in *out. */
-PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long long version,
-                        PyObject* inputs, PyObject* outputs, PyObject* request_id,
-                        unsigned long long priority, unsigned long long timeout_us,
-                        PyObject* parameters, PyObject* loop, PyObject* future, int stream,
-                        PyObject* sequence, int release_gil, PyObject* trace_sink, int cancellable,
-                        int out_device, Group* group, Call** out)
+/* Triton's correlation id and flags of a request of a sequence: (id, flags). -1 with an
+ * exception (the error in *err when Triton refused). */
+static int set_sequence(TRITONSERVER_InferenceRequest* req, PyObject* sequence,
+                        TRITONSERVER_Error** err)
 {
+  PyObject* id = PyTuple_Check(sequence) && PyTuple_GET_SIZE(sequence) == 2
+                     ? PyTuple_GET_ITEM(sequence, 0)
+                     : NULL;
+  unsigned long flags = id ? PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sequence, 1)) : 0;
+  if (id == NULL || PyErr_Occurred()) {
+    PyErr_Clear();
+    raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "bad sequence arguments");
+    return -1;
+  }
+  if (PyUnicode_Check(id)) {
+    const char* text = text_of(id);
+    if (text == NULL || text[0] == '\0') {
+      refuse("correlation_id", TAKES_CORRELATION_ID, id, text == NULL ? NOT_TEXT : "");
+      return -1;
+    }
+    *err = api.TRITONSERVER_InferenceRequestSetCorrelationIdString(req, text);
+  } else {
+    unsigned long long number;
+    if (PyBool_Check(id) || u64_option(id, "correlation_id", TAKES_CORRELATION_ID, &number) < 0 ||
+        number == 0) {
+      refuse("correlation_id", TAKES_CORRELATION_ID, id, "");
+      return -1;
+    }
+    *err = api.TRITONSERVER_InferenceRequestSetCorrelationId(req, number);
+  }
+  if (*err == NULL && flags) *err = api.TRITONSERVER_InferenceRequestSetFlags(req, (uint32_t)flags);
+  return *err != NULL ? -1 : 0;
+}
+
+/* With servers_lock held (read), which it lets go of: the request s to Triton.
+ * With a group (submit_many): returns None once Triton took it, the call in *out. */
+PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, int stream,
+                        int release_gil, int cancellable, Group* group, Call** out)
+{
+  TRITONSERVER_Server* server = s->server;
+  PyObject *inputs = s->inputs, *outputs = s->outputs, *request_id = s->request_id;
+  PyObject *parameters = s->parameters, *sequence = s->sequence, *trace_sink = s->trace_sink;
+  unsigned long long priority = s->priority, timeout_us = s->timeout_us;
   TRITONSERVER_InferenceRequest* req = NULL;
-  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestNew(&req, server, model, version);
+  TRITONSERVER_Error* err =
+      api.TRITONSERVER_InferenceRequestNew(&req, server, s->model, s->version);
   if (err != NULL) {
     pthread_rwlock_unlock(&servers_lock);
     return raise_from(err, 1);
@@ -214,7 +287,7 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
   c->is_async = !stream && loop != Py_None;
   c->request = req;
   c->group = group;
-  c->out_device = out_device;
+  c->out_device = s->out_device;
   if (stream) {
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -284,34 +357,9 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
     if (id == NULL) goto fail;
     if ((err = api.TRITONSERVER_InferenceRequestSetId(req, id))) goto fail_err;
   }
-  if (sequence != Py_None) {
-    PyObject* id = PyTuple_Check(sequence) && PyTuple_GET_SIZE(sequence) == 2
-                       ? PyTuple_GET_ITEM(sequence, 0)
-                       : NULL;
-    unsigned long flags = id ? PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sequence, 1)) : 0;
-    if (id == NULL || PyErr_Occurred()) {
-      PyErr_Clear();
-      raise_triton(TRITONSERVER_ERROR_INVALID_ARG, "bad sequence arguments");
-      goto fail;
-    }
-    if (PyUnicode_Check(id)) {
-      const char* text = text_of(id);
-      if (text == NULL || text[0] == '\0') {
-        refuse("correlation_id", TAKES_CORRELATION_ID, id, text == NULL ? NOT_TEXT : "");
-        goto fail;
-      }
-      err = api.TRITONSERVER_InferenceRequestSetCorrelationIdString(req, text);
-    } else {
-      unsigned long long number;
-      if (PyBool_Check(id) || u64_option(id, "correlation_id", TAKES_CORRELATION_ID, &number) < 0 ||
-          number == 0) {
-        refuse("correlation_id", TAKES_CORRELATION_ID, id, "");
-        goto fail;
-      }
-      err = api.TRITONSERVER_InferenceRequestSetCorrelationId(req, number);
-    }
-    if (err == NULL && flags) err = api.TRITONSERVER_InferenceRequestSetFlags(req, (uint32_t)flags);
+  if (sequence != Py_None && set_sequence(req, sequence, &err) < 0) {
     if (err != NULL) goto fail_err;
+    goto fail;
   }
   if (priority && (err = api.TRITONSERVER_InferenceRequestSetPriorityUInt64(req, priority)))
     goto fail_err;
@@ -350,7 +398,7 @@ PyObject* submit_locked(TRITONSERVER_Server* server, const char* model, long lon
   held_add(c);
   atomic_fetch_add(&in_flight, 1);
   /* A model with queue policies or priorities: its gate may hold the request (queues.c). */
-  Gate* gate = gate_find(server, model, version);
+  Gate* gate = gate_find(server, s->model, s->version);
   int admitted = GATE_GO;
   if (gate != NULL) {
     const char* id = request_id != Py_None ? PyUnicode_AsUTF8(request_id) : NULL;
