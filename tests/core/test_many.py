@@ -135,3 +135,23 @@ def test_parameters_of_any_mapping_reach_every_request():
     with srv:
         got = srv.model("Echo").infer_many([{"x": np.ones((1, 1), F32)}] * 3, parameters=MappingProxyType({"k": 7}))
     assert [float(r["y"][0, 0]) for r in got] == [7.0, 7.0, 7.0]
+
+
+def test_the_native_calls_take_one_request_object(server):
+    """submit() and submit_many() read an InferRequest's fields themselves: submit_many's
+    template carries the shared options; its per-request parameters replace the shared ones."""
+    from embedtriton.backend import library
+    from embedtriton.core.request import InferRequest
+
+    native = library._native or library.native()
+    model = server.model("AddSub")
+    handle = model._server._handle
+    out = native.submit(handle, "AddSub", -1, InferRequest(pair(2), outputs=["add"]), None, None, False, False, False)
+    assert list(out) == ["add"] and float(out["add"][0, 0]) == 3.0
+    template = InferRequest({}, outputs=("sub",), parameters={"k": 1})
+    got = native.submit_many(handle, "AddSub", -1, template, [pair(1), pair(3)], [None, {"j": 2}], None, 4, False)
+    assert [list(r) for r in got] == [["sub"], ["sub"]]
+    with pytest.raises(TypeError, match="the request must be an InferRequest, not dict"):
+        native.submit(handle, "AddSub", -1, pair(1), None, None, False, False, False)
+    with pytest.raises(TypeError, match="bad arguments"):  # (one entry of parameters per request)
+        native.submit_many(handle, "AddSub", -1, template, [pair(1), pair(3)], [None], None, 4, False)

@@ -99,6 +99,20 @@ def test_bad_input_ends_its_span_with_an_error(traced):
     assert request.status.status_code == StatusCode.ERROR
 
 
+def test_a_traced_submit_leaves_the_callers_request_as_it_was(traced):
+    """Tracing hands the native submit a copy of the request with its parameters (the span's
+    key) and its timestamp sink: the caller's InferRequest keeps its own."""
+    from embedtriton.core.request import InferRequest
+
+    server, _, exporter, _ = traced
+    exporter.clear()
+    request = InferRequest({"x": np.ones((1, 1), np.float32)}, parameters={"k": 1})
+    assert server.model("Double").submit(request)["y"][0, 0] == 2.0
+    assert request.parameters == {"k": 1} and request.trace_sink is None
+    (span,) = _wait_for(exporter, "Double")
+    assert span.status.status_code != StatusCode.ERROR
+
+
 def test_sampling_rate_and_count(traced):
     server, _, exporter, _ = traced
     tracer = server._tracer
