@@ -6,6 +6,7 @@ the top of native.h). Nothing is compiled or run."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -66,7 +67,9 @@ def test_no_cycles_between_files():
         for target in sorted(edges[name]):
             if state.get(target) == 1:
                 loop = [*path, name][[*path, name].index(target) :] + [target]
-                cycles.append(" -> ".join(f"{a} ({', '.join(sorted(edges[a][b]))})" for a, b in zip(loop, loop[1:])))
+                cycles.append(
+                    " -> ".join(f"{a} ({', '.join(sorted(edges[a][b]))})" for a, b in itertools.pairwise(loop))
+                )
             elif target not in state:
                 visit(target, [*path, name])
         state[name] = 2
