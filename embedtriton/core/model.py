@@ -13,6 +13,7 @@ from ..backend.request import DEADLINE_PARAMETER, deadline, deadlines
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..triton import control
 from .fixits import explain_inputs
+from .handles import returns_handles
 from .queues import queue_stats, with_queue_in_statistics
 from .request import InferRequest, RequestOptions, timeout_of, with_deadline
 from .streams import iterate, iterate_async
@@ -120,6 +121,7 @@ class Model:
         finally:
             await responses.aclose()  # closes the stream now, not when collected
 
+    @returns_handles
     def submit(
         self,
         request: InferRequest,
@@ -131,10 +133,13 @@ class Model:
         """Hand one request to the native data path (it validates inputs and options); the
         entry of every caller, in process and over the network.
 
-        Without a loop: waits and returns the outputs. With a loop (an asyncio loop, or any
-        object with ``call_soon_threadsafe``): resolves ``target`` (a future-like object)
-        there. ``stream``: returns a stream handle; ``target`` wakes its consumer.
-        ``cancellable`` (with a loop): returns a handle for ``_native.cancel``.
+        Without a loop or target: waits and returns the outputs. With a loop (an asyncio
+        loop, or any object with ``call_soon_threadsafe``): resolves ``target`` (a future-like
+        object) there. Without a loop, with a target: calls ``target(outputs, None)`` or
+        ``target(None, error)`` once, on the thread that completes the call (with the GIL),
+        and returns at once. ``stream``: returns a :class:`~.handles.Stream`; ``target``
+        wakes its consumer (on its loop, or called there without one). ``cancellable``
+        (with a loop or a target): returns a :class:`~.handles.Cancel`.
         """
         server = self._server
         binding = self._admit(request, stream)

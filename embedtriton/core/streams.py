@@ -1,4 +1,4 @@
-"""The responses of a decoupled model's request, from the native stream handle: as a
+"""The responses of a decoupled model's request, from its :class:`~.handles.Stream`: as a
 blocking iterator and as an async iterator. Leaving early closes (cancels) the stream."""
 
 from __future__ import annotations
@@ -7,36 +7,35 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from ..backend import library
-from ..backend.library import STREAM_EMPTY, STREAM_END, STREAM_ITEM
+from .handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Stream
+
+__all__ = ["STREAM_EMPTY", "STREAM_END", "STREAM_ITEM", "Stream", "iterate", "iterate_async"]
 
 
-def iterate(handle: Any) -> Iterator[dict[str, Any]]:
+def iterate(handle: Stream) -> Iterator[dict[str, Any]]:
     """Each response as it comes, waiting for it (an error is raised after those before it)."""
-    native = library.native()
     try:
         while True:
-            status, outputs = native.stream_next(handle, True)
+            status, outputs = handle.next(True)
             if status == STREAM_END:
                 return
             yield outputs
     finally:
-        native.stream_close(handle)
+        handle.close()
 
 
-async def iterate_async(handle: Any, arrived: asyncio.Event) -> AsyncIterator[dict[str, Any]]:
+async def iterate_async(handle: Stream, arrived: asyncio.Event) -> AsyncIterator[dict[str, Any]]:
     """Each response as it comes; ``arrived`` is set (from the loop) when one is there."""
-    native = library.native()
     try:
         while True:
-            status, outputs = native.stream_next(handle, False)
+            status, outputs = handle.next(False)
             if status == STREAM_END:
                 return
             if status == STREAM_ITEM:
                 yield outputs
                 continue
             arrived.clear()
-            status, outputs = native.stream_next(handle, False)  # arrived before clear()?
+            status, outputs = handle.next(False)  # arrived before clear()?
             if status == STREAM_EMPTY:
                 await arrived.wait()
             elif status == STREAM_END:
@@ -44,4 +43,4 @@ async def iterate_async(handle: Any, arrived: asyncio.Event) -> AsyncIterator[di
             else:
                 yield outputs
     finally:
-        native.stream_close(handle)
+        handle.close()

@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..backend.library import native
+from ..core.handles import memory as native  # the native functions it needs, through the core
 from ..errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, TritonError
 from ..triton.devices import cuda_devices
 

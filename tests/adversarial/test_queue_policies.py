@@ -31,7 +31,6 @@ from embedtriton import (
     UnavailableError,
     batch,
 )
-from embedtriton.backend import library
 from embedtriton.backend.binding import Binding
 from embedtriton.core.request import InferRequest
 from embedtriton.errors import CancelledError, TritonError
@@ -290,7 +289,6 @@ def test_cancelled_requests_leave_the_queue_unrun():
     """A caller that goes away (a gRPC client's cancel, a stream closed early) takes its request out
     of the queue: the model never runs it."""
     model = Blocking(DynamicBatcher(priority_levels=2, default_priority_level=2))
-    native = library.native()
 
     async def cancel_two(queue):
         loop = asyncio.get_running_loop()
@@ -301,7 +299,7 @@ def test_cancelled_requests_leave_the_queue_unrun():
             calls.append((future, queue.submit(request, loop, future, cancellable=True)))
         model.queued(3)
         for _, handle in calls:
-            native.cancel(handle)  # what the gRPC endpoint does when its client leaves
+            handle.cancel()  # what the gRPC endpoint does when its client leaves
         for future, _ in calls:
             with pytest.raises(CancelledError, match="cancelled before model 'Queue' ran it"):
                 await future
@@ -321,7 +319,7 @@ def test_cancelled_requests_leave_the_queue_unrun():
             time.sleep(0.005)
         handle = stream.submit(InferRequest.from_options(x(5), {}), stream=True)
         model.queued(1, "Stream")
-        native.stream_close(handle)  # its consumer left
+        handle.close()  # its consumer left
         model.queued(0, "Stream")
         model.release()
         assert kept.result(timeout=30)["y"][0, 0] == 1

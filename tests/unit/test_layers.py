@@ -126,3 +126,12 @@ def test_the_core_knows_no_frontend():
 def test_modules_stay_small():
     big = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert big == {}
+
+
+def test_the_frontends_never_touch_the_native_module():
+    """Frontends get core handles (embedtriton.core.handles), not native capsules or functions:
+    neither embedtriton.backend.library nor the native module itself."""
+    native = ("embedtriton.backend.library", "embedtriton._native")
+    for name, targets in graph().items():
+        if name.startswith("embedtriton.frontends"):
+            assert not [t for t in targets if t.startswith(native)], name

@@ -1,6 +1,7 @@
 """ModelInfer and ModelStreamInfer: protobuf in, the core's request object through
 :meth:`Model.submit`, protobuf out. Completions are encoded and sent from the thread that
-completes them (Triton's), with no event-loop hop. KServe semantics come from
+completes them (Triton's), with no event-loop hop: a reply is submitted with a target and
+no loop, which the core calls with ``(outputs, error)`` there. KServe semantics come from
 :mod:`embedtriton.frontends.kserve`."""
 
 from __future__ import annotations
@@ -10,15 +11,13 @@ import re
 import struct
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from ...backend import library
-from ...backend.library import STREAM_EMPTY, STREAM_END, STREAM_ITEM
 from ...core import CoreServer
+from ...core.handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Cancel
 from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from .. import kserve
 from ..security import forwarded
@@ -41,28 +40,7 @@ def _tensor_parameters(tensor: Any) -> dict[str, Any]:
     return {k: parameter(v) for k, v in params.items()} if params else {}
 
 
-class _Immediate:
-    """Stands in for an event loop in the native completion path: completions run at
-    once, on the Triton thread that delivers them (with the GIL)."""
-
-    @staticmethod
-    def call_soon_threadsafe(fn: Callable[..., Any], *args: Any) -> None:
-        fn(*args)
-
-
-_IMMEDIATE = _Immediate()
-
-
-class InFlight:
-    """``call.user`` of a unary ModelInfer handed to Triton: cancelled if the client leaves."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-
-    def cancel(self) -> None:
-        library.native().cancel(self.handle)
+InFlight = Cancel  # ``call.user`` of a unary ModelInfer handed to Triton: cancelled if the client leaves
 
 
 class Stream:
@@ -77,7 +55,7 @@ class Stream:
         self.half_closed = False
         self.draining = False
         self.cancelled = False
-        self.handles: set[Any] = set()  # native handles of its requests in flight, to cancel them
+        self.handles: set[Any] = set()  # the core handles of its requests in flight, to cancel them
 
     @staticmethod
     def final_flag(request: Any) -> bool:
@@ -117,12 +95,11 @@ class Stream:
     def cancel(self) -> None:
         """The client went away: cancel its requests in flight."""
         self.cancelled = True
-        native = library.native()
         for handle in list(self.handles):
             if type(handle) is InFlight:
-                native.cancel(handle.handle)
+                handle.cancel()
             else:  # a decoupled request's stream
-                native.stream_close(handle)
+                handle.close()
 
     def _end(self) -> None:
         if self.half_closed:
@@ -158,17 +135,21 @@ def encode(request: Any, outputs: dict[str, Any], decoded: kserve.Decoded | None
 
 
 class Reply:
-    """The future-like target of one ModelInfer (or one non-decoupled request of a stream)."""
+    """The target of one ModelInfer (or one non-decoupled request of a stream): called once
+    with ``(outputs, None)`` or ``(None, error)`` on the thread that completes it."""
 
     __slots__ = ("call", "request", "decoded", "stream", "handle", "finished")
 
     def __init__(self, call: Call, request: Any, decoded: kserve.Decoded, stream: Stream | None) -> None:
         self.call, self.request, self.decoded, self.stream = call, request, decoded, stream
-        self.handle: Any = None  # native cancel handle (requests of a stream)
+        self.handle: Any = None  # its cancel handle (requests of a stream)
         self.finished = False
 
-    def done(self) -> bool:
-        return False
+    def __call__(self, outputs: dict[str, Any] | None, error: BaseException | None) -> None:
+        if error is None:
+            self.set_result(outputs)  # type: ignore[arg-type]
+        else:
+            self.set_exception(error)
 
     def set_result(self, outputs: dict[str, Any]) -> None:
         try:
@@ -285,11 +266,12 @@ class Inference:
         raise InvalidArgumentError(f"unable to find data for {where} in request.")
 
     def _submit(self, call: Call, decoded: kserve.Decoded, target: Any, stream: bool) -> Any:
-        """Hand a decoded request to the core; returns its cancel (or stream) handle."""
+        """Hand a decoded request to the core, to call ``target`` once it completes (or, for a
+        stream, each time a response arrives); returns its cancel (or stream) handle."""
         tracer = self.server.tracer
         if tracer is not None:
             decoded.request.trace_parent = tracer.context_from_metadata(dict(call.metadata))
-        return decoded.model.submit(decoded.request, _IMMEDIATE, target, stream, cancellable=not stream)
+        return decoded.model.submit(decoded.request, None, target, stream, cancellable=not stream)
 
     def model_infer(self, request: Any, call: Call) -> None:
         decoded = self.decode(request, self.forwarded(call))
@@ -297,7 +279,7 @@ class Inference:
             raise UnsupportedError("ModelInfer RPC doesn't support models with decoupled transaction policy")
         handle = self._submit(call, decoded, Reply(call, request, decoded, None), False)
         if handle is not None:
-            call.user = InFlight(handle)  # on_cancel cancels it in Triton
+            call.user = handle  # on_cancel cancels it in Triton (an InFlight)
 
     def stream_message(self, call: Call, data: bytes) -> None:
         stream = call.user
@@ -319,8 +301,8 @@ class Inference:
                 reply = Reply(call, request, decoded, stream)
                 handle = self._submit(call, decoded, reply, False)
                 if handle is not None and not reply.finished:
-                    reply.handle = InFlight(handle)
-                    stream.handles.add(reply.handle)
+                    reply.handle = handle
+                    stream.handles.add(handle)
         except Exception as exc:
             if not isinstance(exc, TritonError):
                 log.exception("gRPC ModelStreamInfer request failed")
@@ -329,7 +311,6 @@ class Inference:
 
     def _stream_decoupled(self, stream: Stream, call: Call, request: Any, decoded: kserve.Decoded) -> None:
         """One request of a decoupled model: its responses go out as they arrive."""
-        native = library.native()
         final_flag = stream.final_flag(request)
         state: dict[str, Any] = {"handle": None, "early": False}
         lock = threading.Lock()
@@ -344,7 +325,7 @@ class Inference:
                     return
                 while True:
                     try:
-                        status, outputs = native.stream_next(handle, False)
+                        status, outputs = handle.next(False)
                         if status == STREAM_ITEM:
                             decoded.check_regions()
                     except TritonError as exc:
@@ -366,7 +347,7 @@ class Inference:
                 empty.parameters["triton_final_response"].bool_param = True
                 stream.send(service_pb2.ModelStreamInferResponse(infer_response=empty))
             stream.handles.discard(handle)
-            native.stream_close(handle)
+            handle.close()
             stream.done_one()
 
         handle = self._submit(call, decoded, drain, True)

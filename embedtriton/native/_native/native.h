@@ -20,22 +20,57 @@
  * functions one file calls in another. Everything else in them is static.
  * Each file includes it first: Python.h must come before the system headers.
  *
+ * One file per stage of a call, in layers (a file calls only files below it;
+ * tests/unit/test_native_layers.py checks that the calls between files form no
+ * cycle):
+ *
  *   module.c     the module: load(), set_hooks(), the function table
- *   threads.c    the GIL on Triton's threads, waiting, batched wake-ups
- *   convert.c    dtype mapping, errors
- *   memory.c     response allocator, shared-memory mappings (SIGBUS guard)
- *   cuda.c       the CUDA runtime, DeviceArray, GPU inputs' holds, CUDA IPC
- *   calls.c      calls in flight: references, callbacks, results
- *   servers.c    open servers, the calls Triton holds, stop()'s helpers
- *   streams.c    several responses per call
- *   graveyard.c  deleting requests and responses late
- *   trace.c      Triton's timestamps for one request
- *   inputs.c     inputs (numpy, DLPack) and parameters of a request
- *   submit.c     submit(), cancel()
+ *   submit.c     submit(), cancel(): a call is set up and handed to Triton
+ *   many.c       submit_many(): a window of calls at a time
  *   backend.c    the backend: models, execute
- *   batch_io.c   a batch's inputs to Python, its outputs to Triton
  *   modes.c      batch rules, decoupled models, iterative sequences
- *   queues.c     queue policies and priorities in front of Triton's dynamic batcher */
+ *   batch_io.c   a batch's inputs to Python, its outputs to Triton
+ *   inputs.c     inputs (numpy, DLPack) and parameters of a request
+ *   complete.c   how a call's end reaches its caller: Triton's callbacks; the call's
+ *                kind (call_set_kind, the one place that tells kinds apart, registers
+ *                the kind's CallOps); a sync caller woken, an asyncio future resolved
+ *                (event loops' mailboxes), a target called with (outputs, error)
+ *   streams.c    a stream's hooks (stream_ops): responses queued for their consumer
+ *   cancel.c     a caller's cancel; stop()'s cancel_all, fail_pending, abort_pending
+ *   queues.c     queue policies and priorities in front of Triton's dynamic batcher
+ *   servers.c    open servers, the calls Triton holds (held list), Triton's cancel flag
+ *   outputs.c    a finished call's outputs as arrays
+ *   memory.c     response allocator, shared-memory mappings (SIGBUS guard)
+ *   calls.c      the Call: references, the completion claim, its end (runs its CallOps)
+ *   trace.c      Triton's timestamps for one request
+ *   threads.c    the GIL on Triton's threads, waiting, batched wake-ups
+ *   graveyard.c  deleting requests and responses late
+ *   cuda.c       the CUDA runtime, DeviceArray, GPU inputs' holds, CUDA IPC
+ *   convert.c    dtype mapping, errors
+ *
+ * Who calls whom among the files of a call's life (-> : calls or refers to; convert.c,
+ * at the bottom, is used by most; module.c, at the top, refers to every py_*):
+ *
+ *   many.c    -> submit.c, cancel.c, outputs.c, calls.c, threads.c, graveyard.c
+ *   backend.c -> modes.c, complete.c, queues.c, batch_io.c, threads.c, cuda.c
+ *   modes.c   -> complete.c, streams.c, batch_io.c, threads.c
+ *   submit.c  -> complete.c, cancel.c, queues.c, servers.c, outputs.c, calls.c, trace.c,
+ *                threads.c, graveyard.c, inputs.c
+ *   complete.c -> streams.c, queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c,
+ *                graveyard.c
+ *   streams.c -> cancel.c, outputs.c, calls.c, threads.c, graveyard.c
+ *   cancel.c  -> queues.c, servers.c, calls.c
+ *   queues.c  -> servers.c, calls.c, trace.c, threads.c, graveyard.c
+ *   servers.c -> calls.c
+ *   outputs.c -> memory.c, calls.c, cuda.c
+ *   memory.c  -> calls.c, cuda.c
+ *   calls.c   -> threads.c, graveyard.c
+ *   trace.c   -> threads.c
+ *   threads.c -> graveyard.c
+ *
+ * A lower file reaches a higher one only through the hooks a call carries
+ * (Call.ops: e.g. calls.c's call_wake_caller runs the kind's wake, which
+ * complete.c or streams.c registered). */
 #ifndef EMBEDTRITON_NATIVE_H
 #define EMBEDTRITON_NATIVE_H
 
@@ -102,15 +137,13 @@ extern __thread int t_gil_depth; /* > 0 while gil_enter() holds the GIL on this 
 extern uint64_t spin_ns;         /* EMBEDTRITON_SPIN_US overrides */
 extern atomic_int in_flight;     /* calls handed to Triton, not yet complete */
 extern unsigned long main_thread_ident;
-/* Inside one execute: async completions per event loop (loop -> list of
- * calls), and the sync callers to wake once it lets go of the GIL. */
-extern __thread PyObject* t_deferred;
+/* Inside one execute: the sync callers to wake once it lets go of the GIL. */
 extern __thread atomic_int** t_wake;
 extern __thread size_t t_wake_len, t_wake_cap;
 extern __thread int t_in_execute;
 extern __thread int t_model_thread;
 extern __thread const char* t_model_name; /* the model whose sync callable this thread runs */
-PyObject* py_finish_batch(PyObject* self, PyObject* args);
+PyObject* py_finish_batch(PyObject* self, PyObject* args); /* (backend.c) */
 
 int gil_enter(void);
 void gil_leave(int entered);
@@ -118,10 +151,6 @@ void wait_signal(atomic_int* state);
 int wait_for(atomic_int* state, int spin, uint64_t timeout_ns);
 int on_main_thread(void);
 int wait_interruptible(atomic_int* state);
-struct Call;
-void schedule_async(struct Call* c);
-void flush_deferred(void);
-void take_mailbox(PyObject* loop, PyObject* calls);
 void flush_wakes(void);
 
 /* ---- convert.c: dtypes and errors --------------------------------------- */
@@ -215,12 +244,32 @@ PyObject* py_cuda_ipc_open(PyObject* self, PyObject* args);
 PyObject* py_cuda_ipc_close(PyObject* self, PyObject* args);
 PyObject* py_cuda_allocation_size(PyObject* self, PyObject* args);
 
-/* ---- calls.c: calls in flight (caller side) ----------------------------- */
+/* ---- calls.c: the Call, its references and its end ---------------------- */
 
 typedef struct Queued {
   struct Queued* next;
   TRITONSERVER_InferenceResponse* response;
 } Queued;
+
+struct Call;
+/* How a call was submitted (call_set_kind, complete.c: the only place that tells them apart). */
+typedef enum { CALL_WAIT, CALL_LOOP, CALL_TARGET, CALL_STREAM } CallKind;
+
+/* A kind's stage hooks, registered by call_set_kind (NULL: nothing to do at that stage). */
+typedef struct CallOps {
+  /* Triton's response callback (any thread, without the GIL or inside an execute) */
+  void (*response)(struct Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags);
+  /* Triton's final response completed the call (claimed): tell its caller */
+  void (*finish)(struct Call* c);
+  /* With the GIL: the call was completed here, not by Triton (claimed): tell its caller */
+  void (*wake)(struct Call* c);
+  /* With the GIL: Triton released the request */
+  void (*released)(struct Call* c, TRITONSERVER_InferenceRequest* request);
+  /* Under held_lock: the request is flagged cancelled */
+  void (*cancelled)(struct Call* c);
+  /* With the GIL: the call is freed */
+  void (*destroy)(struct Call* c);
+} CallOps;
 
 typedef struct Call {
   struct Call *prev, *next; /* the held list (Triton holds the request), for stop() */
@@ -231,9 +280,10 @@ typedef struct Call {
   atomic_int refs;
   atomic_int completed; /* one-shot: the caller was completed (by Triton or by stop) */
   int finalized;        /* Triton delivered the final response */
-  int is_async;
+  CallKind kind;
+  const CallOps* ops; /* its kind's hooks */
+  int is_async;       /* (submit.c) the caller does not wait: CALL_LOOP or CALL_TARGET */
   /* streams (several responses): a queue the consumer pops, under mu */
-  int is_stream;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct Queued* head;
@@ -247,8 +297,8 @@ typedef struct Call {
   struct Group* group;                    /* a call of submit_many() (many.c) */
   Py_ssize_t group_index;
   _Atomic(TRITONSERVER_InferenceResponse*) response;
-  PyObject* loop;
-  PyObject* future;
+  PyObject* loop;   /* CALL_LOOP: its event loop (a stream's consumer's, if any) */
+  PyObject* future; /* CALL_LOOP: its future; CALL_TARGET: its target; a stream: its wake-up */
   Py_ssize_t n_keep;
   PyObject** keep; /* input arrays (and BYTES buffers) Triton reads from */
   PyObject* keep_inline[8];
@@ -276,16 +326,16 @@ typedef struct Group {
 } Group;
 
 void call_unref(Call* c);
-void sync_done(Call* c);
 const Preset* call_preset(struct Call* c, const char* name);
 void call_drop_inputs(Call* c);
 void call_free(Call* c);
 int call_claim(Call* c);
-void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
-void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
+void call_wake_caller(Call* c);
+
+/* ---- outputs.c: a finished call's outputs ------------------------------- */
+
 PyObject* call_collect(Call* c);
 PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c);
-PyObject* py_complete(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 /* ---- servers.c: open servers and the calls Triton holds ----------------- */
 
@@ -295,23 +345,39 @@ int server_is_open(TRITONSERVER_Server* s);
 void end_drain(TRITONSERVER_Server* server);
 void held_add(Call* c);
 void held_release(Call* c);
-void call_cancel(Call* c);
-void call_wake_caller(Call* c);
+int held_cancel(Call* c, int (*take)(Call*));
+long held_cancel_server(TRITONSERVER_Server* server, int (*take)(Call*), Call*** out,
+                        size_t* n_out);
+size_t held_claim_waiting(TRITONSERVER_Server* server, Call** out, size_t cap);
+Call* held_find(TRITONSERVER_Server* server);
 PyObject* py_pending(PyObject* self, PyObject* arg);
-PyObject* py_cancel_all(PyObject* self, PyObject* arg);
-PyObject* py_fail_pending(PyObject* self, PyObject* arg);
-PyObject* py_abort_pending(PyObject* self, PyObject* arg);
 PyObject* py_open_server(PyObject* self, PyObject* arg);
 PyObject* py_close_server(PyObject* self, PyObject* arg);
 
+/* ---- cancel.c: cancelling and failing calls ----------------------------- */
+
+void call_cancel(Call* c);
+PyObject* py_cancel_all(PyObject* self, PyObject* arg);
+PyObject* py_fail_pending(PyObject* self, PyObject* arg);
+PyObject* py_abort_pending(PyObject* self, PyObject* arg);
+
 /* ---- streams.c: several responses per call ------------------------------ */
 
-void wake_stream_consumer(Call* c);
-void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags);
+extern const CallOps stream_ops;
 PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
-void mark_stream_closed(void* request);
 int take_stream_closed(void* request);
 PyObject* py_stream_close(PyObject* self, PyObject* capsule);
+
+/* ---- complete.c: Triton's callbacks, the kinds, completion delivery ----- */
+
+/* Inside one execute: completions per event loop (loop -> list of calls; None -> calls
+ * with a target), handed on by flush_deferred once it is done. */
+extern __thread PyObject* t_deferred;
+void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target);
+void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
+void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
+void flush_deferred(void);
+PyObject* py_complete(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 /* ---- submit.c, many.c: requests from Python ---------------------------- */
 
@@ -416,8 +482,8 @@ typedef struct {
   PyObject* iterate; /* iterative sequences: binding._iterate(step), or NULL */
   Py_ssize_t n_outputs;
   OutputSpec* outputs;
-  PyObject* gpu_wrap;  /* GPU inputs for the callable: DeviceArray -> cupy/torch; NULL: as is */
-  char** gpu_inputs;   /* inputs declared Tensor(device="gpu") */
+  PyObject* gpu_wrap; /* GPU inputs for the callable: DeviceArray -> cupy/torch; NULL: as is */
+  char** gpu_inputs;  /* inputs declared Tensor(device="gpu") */
   Py_ssize_t n_gpu_inputs;
   /* Warm-up: the executions left before the model serves (binding.warmup_runs), and whether one
    * failed. Triton 2.51 crashes when a warm-up request fails, so a warm-up failure is recorded

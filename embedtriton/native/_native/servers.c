@@ -1,6 +1,8 @@
 /* Servers and the calls Triton holds for them: whether submit() accepts
- * requests for a server (open_server, close_server), and what stop() does with
- * a server's calls (count, cancel, fail and abort them). */
+ * requests for a server (open_server, close_server), the held list (from submit
+ * until Triton's release) and its walks for cancel.c, and Triton's cancellation
+ * flag on a held request. What to do with the calls found (fail, abort) is
+ * cancel.c's. */
 #include "native.h"
 
 /* Servers that accept requests. submit() holds the read lock while it hands
@@ -52,49 +54,80 @@ void held_release(Call* c)
 
 /* Holding held_lock: mark the request cancelled if Triton still holds it (Triton
  * only sets a flag; a released request is buried, not deleted, so the pointer is
- * still Triton's). A stream's request is also listed as closed for the iterative
- * path, where the flag does not survive a RESCHEDULE release. */
+ * still Triton's). Its kind may want to know (a stream lists its request as closed
+ * for the iterative path, where the flag does not survive a RESCHEDULE release). */
 static void cancel_held_locked(Call* c)
 {
   if (c->released) return;
-  if (c->is_stream) mark_stream_closed(c->request);
+  if (c->ops->cancelled != NULL) c->ops->cancelled(c);
   TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestCancel(c->request);
   if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
 }
 
-void call_cancel(Call* c)
+/* Cancel one call: unless take(c) (under held_lock, while Triton has not released it)
+ * takes it out of where it waits instead (a queue policy's gate). Returns whether it did. */
+int held_cancel(Call* c, int (*take)(Call*))
 {
   pthread_mutex_lock(&held_lock);
-  int taken = !c->released && gate_take(c); /* waiting in its queue policy's gate */
+  int taken = !c->released && take(c);
   if (!taken) cancel_held_locked(c);
   pthread_mutex_unlock(&held_lock);
-  if (taken) gate_fail_cancelled(c);
+  return taken;
 }
 
-/* With the GIL: wake the caller of a call completed here, not by Triton (claimed by
- * the caller of this): its stream ends, its future is resolved or its thread woken. */
-void call_wake_caller(Call* c)
+/* Cancel every call the server holds, or take it with take(c) as held_cancel does: the
+ * calls taken are listed in *out (malloc'ed, *n_out of them), each with a reference added.
+ * Returns how many calls the server holds. */
+long held_cancel_server(TRITONSERVER_Server* server, int (*take)(Call*), Call*** out, size_t* n_out)
 {
-  if (c->is_stream) {
-    pthread_mutex_lock(&c->mu);
-    c->finished = 1;
-    pthread_cond_signal(&c->cv);
-    int notify = !c->closed && c->loop != NULL;
-    pthread_mutex_unlock(&c->mu);
-    if (notify) wake_stream_consumer(c);
-  } else if (c->is_async) {
-    schedule_async(c);
-  } else {
-    sync_done(c);
-  }
+  long n = 0;
+  Call** taken = NULL;
+  size_t n_taken = 0, cap = 0;
+  pthread_mutex_lock(&held_lock);
+  for (Call* c = held.next; c != &held; c = c->next)
+    if (c->server == server) {
+      n++;
+      if (n_taken == cap) {
+        size_t grown_cap = cap ? 2 * cap : 16;
+        Call** grown = realloc(taken, grown_cap * sizeof(Call*));
+        if (grown != NULL) taken = grown, cap = grown_cap;
+      }
+      if (n_taken < cap && take(c)) {
+        atomic_fetch_add(&c->refs, 1); /* keep it until its caller is told */
+        taken[n_taken++] = c;
+      } else {
+        cancel_held_locked(c);
+      }
+    }
+  pthread_mutex_unlock(&held_lock);
+  *out = taken;
+  *n_out = n_taken;
+  return n;
 }
 
-/* With the GIL: complete a call that Triton did not complete (claimed by the
- * caller of this): its caller gets an UnavailableError. */
-static void call_abort(Call* c)
+/* Claim (under held_lock) up to cap calls of server that are not completed. */
+size_t held_claim_waiting(TRITONSERVER_Server* server, Call** out, size_t cap)
 {
-  c->aborted = 1;
-  call_wake_caller(c);
+  size_t n = 0;
+  pthread_mutex_lock(&held_lock);
+  for (Call* c = held.next; c != &held && n < cap; c = c->next)
+    if (c->server == server && call_claim(c)) out[n++] = c;
+  pthread_mutex_unlock(&held_lock);
+  return n;
+}
+
+/* A call the server still holds, or NULL. */
+Call* held_find(TRITONSERVER_Server* server)
+{
+  Call* found = NULL;
+  pthread_mutex_lock(&held_lock);
+  for (Call* c = held.next; c != &held; c = c->next)
+    if (c->server == server) {
+      found = c;
+      break;
+    }
+  pthread_mutex_unlock(&held_lock);
+  return found;
 }
 
 static TRITONSERVER_Server* server_arg(PyObject* arg)
@@ -117,110 +150,6 @@ PyObject* py_pending(PyObject* self, PyObject* arg)
     }
   pthread_mutex_unlock(&held_lock);
   return Py_BuildValue("(ll)", waiting, holding);
-}
-
-/* cancel_all(server): mark every request Triton holds for the server
- * cancelled (queued ones are dropped by Triton's scheduler; a running
- * decoupled model stops at its next step). Returns the count. */
-PyObject* py_cancel_all(PyObject* self, PyObject* arg)
-{
-  (void)self;
-  TRITONSERVER_Server* server = server_arg(arg);
-  if (PyErr_Occurred()) return NULL;
-  long n = 0;
-  Call** taken = NULL; /* calls waiting in a gate (queues.c): failed once the lock is let go */
-  size_t n_taken = 0, cap = 0;
-  pthread_mutex_lock(&held_lock);
-  for (Call* c = held.next; c != &held; c = c->next)
-    if (c->server == server) {
-      n++;
-      if (n_taken == cap) {
-        size_t grown_cap = cap ? 2 * cap : 16;
-        Call** grown = realloc(taken, grown_cap * sizeof(Call*));
-        if (grown != NULL) taken = grown, cap = grown_cap;
-      }
-      if (n_taken < cap && gate_take(c)) {
-        atomic_fetch_add(&c->refs, 1); /* keep it until it is failed below */
-        taken[n_taken++] = c;
-      } else {
-        cancel_held_locked(c);
-      }
-    }
-  pthread_mutex_unlock(&held_lock);
-  for (size_t i = 0; i < n_taken; i++) {
-    gate_fail_cancelled(taken[i]);
-    call_unref(taken[i]);
-  }
-  free(taken);
-  return PyLong_FromLong(n);
-}
-
-/* Claim (under held_lock) up to cap calls of server that are not completed. */
-static size_t claim_waiting(TRITONSERVER_Server* server, Call** out, size_t cap)
-{
-  size_t n = 0;
-  pthread_mutex_lock(&held_lock);
-  for (Call* c = held.next; c != &held && n < cap; c = c->next)
-    if (c->server == server && call_claim(c)) out[n++] = c;
-  pthread_mutex_unlock(&held_lock);
-  return n;
-}
-
-/* fail_pending(server): stop()'s deadline passed: every call of the server
- * that Triton has not completed fails now (UnavailableError); what Triton
- * still runs finishes on its own and its late responses are dropped. A
- * claimed call stays alive: its caller's reference is only dropped once it
- * has been told. Returns the count. */
-PyObject* py_fail_pending(PyObject* self, PyObject* arg)
-{
-  (void)self;
-  TRITONSERVER_Server* server = server_arg(arg);
-  if (PyErr_Occurred()) return NULL;
-  Py_BEGIN_ALLOW_THREADS
-  end_drain(server); /* no new model-to-model calls: they would not be failed here */
-  Py_END_ALLOW_THREADS
-  long n = 0;
-  Call* batch[256];
-  size_t got;
-  while ((got = claim_waiting(server, batch, 256)) > 0) {
-    for (size_t i = 0; i < got; i++) call_abort(batch[i]);
-    n += (long)got;
-  }
-  return PyLong_FromLong(n);
-}
-
-/* abort_pending(server): after the server is deleted, no callback will come:
- * fail what is left and drop Triton's references. Returns the count. */
-PyObject* py_abort_pending(PyObject* self, PyObject* arg)
-{
-  (void)self;
-  TRITONSERVER_Server* server = server_arg(arg);
-  if (PyErr_Occurred()) return NULL;
-  long n = 0;
-  for (;;) {
-    Call* found = NULL;
-    pthread_mutex_lock(&held_lock);
-    for (Call* c = held.next; c != &held; c = c->next)
-      if (c->server == server) {
-        found = c;
-        break;
-      }
-    pthread_mutex_unlock(&held_lock);
-    if (found == NULL) break;
-    n++;
-    gate_drop(found); /* (never handed to Triton: only its gate knew it) */
-    held_release(found);
-    atomic_fetch_add(&found->refs, 1); /* keep it while we tell its caller */
-    if (call_claim(found)) call_abort(found);
-    call_drop_inputs(found);
-    if (!found->finalized) {
-      found->finalized = 1;
-      call_unref(found); /* Triton's final response */
-    }
-    call_unref(found); /* Triton's release */
-    call_unref(found);
-  }
-  return PyLong_FromLong(n);
 }
 
 /* open_server(handle) / close_server(handle): whether submit() accepts

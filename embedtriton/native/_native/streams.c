@@ -1,28 +1,42 @@
 /* Streams: a call with several responses (decoupled and iterative models),
  * queued for the consumer that pops them (stream_next) until it closes the
- * stream or the final response arrives. */
+ * stream or the final response arrives. A stream's stage hooks (stream_ops:
+ * Triton's responses, its end, its release, its cancel, its free) live here;
+ * complete.c picks them for a call submitted with stream=True. The consumer
+ * blocks (stream_next), or is woken by its event loop or called here (its
+ * target) when a response arrives. */
 #include "native.h"
 
 #include <errno.h>
 
-/* An asyncio stream consumer: wake its loop (loop and the wake-up callable live
- * until the call is freed). */
-void wake_stream_consumer(Call* c)
+/* Wake an asyncio consumer's loop (loop.call_soon_threadsafe(wake)) or call the
+ * consumer's target (wake()) here, on the thread that completes the call (loop and
+ * target live until the call is freed). */
+static void wake_stream_consumer(Call* c)
 {
   int entered = gil_enter();
-  PyObject* r = PyObject_CallMethodObjArgs(c->loop, s_call_soon_threadsafe, c->future, NULL);
-  if (r == NULL) PyErr_Clear(); /* the loop is closed */
-  Py_XDECREF(r);
+  PyObject* wake = Py_NewRef(c->future);
+  if (c->loop != NULL) {
+    PyObject* r = PyObject_CallMethodObjArgs(c->loop, s_call_soon_threadsafe, wake, NULL);
+    if (r == NULL) PyErr_Clear(); /* the loop is closed */
+    Py_XDECREF(r);
+  } else {
+    PyObject* r = PyObject_CallNoArgs(wake);
+    if (r == NULL) PyErr_WriteUnraisable(wake);
+    Py_XDECREF(r);
+  }
+  Py_DECREF(wake);
   gil_leave(entered);
 }
 
-void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
+/* Triton's response callback for a stream: queue the response for the consumer. */
+static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
 {
   Queued* q = response ? malloc(sizeof(Queued)) : NULL;
   if (q) q->next = NULL, q->response = response;
   int final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
   pthread_mutex_lock(&c->mu);
-  int notify = !c->closed && !c->aborted && c->loop != NULL;
+  int notify = !c->closed && !c->aborted && c->future != NULL;
   if (q && !c->closed && !c->aborted) {
     if (c->tail) c->tail->next = q;
     else c->head = q;
@@ -42,6 +56,61 @@ void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t
   if (notify) wake_stream_consumer(c);
   if (final) call_unref(c); /* Triton's final response */
 }
+
+/* With the GIL: the stream was completed here, not by Triton (claimed): it ends. */
+static void stream_wake(Call* c)
+{
+  pthread_mutex_lock(&c->mu);
+  c->finished = 1;
+  pthread_cond_signal(&c->cv);
+  int notify = !c->closed && c->future != NULL;
+  pthread_mutex_unlock(&c->mu);
+  if (notify) wake_stream_consumer(c);
+}
+
+/* With the GIL: Triton released the stream's request. */
+static void stream_released(Call* c, TRITONSERVER_InferenceRequest* request)
+{
+  (void)c;
+  take_stream_closed(request); /* forget it (closed, or cancelled): the pointer may be reused */
+  if (g_request_done != NULL) {
+    /* an iterative model's generator for it, if any, is done too (Triton may have
+     * dropped a cancelled request without running the model again) */
+    PyObject* r = PyObject_CallFunction(g_request_done, "N", PyLong_FromVoidPtr(request));
+    if (r == NULL) PyErr_WriteUnraisable(g_request_done);
+    Py_XDECREF(r);
+  }
+}
+
+static void mark_stream_closed(void* request);
+
+/* Under held_lock, as Triton's cancellation flag is set: list the request as closed. */
+static void stream_cancelled(Call* c)
+{
+  mark_stream_closed(c->request);
+}
+
+/* With the GIL: the call is freed; so is what its consumer never read. */
+static void stream_destroy(Call* c)
+{
+  for (Queued* q = c->head; q != NULL;) {
+    Queued* next = q->next;
+    bury(NULL, q->response);
+    free(q);
+    q = next;
+  }
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
+}
+
+const CallOps stream_ops = {
+    .response = stream_response,
+    .finish = NULL, /* (stream_response ends the stream itself) */
+    .wake = stream_wake,
+    .released = stream_released,
+    .cancelled = stream_cancelled,
+    .destroy = stream_destroy,
+};
 
 /* stream_next(stream, block) -> (0, outputs) | (1, None) when nothing is
  * there yet (block=False) | (2, None) at the end. An error response raises. */
@@ -107,7 +176,7 @@ static pthread_mutex_t closed_lock = PTHREAD_MUTEX_INITIALIZER;
 static void** closed_requests = NULL;
 static size_t closed_len = 0, closed_cap = 0;
 
-void mark_stream_closed(void* request)
+static void mark_stream_closed(void* request)
 {
   pthread_mutex_lock(&closed_lock);
   if (closed_len == closed_cap) {

@@ -283,8 +283,7 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
   Py_ssize_t n_inputs = PyDict_GET_SIZE(inputs);
   c->keep = n_inputs <= 8 ? c->keep_inline : calloc((size_t)n_inputs, sizeof(PyObject*));
   atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
-  c->is_stream = stream;
-  c->is_async = !stream && loop != Py_None;
+  call_set_kind(c, stream, loop, future); /* its kind's completion (complete.c) */
   c->request = req;
   c->group = group;
   c->out_device = s->out_device;

@@ -1,7 +1,8 @@
 /* The threads of the data path: the GIL on Triton's threads, a caller waiting
- * for its call (spinning, then a futex; Ctrl-C on the main thread), and the
- * completions met inside one execute, handed on in batches once it is done
- * (asyncio futures to their event loops, sleeping callers woken). */
+ * for its call (spinning, then a futex; Ctrl-C on the main thread), what a
+ * thread is running (an execute, a model's event loop), and the sleeping
+ * callers met inside one execute, woken once it is done. (Asyncio completions
+ * are batched the same way by complete.c.) */
 #include "native.h"
 
 #include <errno.h>
@@ -103,128 +104,6 @@ int wait_interruptible(atomic_int* state)
   }
   PyEval_RestoreThread(ts);
   return 0;
-}
-
-/* Async completions met inside one execute are handed to each event loop in
- * one call_soon_threadsafe (one wake-up of the loop per batch, not per
- * request): t_deferred maps loop -> list of calls while execute runs.
- * Across executes, a loop that has not yet run the _complete it was handed
- * gets later completions added to that same list (its mailbox) instead of
- * another call_soon_threadsafe: under load one wake-up of the loop resolves
- * the completions of many batches. g_mailboxes maps loop -> the list its
- * pending _complete will take; all of it under the GIL. */
-__thread PyObject* t_deferred = NULL;
-static PyObject* g_mailboxes = NULL;
-
-static void free_calls(PyObject* calls)
-{
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); i++)
-    call_free((Call*)PyCapsule_GetPointer(PyList_GET_ITEM(calls, i), "embedtriton.call"));
-  PyList_SetSlice(calls, 0, PyList_GET_SIZE(calls), NULL);
-}
-
-/* Whether an asyncio loop was closed (its pending callbacks will never run). */
-static int loop_closed(PyObject* loop)
-{
-  static PyObject* s_is_closed = NULL;
-  if (s_is_closed == NULL && (s_is_closed = PyUnicode_InternFromString("is_closed")) == NULL) {
-    PyErr_Clear();
-    return 0;
-  }
-  PyObject* r = PyObject_CallMethodNoArgs(loop, s_is_closed);
-  int closed = r == Py_True;
-  if (r == NULL) PyErr_Clear(); /* not an asyncio loop: it runs what it is handed */
-  Py_XDECREF(r);
-  return closed;
-}
-
-static void hand_to_loop(PyObject* loop, PyObject* calls)
-{
-  if (g_mailboxes == NULL && (g_mailboxes = PyDict_New()) == NULL) {
-    PyErr_WriteUnraisable(loop);
-    free_calls(calls);
-    return;
-  }
-  int closed = 0;
-  PyObject* mailbox = PyDict_GetItemWithError(g_mailboxes, loop); /* borrowed */
-  if (mailbox != NULL) {
-    closed = loop_closed(loop); /* Python code: the loop may take its mailbox meanwhile */
-    mailbox = PyDict_GetItemWithError(g_mailboxes, loop);
-  }
-  if (mailbox != NULL) {
-    if (!closed) {
-      if (PyList_SetSlice(mailbox, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, calls) == 0) return;
-      PyErr_WriteUnraisable(loop);
-      free_calls(calls);
-      return;
-    }
-    Py_INCREF(mailbox); /* its _complete will never run */
-    take_mailbox(loop, mailbox);
-    free_calls(mailbox);
-    Py_DECREF(mailbox);
-  }
-  PyErr_Clear();
-  if (PyDict_SetItem(g_mailboxes, loop, calls) < 0) {
-    PyErr_WriteUnraisable(loop);
-    free_calls(calls);
-    return;
-  }
-  /* (an immediate loop runs _complete inside this call, which takes the mailbox back) */
-  PyObject* r =
-      PyObject_CallMethodObjArgs(loop, s_call_soon_threadsafe, g_complete, loop, calls, NULL);
-  if (r == NULL) { /* the loop is closed: nobody is waiting any more */
-    PyErr_WriteUnraisable(loop);
-    take_mailbox(loop, calls);
-    free_calls(calls);
-  }
-  Py_XDECREF(r);
-}
-
-/* With the GIL, on the loop (from _complete): the mailbox stops taking completions. */
-void take_mailbox(PyObject* loop, PyObject* calls)
-{
-  PyObject* mailbox = g_mailboxes ? PyDict_GetItemWithError(g_mailboxes, loop) : NULL;
-  if (mailbox == calls && PyDict_DelItem(g_mailboxes, loop) < 0) PyErr_WriteUnraisable(loop);
-  PyErr_Clear();
-}
-
-/* With the GIL: hand an async call's completion to its event loop. */
-void schedule_async(Call* c)
-{
-  PyObject* capsule = PyCapsule_New(c, "embedtriton.call", NULL);
-  if (capsule == NULL) {
-    PyErr_WriteUnraisable(NULL);
-    return;
-  }
-  if (t_deferred != NULL) {
-    PyObject* calls = PyDict_GetItemWithError(t_deferred, c->loop);
-    if (calls == NULL && !PyErr_Occurred()) {
-      calls = PyList_New(0);
-      if (calls && PyDict_SetItem(t_deferred, c->loop, calls) == 0) Py_DECREF(calls);
-    }
-    if (calls != NULL && PyList_Append(calls, capsule) == 0) {
-      Py_DECREF(capsule);
-      return;
-    }
-    PyErr_Clear();
-  }
-  PyObject* calls = PyList_New(1);
-  if (calls != NULL) {
-    PyList_SET_ITEM(calls, 0, capsule);
-    hand_to_loop(c->loop, calls);
-    Py_DECREF(calls);
-  }
-}
-
-void flush_deferred(void)
-{
-  PyObject* deferred = t_deferred;
-  t_deferred = NULL;
-  if (deferred == NULL) return;
-  Py_ssize_t pos = 0;
-  PyObject *loop, *calls;
-  while (PyDict_Next(deferred, &pos, &loop, &calls)) hand_to_loop(loop, calls);
-  Py_DECREF(deferred);
 }
 
 /* Synchronous callers completed inside one execute are woken after it lets

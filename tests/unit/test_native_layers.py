@@ -1,0 +1,91 @@
+"""The native module's files call each other in one direction only: read from the C source
+(embedtriton/native/_native/*.c), every call of (or reference to) a function that another
+file defines is an edge between the two files, and the edges form no cycle, so each stage
+of a call has one owner below the stages that use it (the file list and the order are at
+the top of native.h). Nothing is compiled or run."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+NATIVE = Path(__file__).resolve().parents[2] / "embedtriton" / "native" / "_native"
+
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+STRING = re.compile(r'"(?:\\.|[^"\\\n])*"')
+# A function defined at file scope and not static: "type name(params)" with its body next.
+DEFINITION = re.compile(r"^(?!static\b|typedef\b|extern\b)[A-Za-z_][\w \t\*]*?\b(\w+)\s*\([^;{]*\)\s*\{", re.M)
+
+
+def source(path: Path) -> str:
+    return STRING.sub('""', COMMENT.sub(" ", path.read_text()))
+
+
+def files() -> dict[str, str]:
+    return {p.name: source(p) for p in sorted(NATIVE.glob("*.c"))}
+
+
+def definitions(texts: dict[str, str]) -> dict[str, str]:
+    """function -> the file that defines it."""
+    found: dict[str, str] = {}
+    for name, text in texts.items():
+        for m in DEFINITION.finditer(text):
+            if m.group(1) not in {"if", "while", "for", "switch", "return", "PyInit__native"}:
+                found.setdefault(m.group(1), name)
+    return found
+
+
+def graph() -> dict[str, dict[str, set[str]]]:
+    """file -> {file it uses: the functions it uses there}."""
+    texts = files()
+    defined = definitions(texts)
+    edges: dict[str, dict[str, set[str]]] = {name: {} for name in texts}
+    for name, text in texts.items():
+        used = set(re.findall(r"\b\w+\b", text))
+        for function in used & set(defined):
+            if defined[function] != name:
+                edges[name].setdefault(defined[function], set()).add(function)
+    return edges
+
+
+def test_the_graph_is_read():
+    edges = graph()
+    assert "submit_locked" in edges["many.c"]["submit.c"]
+    assert "response_cb" in edges["submit.c"]["complete.c"]  # a reference, not a call
+    assert "py_submit" in edges["module.c"]["submit.c"]  # the function table
+    assert "call_cancel" in edges["streams.c"]["cancel.c"]
+
+
+def test_no_cycles_between_files():
+    edges = graph()
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(edges[name]):
+            if state.get(target) == 1:
+                loop = [*path, name][[*path, name].index(target) :] + [target]
+                cycles.append(
+                    " -> ".join(f"{a} ({', '.join(sorted(edges[a][b]))})" for a, b in itertools.pairwise(loop))
+                )
+            elif target not in state:
+                visit(target, [*path, name])
+        state[name] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [])
+    assert cycles == []
+
+
+def test_the_kind_of_a_call_is_told_in_one_place():
+    """Only complete.c's call_set_kind tells the kinds apart; the other files run the hooks
+    it registered (submit.c reads is_async, which call_set_kind sets)."""
+    told = {
+        name
+        for name, text in files().items()
+        if re.search(r"\bCALL_(WAIT|LOOP|TARGET|STREAM)\b|\bc->kind\b|\bis_stream\b", text)
+    }
+    assert told == {"complete.c"}
