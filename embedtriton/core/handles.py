@@ -9,8 +9,6 @@ capsules or functions (they do not import :mod:`embedtriton.backend.library`).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 from ..backend import library
@@ -24,7 +22,6 @@ __all__ = [
     "Memory",
     "Stream",
     "memory",
-    "returns_handles",
 ]
 
 
@@ -101,21 +98,3 @@ _MEMORY = Memory()
 def memory() -> Memory:
     """The native memory functions (shared-memory mappings, CUDA IPC) for the frontends."""
     return _MEMORY
-
-
-def returns_handles(submit: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps :meth:`Model.submit`: a stream comes back as a :class:`Stream`, a cancellable call
-    that completes elsewhere (on a loop, or by calling its target) as a :class:`Cancel`."""
-
-    @functools.wraps(submit)
-    def wrapper(
-        self: Any, request: Any, loop: Any = None, target: Any = None, stream: bool = False, cancellable: bool = False
-    ) -> Any:
-        result = submit(self, request, loop, target, stream, cancellable)
-        if stream:
-            return Stream(result)
-        if cancellable and result is not None and (loop is not None or target is not None):
-            return Cancel(result)
-        return result
-
-    return wrapper

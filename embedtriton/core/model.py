@@ -13,7 +13,7 @@ from ..backend.request import DEADLINE_PARAMETER, deadline, deadlines
 from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..triton import control
 from .fixits import explain_inputs
-from .handles import returns_handles
+from .handles import Cancel, Stream
 from .queues import queue_stats, with_queue_in_statistics
 from .request import InferRequest, RequestOptions, timeout_of, with_deadline
 from .streams import iterate, iterate_async
@@ -121,7 +121,6 @@ class Model:
         finally:
             await responses.aclose()  # closes the stream now, not when collected
 
-    @returns_handles
     def submit(
         self,
         request: InferRequest,
@@ -157,7 +156,7 @@ class Model:
                 )  # fmt: skip
                 if span is not None:
                     request = request.traced(traced, sink)
-            return native.submit(
+            result = native.submit(
                 server._handle, self.name, self.version, request, loop, target, stream, cancellable, release_gil
             )
         except Exception as exc:
@@ -166,6 +165,11 @@ class Model:
             if not isinstance(exc, (NotFoundError, UnavailableError)) or not hasattr(binding, "step_models"):
                 raise
             raise self._ensemble_error(binding, exc) from None  # an ensemble: name the step that is down
+        if stream:
+            return Stream(result)
+        if cancellable and result is not None and (loop is not None or target is not None):
+            return Cancel(result)
+        return result
 
     def infer_many(
         self,

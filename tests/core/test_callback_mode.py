@@ -142,3 +142,28 @@ def test_a_stream_without_a_loop_calls_its_target_as_responses_arrive(server):
     assert ended.wait(10)
     handle.close()
     assert parts == [10.0, 11.0, 12.0]
+
+
+def test_a_callable_may_submit_with_a_target_on_its_own_model_and_loop(server):
+    """A call completed through a target does not wait: an async def callable (on its event
+    loop) and a sync callable (on its own model) may submit one; a blocking call is refused."""
+    srv = Server()
+    seen: list = []
+
+    async def forwards(x):
+        done = threading.Event()
+        srv.model("Double2").submit(request(float(x[0, 0])), None, lambda out, err: (seen.append((out, err)), done.set()))
+        with pytest.raises(TritonError, match="blocking call from an async def callable"):
+            srv.model("Double2").infer({"x": x})
+        return {"y": x}
+
+    srv.bind("Double2", batch(lambda x: {"y": x * 2}), X, Y, ModelConfig(max_batch_size=8))
+    srv.bind("Forwards", batch(forwards), X, Y, ModelConfig(max_batch_size=8))
+    with srv:
+        srv.model("Forwards").infer({"x": np.full((1, 1), 4.0, F32)})
+        for _ in range(100):
+            if seen:
+                break
+            threading.Event().wait(0.05)
+    [(outputs, error)] = seen
+    assert error is None and outputs["y"][0, 0] == 8.0

@@ -203,12 +203,14 @@ PyObject* py_submit(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   int release_gil = PyObject_IsTrue(args[8]) == 1;
   RequestSpec s;
   if (target_args(args, &s) < 0) return NULL;
-  if (t_model_thread && loop == Py_None && !PyErr_Occurred()) /* it would wait on its own loop */
+  if (t_model_thread && loop == Py_None && future == Py_None && !PyErr_Occurred())
+    /* it would wait on its own loop (a target is called instead: it does not wait) */
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
                         "a blocking call from an async def callable would stop the event loop that "
                         "runs it: use await model.infer_async(...) (or async for ... in "
                         "model.stream_async(...))");
-  if (t_in_execute && loop == Py_None && t_model_name != NULL && s.model != NULL &&
+  if (t_in_execute && loop == Py_None && future == Py_None && t_model_name != NULL &&
+      s.model != NULL &&
       strcmp(s.model, t_model_name) == 0) /* its instance would wait for itself */
     return raise_triton(TRITONSERVER_ERROR_INVALID_ARG,
                         "a sync callable cannot call its own model: the instance running it would "
