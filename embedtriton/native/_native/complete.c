@@ -315,9 +315,8 @@ static const CallOps loop_ops = {
 static const CallOps target_ops = {
     .response = one_response, .finish = target_finish, .wake = target_finish};
 
-/* The call's kind, from submit()'s loop, target and stream, and its hooks; the loop and
- * target are the call's c->loop and c->future. (submit_locked holds them, but for a
- * stream with a target and no loop: held here.) */
+/* The call's kind, from submit()'s loop, target and stream, and its hooks; the call holds
+ * the loop and target (c->loop, c->future; call_free lets go of them). */
 void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target)
 {
   c->kind = stream              ? CALL_STREAM
@@ -328,10 +327,10 @@ void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target)
     case CALL_WAIT: c->ops = &wait_ops; break;
     case CALL_LOOP: c->ops = &loop_ops; break;
     case CALL_TARGET: c->ops = &target_ops; break;
-    case CALL_STREAM:
-      c->ops = &stream_ops;
-      if (loop == Py_None && target != Py_None) c->future = Py_NewRef(target); /* called */
-      break;
+    case CALL_STREAM: c->ops = &stream_ops; break;
   }
+  if (loop != Py_None) c->loop = Py_NewRef(loop);
+  if (target != Py_None) c->future = Py_NewRef(target); /* a stream's: wakes its consumer */
+  atomic_init(&c->done, WAIT_PENDING);
   c->is_async = c->kind == CALL_LOOP || c->kind == CALL_TARGET;
 }

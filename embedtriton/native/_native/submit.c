@@ -383,17 +383,9 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
    * the caller go too, freeing the call before this function returns. */
   int handle_ref = c->is_async && cancellable;
   atomic_fetch_add(&c->refs, 2 + handle_ref);
-  if (c->is_async || (stream && loop != Py_None)) {
-    c->loop = Py_NewRef(loop);
-    c->future = Py_NewRef(future); /* a stream's: the callable that wakes its consumer */
-  } else {
-    atomic_init(&c->done, WAIT_PENDING);
-  }
   TRITONSERVER_InferenceTrace* trace = NULL;
   if (trace_sink != Py_None && (trace = trace_new(trace_sink, &c->trace)) == NULL) {
     atomic_fetch_sub(&c->refs, 2 + handle_ref);
-    Py_CLEAR(c->loop);
-    Py_CLEAR(c->future);
     goto fail;
   }
   held_add(c);
