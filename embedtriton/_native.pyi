@@ -125,7 +125,7 @@ def in_model() -> bool:
 def close_server(server: _ServerHandle, /) -> None:
     """Stop accepting requests for a server (waits for submissions under way)."""
 
-def drain() -> int:
+def delete_released() -> int:
     """Delete the requests and responses Triton released long enough ago; returns how many wait."""
 
 def gate_stats(server: _ServerHandle, /) -> list[tuple[str, int, int, int, int, int, int, int]]:

@@ -1,6 +1,11 @@
-"""Every failure surfaces as a :class:`TritonError` subclass named after Triton's error code."""
+"""Every failure surfaces as a :class:`TritonError` subclass named after Triton's error code; the
+refusals that several layers send are worded once here."""
 
 from __future__ import annotations
+
+# What a request is told when refused for these reasons (by the core and by every endpoint).
+SERVER_STOPPING = "the server is stopping: it takes no new requests"
+MODEL_CONTROL_REFUSED = "explicit model load / unload is not allowed if polling is enabled"  # Triton's words
 
 
 class TritonError(Exception):

@@ -1,12 +1,13 @@
 """The public server: the core server (lifecycle, models) plus the frontends it can serve,
-``serve_grpc`` and ``serve_metrics``. Frontends wrap the server; the core knows none of them."""
+``serve_grpc``, ``serve_http``, ``serve_vertex_ai`` and ``serve_metrics``. Frontends wrap the
+server; the core knows none of them."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 from .config import ServerConfig
 from .core import CoreServer
@@ -18,13 +19,32 @@ log = logging.getLogger("embedtriton")
 
 __all__ = ["Server", "ServerConfig"]
 
+_Options = TypeVar("_Options", GrpcOptions, HttpOptions)
+
+
+def _endpoint_options(
+    kind: str, options: _Options, address: str | int | None, settings: dict[str, Any], skip_none: bool = False
+) -> _Options:
+    """An endpoint's ``options`` with the fields that ``address`` (unless None) and the keyword
+    ``settings`` of ``serve_*`` override (with ``skip_none``, a None setting overrides nothing).
+    An unknown setting is an :class:`InvalidArgumentError` that lists the known ones."""
+    fields = {f.name for f in dataclasses.fields(options) if f.init} - {"address"}
+    unknown = sorted(set(settings) - fields)
+    if unknown:
+        raise InvalidArgumentError(f"unknown {kind} setting(s) {unknown}; the settings are {sorted(fields)}")
+    if address is not None:
+        settings = {**settings, "address": address}
+    if skip_none:
+        settings = {k: v for k, v in settings.items() if v is not None}
+    return dataclasses.replace(options, **settings)
+
 
 class Server(CoreServer):
     """NVIDIA Triton Inference Server running inside this process.
 
     ``bind()`` Python callables as models, ``start()`` (or use ``with server:``), then call
-    them through ``server.model(name).infer(...)``; ``serve_grpc()`` serves them to other
-    processes, ``serve_metrics()`` exposes Triton's Prometheus metrics.
+    them through ``server.model(name).infer(...)``; ``serve_grpc()`` and ``serve_http()`` serve
+    them to other processes, ``serve_metrics()`` exposes Triton's Prometheus metrics.
     """
 
     def __enter__(self) -> Server:
@@ -50,13 +70,7 @@ class Server(CoreServer):
         ``--grpc-restricted-protocol`` specs) and ``header_forward_pattern``.
         Returns the port. Needs ``pip install "embedtriton[grpc]"``.
         """
-        fields = {f.name for f in dataclasses.fields(GrpcOptions) if f.init} - {"address"}
-        unknown = sorted(set(settings) - fields)
-        if unknown:
-            raise InvalidArgumentError(f"unknown gRPC setting(s) {unknown}; the settings are {sorted(fields)}")
-        if address is not None:
-            settings["address"] = address
-        options = dataclasses.replace(options or GrpcOptions(), **{k: v for k, v in settings.items() if v is not None})
+        options = _endpoint_options("gRPC", options or GrpcOptions(), address, settings, skip_none=True)
         from .frontends.grpc.endpoint import GrpcEndpoint
 
         with self._lock:
@@ -86,13 +100,7 @@ class Server(CoreServer):
         """
         from .frontends.http.rest import RestEndpoint
 
-        fields = {f.name for f in dataclasses.fields(HttpOptions) if f.init} - {"address"}
-        unknown = sorted(set(settings) - fields)
-        if unknown:
-            raise InvalidArgumentError(f"unknown HTTP setting(s) {unknown}; the settings are {sorted(fields)}")
-        if address is not None:
-            settings["address"] = address
-        options = dataclasses.replace(options or HttpOptions(), **settings)
+        options = _endpoint_options("HTTP", options or HttpOptions(), address, settings)
         with self._lock:
             if self.endpoint("http") is not None:
                 raise InvalidArgumentError("already serving HTTP")
@@ -125,12 +133,9 @@ class Server(CoreServer):
         """
         from .frontends.http import vertex_ai
 
-        fields = {f.name for f in dataclasses.fields(HttpOptions)} - {"address"}
-        unknown = sorted(set(settings) - fields)
-        if unknown:
-            raise InvalidArgumentError(f"unknown HTTP setting(s) {unknown}; the settings are {sorted(fields)}")
-        settings["address"] = address if address is not None else f"127.0.0.1:{os.environ.get('AIP_HTTP_PORT') or 8080}"
-        options = dataclasses.replace(options or HttpOptions(), **settings)
+        if address is None:
+            address = f"127.0.0.1:{os.environ.get('AIP_HTTP_PORT') or 8080}"
+        options = _endpoint_options("HTTP", options or HttpOptions(), address, settings)
         predict = os.environ.get("AIP_PREDICT_ROUTE", "") if predict_route is None else predict_route
         health = os.environ.get("AIP_HEALTH_ROUTE", "") if health_route is None else health_route
         with self._lock:

@@ -143,16 +143,16 @@ class Binding:
             self._alive += delta
             self._alive_changed.notify_all()
 
-    def wait_finalized(self, timeout: float, drain: Callable[[], Any]) -> bool:
+    def wait_finalized(self, timeout: float, delete_released: Callable[[], Any]) -> bool:
         """Wait until Triton has finalized every loaded copy of the model.
 
         Triton deletes an unloaded model on a thread of its own once the last request
-        referring to it is deleted; ``drain`` deletes the requests released meanwhile.
+        referring to it is deleted; ``delete_released`` deletes the requests released meanwhile.
         """
         deadline = time.monotonic() + timeout
         with self._alive_changed:
             while self._alive > 0:
-                drain()
+                delete_released()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

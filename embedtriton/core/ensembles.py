@@ -49,7 +49,7 @@ class Ensemble:
         """Triton's config (``library_path`` is for bound callables; an ensemble has none)."""
         return self._json
 
-    def wait_finalized(self, timeout: float, drain: Callable[[], Any]) -> bool:
+    def wait_finalized(self, timeout: float, delete_released: Callable[[], Any]) -> bool:
         """Nothing of ours runs in an ensemble: Triton lets go of it when it unloads it."""
         return True
 

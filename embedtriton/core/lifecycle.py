@@ -57,7 +57,7 @@ def reap() -> bool:
     if any(native.pending(handle)[1] for handle in _retired):
         return True  # a callable still runs: Triton holds its requests
     deadline = time.monotonic() + 0.1  # released requests go 20-40 ms late (see bury())
-    while native.drain() and time.monotonic() < deadline:
+    while native.delete_released() and time.monotonic() < deadline:
         time.sleep(0.005)
     for handle in _retired:
         try:

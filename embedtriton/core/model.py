@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..backend import library
 from ..backend.request import DEADLINE_PARAMETER, deadline, deadlines
-from ..errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
+from ..errors import SERVER_STOPPING, InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from ..triton import control
 from .fixits import explain_inputs
 from .handles import Cancel, Stream
@@ -39,7 +39,7 @@ class ModelHost(Protocol):
 
     _handle: int | None
     _bound: dict[str, Binding]
-    _native: dict[str, LoadedModel]
+    _repository_models: dict[str, LoadedModel]
     _stopping: bool
     _tracer: Tracer | None
 
@@ -227,7 +227,7 @@ class Model:
         """The checks every request passes before the native path; the model's binding."""
         server = self._server
         if server._stopping and not (library._native or library.native()).in_model():  # see CoreServer.stop
-            raise UnavailableError("the server is stopping: it takes no new requests")
+            raise UnavailableError(SERVER_STOPPING)
         binding = server._bound.get(self.name)
         if not stream and (binding.decoupled if binding is not None else self.decoupled):
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
@@ -281,7 +281,7 @@ class Model:
         binding = self._server._bound.get(self.name)
         if binding is not None:
             return binding.decoupled
-        loaded = self._server._native.get(self.name)
+        loaded = self._server._repository_models.get(self.name)
         return loaded is not None and loaded.decoupled
 
     @property
@@ -290,7 +290,7 @@ class Model:
         binding = self._server._bound.get(self.name)
         if binding is not None:
             return binding.config.batching
-        loaded = self._server._native.get(self.name)
+        loaded = self._server._repository_models.get(self.name)
         return loaded is not None and loaded.max_batch_size > 0
 
     def labels(self, output: str) -> tuple[str, ...] | None:

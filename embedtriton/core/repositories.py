@@ -323,7 +323,7 @@ class Repositories:
         if item.kind == "callable":
             self.server.unbind(name)
         else:
-            self.server._unload_native(name)
+            self.server._unload_repository_model(name)
 
     def _load(self, found: Found) -> None:
         """Load (or reload) one model as it is on disk now; on failure what served stays, and
@@ -353,12 +353,12 @@ class Repositories:
         if found.python_backend:
             check_python_backend(found.name, execution_env(found.path / "config.pbtxt"))
             guard_stubs()  # no stub of its outlives this process
-        backend_dir = self.server._repository.backend_dir
+        backend_dir = self.server._generated_repository.backend_dir
         onnx_backend = backend_dir is not None and (backend_dir / "onnxruntime").is_dir()
         if found.kind == "triton" or (
             found.kind == "onnx" and onnx_backend and (found.path / "config.pbtxt").is_file()
         ):
-            self.server._load_native(found.name, found.path)  # (an NGC install runs ONNX itself)
+            self.server._load_repository_model(found.name, found.path)  # (an NGC install runs ONNX itself)
         elif found.kind == "onnx":  # no onnxruntime backend in this runtime: the package runs it
             imported = {
                 v: onnx_model(found.versions[v] / "model.onnx", None)

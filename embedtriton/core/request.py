@@ -1,5 +1,6 @@
 """One inference request, as every caller hands it to :meth:`Model.submit`: ``Model.infer``
-and friends build it from keyword options, the gRPC frontend from a ModelInferRequest."""
+and friends build it from keyword options, the network frontends from their requests
+(through :mod:`embedtriton.frontends.kserve`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from ..errors import InvalidArgumentError
 from ..triton.devices import require_gpu
 
 SEQUENCE_START, SEQUENCE_END = 1, 2  # TRITONSERVER_RequestFlag
+
+
+def sequence_flags(start: bool, end: bool) -> int:
+    """Triton's request flags for a request of a sequence."""
+    return (SEQUENCE_START if start else 0) | (SEQUENCE_END if end else 0)
+
+
 _INT64_MAX, _UINT64_MAX = 2**63 - 1, 2**64 - 1
 
 # What each option takes: a wrong one is refused as "<option> must be <takes>, not <what it got>"
@@ -174,7 +182,7 @@ def sequence_of(correlation_id: int | str | None, start: bool, end: bool) -> tup
         if start or end:
             raise InvalidArgumentError("sequence_start/sequence_end need a correlation_id")
         return None
-    return correlation_id, (SEQUENCE_START if start else 0) | (SEQUENCE_END if end else 0)
+    return correlation_id, sequence_flags(start, end)
 
 
 def _flag(option: str, value: Any) -> bool:

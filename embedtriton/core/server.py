@@ -1,5 +1,6 @@
-"""The in-process Triton server: lifecycle, binding callables, model handles, and the
-endpoints (frontends) attached to it, which it drains and stops with itself."""
+"""The in-process Triton server: lifecycle (binding and loading models is
+:mod:`.model_table`'s part of it), and the endpoints (frontends) attached to it, which it
+drains and stops with itself."""
 
 from __future__ import annotations
 
@@ -18,17 +19,17 @@ from ..triton import control
 from ..triton.log import change_log_settings
 from ..triton.options import server_options
 from ..triton.runtime import load_runtime
+from .generated_repository import GeneratedRepository
 from .lifecycle import live_servers, new_server, retire
-from .models import ModelsMixin
+from .model_table import ModelsMixin
 from .queues import queue_stats, with_queues_in_metrics
 from .repositories import LoadedModel, Repositories
-from .repository import Repository
 
 log = logging.getLogger("embedtriton")
 
 
 class Endpoint(Protocol):
-    """A frontend serving a server's models (gRPC, metrics, ...); see :meth:`CoreServer.attach`."""
+    """A frontend serving a server's models (gRPC, HTTP, metrics, ...); see :meth:`CoreServer.attach`."""
 
     def drain(self) -> None:
         """The server stops: refuse new work; work in flight goes on."""
@@ -39,20 +40,21 @@ class Endpoint(Protocol):
 
 class CoreServer(ModelsMixin):
     """NVIDIA Triton Inference Server running inside this process (without endpoints; the
-    public :class:`embedtriton.Server` adds ``serve_grpc`` and ``serve_metrics``)."""
+    public :class:`embedtriton.Server` adds ``serve_grpc``, ``serve_http``, ``serve_vertex_ai``
+    and ``serve_metrics``)."""
 
     def __init__(self, config: ServerConfig | None = None) -> None:
         self.config = config or ServerConfig()
         self.config.validate()
         self._lock = threading.RLock()
         self._handle: int | None = None
-        self._repository = Repository(None)  # where bound models are written: a temporary folder
+        self._generated_repository = GeneratedRepository(None)  # where bound models are written: a temporary folder
         self._bound: dict[str, Binding] = {}  # name -> the model-level binding (its highest version)
         self._versions: dict[str, dict[int, Binding]] = {}  # name -> version -> binding (bound callables)
         # Bindings replaced (a reload with another config, a changed repository model) whose old
         # copy Triton may still be finalizing: stop() waits for them too before deleting Triton.
         self._replaced: list[Binding] = []
-        self._native: dict[str, LoadedModel] = {}  # the user's repositories' Triton models that are loaded
+        self._repository_models: dict[str, LoadedModel] = {}  # the user's repositories' Triton models that are loaded
         self._repositories = Repositories(self)
         self._log: Path | None = None
         self._endpoints: dict[str, Endpoint] = {}  # kind ("grpc", "metrics") -> endpoint
@@ -80,7 +82,7 @@ class CoreServer(ModelsMixin):
                 return self
             runtime, _library = load_runtime()
             native = library.native()
-            cfg, repository = self.config, self._repository
+            cfg, repository = self.config, self._generated_repository
             repository.open()
             assert repository.models is not None and repository.backends is not None and repository.backend_dir
             self._log = Path(cfg.log_file) if cfg.log_file else repository.backends / "triton.log"
@@ -137,9 +139,12 @@ class CoreServer(ModelsMixin):
             self._handle = None
             live_servers.discard(self)
             self._repositories.stop()
-            for name in [*self._native, *reversed(list(self._bound))]:  # ensembles before the models they use
+            for name in [
+                *self._repository_models,
+                *reversed(list(self._bound)),
+            ]:  # ensembles before the models they use
                 self._unload(handle, name, deadline)
-            self._native.clear()
+            self._repository_models.clear()
             everything = [
                 b for name in self._bound for b in (self._versions.get(name) or {0: self._bound[name]}).values()
             ]
@@ -147,7 +152,7 @@ class CoreServer(ModelsMixin):
             self._replaced.clear()
             for binding in everything:
                 left = max(deadline - time.monotonic(), 0.0)
-                if not binding.wait_finalized(left, native.drain) and waited:
+                if not binding.wait_finalized(left, native.delete_released) and waited:
                     log.warning("model '%s' was not finalized within exit_timeout_secs", binding.name)
             try:
                 control.stop_server(handle, int(deadline - time.monotonic()))
@@ -155,8 +160,8 @@ class CoreServer(ModelsMixin):
                 log.warning("stopping Triton: %s", exc)
             retire(handle)
             for binding in everything:
-                library.bindings.pop(self._repository.key(binding), None)
-            self._repository.close(list(self._bound))
+                library.bindings.pop(self._generated_repository.key(binding), None)
+            self._generated_repository.close(list(self._bound))
             self._stopping = False
 
     def _wait_in_flight(self, handle: int, until: float) -> bool:
@@ -168,7 +173,7 @@ class CoreServer(ModelsMixin):
                 return True
             if time.monotonic() >= until:
                 return False
-            native.drain()
+            native.delete_released()
             time.sleep(0.002)
 
     def attach(self, kind: str, endpoint: Endpoint) -> None:

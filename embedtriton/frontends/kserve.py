@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import MAX_DIMS
 from ..core import CoreServer, InferRequest, Model
-from ..core.request import SEQUENCE_END, SEQUENCE_START
+from ..core.request import sequence_flags
 from ..errors import InvalidArgumentError, NotFoundError
 from ..tensors import BY_NAME, decode_bytes, encode_bytes, triton_dtype
 from ..triton.devices import cuda_devices
@@ -108,7 +108,7 @@ def apply_parameters(decoded: Decoded, params: dict[str, Any], request_id: str) 
     start = bool(params.pop("sequence_start", False))
     end = bool(params.pop("sequence_end", False))
     if sequence_id not in (None, 0, ""):
-        request.sequence = (sequence_id, (SEQUENCE_START if start else 0) | (SEQUENCE_END if end else 0))
+        request.sequence = (sequence_id, sequence_flags(start, end))
     request.parameters = params or None
 
 

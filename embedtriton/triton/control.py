@@ -105,15 +105,15 @@ def load_model(handle: int, name: str, config: dict[str, Any] | None) -> None:
         api.ParameterDelete(param)
 
 
-def unload_model(handle: int, name: str, deadline: float, drain: Callable[[], Any]) -> None:
+def unload_model(handle: int, name: str, deadline: float, delete_released: Callable[[], Any]) -> None:
     """Unload a model and wait until it is gone (or ``deadline``, a ``time.monotonic()``).
 
     Unload returns before it is done; Triton's stop() waits in 1 s steps for models still
     unloading, so wait here. Released requests hold the model until they are deleted:
-    ``drain`` deletes them meanwhile."""
+    ``delete_released`` deletes them meanwhile."""
     capi.api().ServerUnloadModel(handle, name.encode())
     while time.monotonic() < deadline:
-        drain()
+        delete_released()
         try:
             index = model_index(handle)
         except TritonError:

@@ -152,7 +152,9 @@ def test_a_callable_may_submit_with_a_target_on_its_own_model_and_loop(server):
 
     async def forwards(x):
         done = threading.Event()
-        srv.model("Double2").submit(request(float(x[0, 0])), None, lambda out, err: (seen.append((out, err)), done.set()))
+        srv.model("Double2").submit(
+            request(float(x[0, 0])), None, lambda out, err: (seen.append((out, err)), done.set())
+        )
         with pytest.raises(TritonError, match="blocking call from an async def callable"):
             srv.model("Double2").infer({"x": x})
         return {"y": x}

@@ -1,6 +1,7 @@
 """The KServe-v2 gRPC frontend: options (:mod:`.options`, importable without grpcio), the
 endpoint and its transports (:mod:`.endpoint`, :mod:`.transport`), the service's method table
-(:mod:`.service`) and inference (:mod:`.infer`). Needs ``pip install "embedtriton[grpc]"``."""
+(:mod:`.service`), inference (:mod:`.infer`) and repository control (:mod:`.repository`). Needs
+``pip install "embedtriton[grpc]"``."""
 
 from .options import GrpcLimits, GrpcOptions
 

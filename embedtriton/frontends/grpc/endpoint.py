@@ -47,7 +47,7 @@ class GrpcEndpoint:
             options.restrictions,
             options.forward,
         )
-        self._native: Any = None
+        self._h2_server: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # limits.max_connections, or fewer when the process's descriptor limit leaves less room
         self.max_connections = connection_cap(options.limits.max_connections, "gRPC")
@@ -69,14 +69,14 @@ class GrpcEndpoint:
         host = host.strip("[]")
         transport_options = {**limits.transport_options(), "max_connections": self.max_connections}
         try:
-            self._native = _h2.Server(
+            self._h2_server = _h2.Server(
                 host, int(port), self.service, max_message_bytes, tls, _nghttp2_path(), **transport_options
             )
         except ValueError as exc:  # e.g. a TLS certificate or key file that does not load
             raise InvalidArgumentError(f"cannot serve gRPC on {address}: {exc}") from exc
         except (OSError, RuntimeError) as exc:
             raise UnavailableError(f"cannot serve gRPC on {address}: {exc}") from exc
-        self.port: int = self._native.port
+        self.port: int = self._h2_server.port
         library = _h2.library()
         missing = [name for name in ("reset_rate_limit", "max_continuations") if not library[name]]
         log.info(
@@ -128,7 +128,7 @@ class GrpcEndpoint:
 
     def stats(self) -> dict[str, Any]:
         """The native transport's counters (connections, ...); empty on grpcio."""
-        return self._native.stats() if self._native is not None else {}
+        return self._h2_server.stats() if self._h2_server is not None else {}
 
     def drain(self) -> None:
         """The server stops: refuse new requests; those in flight finish (see Service.drain)."""
@@ -137,8 +137,8 @@ class GrpcEndpoint:
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving: calls in progress get ``grace`` seconds to finish."""
         self.service.stop()
-        if self._native is not None:
-            self._native.stop(grace)
+        if self._h2_server is not None:
+            self._h2_server.stop(grace)
             return
         loop = self._loop
         if loop is None or loop.is_closed():

@@ -18,15 +18,13 @@ from tritonclient.grpc import service_pb2
 
 from ...core import CoreServer
 from ...core.handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Cancel
-from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
+from ...errors import SERVER_STOPPING, InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from .. import kserve
 from ..security import forwarded
 from ..shared_memory import SharedMemory
 from .transport import OK, UNAVAILABLE, Call, code_of
 
 log = logging.getLogger("embedtriton")
-
-STOPPING = "the server is stopping: it takes no new requests"
 
 
 def parameter(value: Any) -> Any:
@@ -105,7 +103,7 @@ class Stream:
         if self.half_closed:
             self.call.finish(OK)
         else:
-            self.call.finish(UNAVAILABLE, STOPPING)
+            self.call.finish(UNAVAILABLE, SERVER_STOPPING)
 
 
 def encode(request: Any, outputs: dict[str, Any], decoded: kserve.Decoded | None = None) -> Any:
@@ -214,7 +212,7 @@ class Inference:
         allocated; a client's mistake is an InvalidArgumentError for that request only.
         """
         if self.draining:
-            raise UnavailableError(STOPPING)
+            raise UnavailableError(SERVER_STOPPING)
         decoded = kserve.Decoded(kserve.model_of(self.server, request.model_name, request.model_version))
         raw = request.raw_input_contents
         inputs = decoded.request.inputs = {}
@@ -315,7 +313,7 @@ class Inference:
         state: dict[str, Any] = {"handle": None, "early": False}
         lock = threading.Lock()
 
-        def drain() -> None:
+        def pull_responses() -> None:
             handle = state["handle"]
             if handle is None:  # a response came before _submit returned
                 state["early"] = True
@@ -350,8 +348,8 @@ class Inference:
             handle.close()
             stream.done_one()
 
-        handle = self._submit(call, decoded, drain, True)
+        handle = self._submit(call, decoded, pull_responses, True)
         state["handle"] = handle
         stream.handles.add(handle)
         if state["early"] or stream.cancelled:
-            drain()
+            pull_responses()

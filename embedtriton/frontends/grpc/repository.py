@@ -12,7 +12,7 @@ from tritonclient.grpc import service_pb2
 
 from ...core import CoreServer
 from ...errors import InvalidArgumentError, TritonError
-from .. import admin
+from .. import kserve_extensions
 from .infer import parameter
 from .transport import INTERNAL, OK, Call, code_of
 
@@ -28,7 +28,7 @@ class Repository:
     def index(self, request: Any, call: Call) -> Any:
         entries = [
             service_pb2.RepositoryIndexResponse.ModelIndex(**entry)
-            for entry in admin.repository_index(self.server, request.ready)
+            for entry in kserve_extensions.repository_index(self.server, request.ready)
         ]
         return service_pb2.RepositoryIndexResponse(models=entries)
 
@@ -39,12 +39,12 @@ class Repository:
         for key, value in params.items():  # as Triton's gRPC handler types them, before the core sees them
             if key.startswith("file:") and not isinstance(value, bytes):
                 raise InvalidArgumentError(f"invalid value type for load parameter '{key}', expected bytes_param.")
-        work = admin.load_work(self.server, request.model_name, params)
+        work = kserve_extensions.load_work(self.server, request.model_name, params)
         self._run_blocking(call, work, service_pb2.RepositoryModelLoadResponse)
 
     def unload(self, request: Any, call: Call) -> Any:
         params = {key: parameter(value) for key, value in request.parameters.items()}
-        work = admin.unload_work(self.server, request.model_name, params)
+        work = kserve_extensions.unload_work(self.server, request.model_name, params)
         if work is None:  # Triton: nothing to unload is success
             return service_pb2.RepositoryModelUnloadResponse()
         self._run_blocking(call, work, service_pb2.RepositoryModelUnloadResponse)

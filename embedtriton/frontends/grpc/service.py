@@ -21,15 +21,16 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ...core import CoreServer
 from ...errors import (
+    SERVER_STOPPING,
     NotFoundError,
     TritonError,
     UnavailableError,
     UnsupportedError,
 )
-from .. import admin, kserve
+from .. import kserve, kserve_extensions
 from ..security import GRPC_GROUPS, RestrictedApis
 from ..shared_memory import CUDA, SYSTEM, refuse_cuda_without_gpu, regions_of
-from .infer import STOPPING, Inference, InFlight, Stream
+from .infer import Inference, InFlight, Stream
 from .repository import Repository
 from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of, response_compression
 
@@ -134,7 +135,7 @@ class Service:
         if entry is None:
             return
         if self.draining and call.method in _REFUSED_WHILE_DRAINING:
-            call.finish(UNAVAILABLE, STOPPING)
+            call.finish(UNAVAILABLE, SERVER_STOPPING)
             return
         request = call.user
         if request is None:
@@ -295,7 +296,7 @@ class Service:
 
     def trace_setting(self, request: Any, call: Call) -> Any:
         settings = {key: list(value.value) for key, value in request.settings.items()}
-        current = admin.trace_settings(self.server, request.model_name, settings)
+        current = kserve_extensions.trace_settings(self.server, request.model_name, settings)
         response = service_pb2.TraceSettingResponse()
         for key, value in current.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [value])
@@ -343,7 +344,7 @@ class Service:
     def cuda_shm_register(self, request: Any, call: Call) -> Any:
         refuse_cuda_without_gpu(request.name)
         if self.draining:
-            raise UnavailableError(STOPPING)
+            raise UnavailableError(SERVER_STOPPING)
         if not self.shared_memory:
             raise UnsupportedError(
                 "CUDA shared memory is turned off on this endpoint (serve_grpc(shared_memory=False))"

@@ -1,6 +1,6 @@
 """Triton's HTTP extensions besides inference: the model repository (index, load, unload),
 system and CUDA shared memory, logging and trace settings, with the paths, bodies and answers
-of Triton's ``http_server.cc``. The logic is the gRPC endpoint's (:mod:`..admin`,
+of Triton's ``http_server.cc``. The logic is the gRPC endpoint's (:mod:`..kserve_extensions`,
 :mod:`..shared_memory`); here only JSON in and out."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 from typing import Any
 
 from ...core import CoreServer
-from ...errors import InvalidArgumentError, NotFoundError, UnavailableError
-from .. import admin
+from ...errors import SERVER_STOPPING, InvalidArgumentError, NotFoundError, UnavailableError
+from .. import kserve_extensions
 from ..shared_memory import CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, SharedMemory, refuse_cuda_without_gpu
 from .connection import Refused
 
@@ -38,18 +38,18 @@ async def repository(server: CoreServer, draining: bool, method: str, rest: list
     if method != "POST":
         raise Refused(405, "Method Not Allowed")
     if rest == ["index"]:
-        return admin.repository_index(server, bool(request.get("ready")))
+        return kserve_extensions.repository_index(server, bool(request.get("ready")))
     if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
         if draining:
-            raise UnavailableError("the server is stopping: it takes no new requests")
+            raise UnavailableError(SERVER_STOPPING)
         params = request.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidArgumentError("'parameters' must be a JSON object")
         name = rest[1]
         if rest[2] == "load":  # a name nothing provides is a client's mistake: 404 (Triton: 500)
-            work = admin.load_work(server, name, params, missing=NotFoundError)
+            work = kserve_extensions.load_work(server, name, params, missing=NotFoundError)
         else:
-            work = admin.unload_work(server, name, params)
+            work = kserve_extensions.unload_work(server, name, params)
         if work is not None:
             await asyncio.get_running_loop().run_in_executor(None, work)
         return None
@@ -80,7 +80,7 @@ def shared_memory(
     if not enabled:
         raise InvalidArgumentError("system shared memory is turned off on this endpoint (HttpOptions.shared_memory)")
     if draining:
-        raise UnavailableError("the server is stopping: it takes no new requests")
+        raise UnavailableError(SERVER_STOPPING)
     if not name:
         raise Refused(404, "register needs a region name: /v2/systemsharedmemory/region/{name}/register")
     request = json_object(body, "register")
@@ -102,7 +102,7 @@ def _register_cuda(shm: SharedMemory, enabled: bool, draining: bool, name: str, 
     if not enabled:
         raise InvalidArgumentError("CUDA shared memory is turned off on this endpoint (HttpOptions.shared_memory)")
     if draining:
-        raise UnavailableError("the server is stopping: it takes no new requests")
+        raise UnavailableError(SERVER_STOPPING)
     if not name:
         raise InvalidArgumentError("'region name' is necessary to register cuda shared memory region")
     request = json_object(body, "register")
@@ -143,4 +143,4 @@ def logging_settings(server: CoreServer, method: str, body: bytes) -> Any:
 def trace_settings(server: CoreServer, model_name: str, method: str, body: bytes) -> Any:
     """``GET`` / ``POST /v2[/models/{m}]/trace/setting``."""
     changes = json_object(body, "trace setting") if method == "POST" else {}
-    return admin.trace_settings(server, model_name, changes)
+    return kserve_extensions.trace_settings(server, model_name, changes)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...core import Model
 from ...core.streams import iterate_async
-from ...errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
+from ...errors import SERVER_STOPPING, InternalError, InvalidArgumentError, TritonError, UnavailableError
 from ...tensors import triton_dtype
 from .. import kserve
 from .connection import EventStream
@@ -109,7 +109,7 @@ def answer(name: str, version: str, outputs: dict[str, Any]) -> dict[str, Any]:
 async def generate(model: Model, name: str, version: str, body: bytes, stream: bool, draining: bool) -> Any:
     """The answer of ``/generate`` (a dict) or ``/generate_stream`` (an :class:`EventStream`)."""
     if draining:
-        raise UnavailableError("the server is stopping: it takes no new requests")
+        raise UnavailableError(SERVER_STOPPING)
     decoded = decode(model, body)
     arrived = asyncio.Event()
     handle = model.submit(decoded.request, asyncio.get_running_loop(), arrived.set, True)

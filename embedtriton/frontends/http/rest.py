@@ -22,7 +22,7 @@ from urllib.parse import unquote
 import numpy as np
 
 from ...core import CoreServer
-from ...errors import InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
+from ...errors import SERVER_STOPPING, InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from .. import kserve, security
 from ..descriptors import connection_cap
 from ..shared_memory import regions_of
@@ -225,7 +225,7 @@ class RestApi:
         forwarded: dict[str, str] | None = None,
     ) -> Any:
         if self.draining:
-            raise UnavailableError("the server is stopping: it takes no new requests")
+            raise UnavailableError(SERVER_STOPPING)
         if model.decoupled:  # Triton's check and words (http_server.cc, CheckTransactionPolicy)
             raise UnsupportedError("HTTP end point doesn't support models with decoupled transaction policy")
         header_size = headers.get(b"inference-header-content-length")

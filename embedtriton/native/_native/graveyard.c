@@ -1,5 +1,5 @@
 /* The graveyard: requests and responses Triton let go of are deleted late, in
- * generations, never inside Triton's callbacks (drain, drain_graveyard). */
+ * generations, never inside Triton's callbacks (delete_released, drain_graveyard). */
 #include "native.h"
 
 /* Requests and responses hold references to their model, and the last one
@@ -15,7 +15,7 @@
  * millisecond, every 20 ms. A sync caller deletes while it waits for its own
  * call, without the GIL; an async one as it submits; a callable calling
  * another model does not (the delete could end its own model). stop() waits until
- * nothing is left and no delete is under way (drain) before it deletes the
+ * nothing is left and no delete is under way (delete_released) before it deletes the
  * server. */
 typedef struct Grave {
   struct Grave* next;
@@ -26,7 +26,7 @@ typedef struct Grave {
 static _Atomic(Grave*) graveyard = NULL; /* buried since the last rotation */
 static Grave* graveyard_old = NULL;      /* buried in the rotation before: still too young */
 static Grave* graveyard_ready = NULL;    /* old enough: being deleted */
-static atomic_int deleting = 0;          /* drains under way */
+static atomic_int deleting = 0;          /* drain_graveyard calls under way */
 static uint64_t graveyard_rotated = 0;
 static pthread_mutex_t graveyard_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -54,7 +54,7 @@ static void delete_graves(long limit)
 }
 
 /* Delete up to limit (0: all) of what was buried 20 ms ago or more. Returns
- * how many generations are still waiting, plus the drains under way. */
+ * how many generations are still waiting, plus the deletes under way. */
 long drain_graveyard(long limit)
 {
   if (graveyard_ready == NULL && graveyard_old == NULL &&
@@ -77,7 +77,7 @@ long drain_graveyard(long limit)
   return left + atomic_fetch_sub(&deleting, 1) - 1;
 }
 
-/* drain() -> how many are still waiting (see drain_graveyard). */
+/* delete_released() -> how many are still waiting (see drain_graveyard). */
 PyObject* py_drain(PyObject* self, PyObject* unused)
 {
   (void)self, (void)unused;

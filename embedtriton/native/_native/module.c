@@ -105,7 +105,8 @@ static PyMethodDef methods[] = {
      "This thread runs async callables (the library's event loop)."},
     {"finish_batch", py_finish_batch, METH_VARARGS,
      "finish_batch(batch, result): answer an async callable's batch (event loop side)."},
-    {"drain", py_drain, METH_NOARGS, "Delete the requests Triton released since the last drain."},
+    {"delete_released", py_drain, METH_NOARGS,
+     "Delete the requests and responses Triton released long enough ago; returns how many wait."},
     {"gate_stats", py_gate_stats, METH_O,
      "gate_stats(server) -> [(model, version, waiting, waited_ns, rejected, rejected_ns, "
      "cancelled, cancelled_ns)] of the queue policies' gates (queues.c)."},

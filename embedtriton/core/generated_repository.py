@@ -1,6 +1,7 @@
-"""The folders a server writes: the model repository (one folder per bound model, with its
-version folder and file-based warm-up data) and the backend folder (our backend library,
-Triton's log)."""
+"""The folders a server writes, temporary ones: the model repository Triton loads from (one
+folder per bound model, with its version folder and file-based warm-up data, and a link per
+model of the user's repositories, which are :mod:`.repositories`) and the backend folder (our
+backend library, Triton's log)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from ..config.triton_json import WARMUP_FOLDER, labels_file_name, warmup_file_by
 from ..errors import InvalidArgumentError
 
 
-class Repository:
-    """The model repository at ``path`` (a temporary folder when None) and a temporary
-    backend folder, created by :meth:`open` and removed by :meth:`close`."""
+class GeneratedRepository:
+    """The model repository the server generates at ``path`` (a temporary folder when None) and
+    a temporary backend folder, created by :meth:`open` and removed by :meth:`close`."""
 
     def __init__(self, path: str | None) -> None:
         self._path = path

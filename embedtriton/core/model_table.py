@@ -1,5 +1,6 @@
-"""Binding models on a server: callables (and their versions), ensembles; loading, reloading
-and unloading them in Triton. A part of :class:`CoreServer` (it reads the server's state)."""
+"""The server's table of models: the bound callables (and their versions) and ensembles, and
+the Triton models of the user's repositories that are loaded; binding, loading, reloading and
+unloading them in Triton. A part of :class:`CoreServer` (it reads the server's state)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,22 @@ from ..backend.binding import Binding
 from ..config import ModelConfig, ServerConfig, Tensor, name_tensors
 from ..config.ensemble import Step
 from ..config.triton_json import model_config_json
-from ..errors import InternalError, InvalidArgumentError, NotFoundError, TritonError, UnavailableError
+from ..errors import (
+    MODEL_CONTROL_REFUSED,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    TritonError,
+    UnavailableError,
+)
 from ..triton import control
 from ..triton.log import log_size, logged_errors
 from .declarations import check_config, check_declarations, check_versions
 from .ensembles import bind_ensemble
+from .generated_repository import GeneratedRepository
 from .model import Model
 from .onnx import onnx_model
 from .repositories import LoadedModel, Repositories
-from .repository import Repository
 
 log = logging.getLogger("embedtriton")
 
@@ -37,9 +45,9 @@ class ModelsMixin:
     _bound: dict[str, Binding]
     _versions: dict[str, dict[int, Binding]]
     _replaced: list[Binding]
-    _native: dict[str, Any]  # Triton models of the user's repositories that are loaded
+    _repository_models: dict[str, Any]  # Triton models of the user's repositories that are loaded
     _repositories: Repositories
-    _repository: Repository
+    _generated_repository: GeneratedRepository
     _log: Any
 
     def _require_handle(self) -> int: ...  # (CoreServer's)
@@ -124,7 +132,7 @@ class ModelsMixin:
 
     def versions(self, name: str) -> list[int]:
         """The versions bound for model ``name`` (Triton serves some of them, by its VersionPolicy)."""
-        if name in self._native:
+        if name in self._repository_models:
             return sorted(self._repositories.known[name].versions)
         return sorted(self._versions.get(name) or ([1] if name in self._bound else []))
 
@@ -169,23 +177,25 @@ class ModelsMixin:
             self._set_versions(model_name, None)
             for binding in bindings:
                 if self._handle is not None:
-                    binding.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
-                if self._repository.models is not None:
-                    library.bindings.pop(self._repository.key(binding), None)
-            if self._repository.models is not None:
-                self._repository.remove(model_name)
+                    binding.wait_finalized(self.config.exit_timeout_secs, library.native().delete_released)
+                if self._generated_repository.models is not None:
+                    library.bindings.pop(self._generated_repository.key(binding), None)
+            if self._generated_repository.models is not None:
+                self._generated_repository.remove(model_name)
 
     def _unbind_version(self, name: str, binding: Binding) -> None:
         """Forget one of several versions: Triton unloads it (its requests finish) and serves the others."""
         versions = dict(self._versions[name])
         del versions[binding.version]
         self._set_versions(name, versions)
-        if self._repository.models is not None:
-            self._repository.remove_version(name, binding.version)
+        if self._generated_repository.models is not None:
+            self._generated_repository.remove_version(name, binding.version)
         if self._handle is not None:
             self._load(self._bound[name])
-            binding.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
-        library.bindings.pop(self._repository.key(binding), None) if self._repository.models else None
+            binding.wait_finalized(self.config.exit_timeout_secs, library.native().delete_released)
+        library.bindings.pop(
+            self._generated_repository.key(binding), None
+        ) if self._generated_repository.models else None
 
     def unload(self, model_name: str) -> None:
         """Unload a bound model but keep it bound (its requests fail until :meth:`load`); a
@@ -197,7 +207,7 @@ class ModelsMixin:
         with self._lock:
             binding = self._running_binding(model_name)
             self._unload(self._handle, model_name)  # type: ignore[arg-type]
-            binding.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
+            binding.wait_finalized(self.config.exit_timeout_secs, library.native().delete_released)
 
     def load(self, model_name: str, config: ModelConfig | None = None) -> None:
         """Load a bound model again (after :meth:`unload`); loading a loaded model reloads it.
@@ -226,7 +236,7 @@ class ModelsMixin:
                 self._load(changed)
             except BaseException:
                 self._set_versions(model_name, before)
-                library.bindings[self._repository.key(binding)] = binding
+                library.bindings[self._generated_repository.key(binding)] = binding
                 if any(b.warmup_error for b in before.values()) or changed.warmup_error:  # it was unloaded:
                     self._load(binding)  # serve the previous config again
                 raise
@@ -234,7 +244,7 @@ class ModelsMixin:
     def _model_control(self, model_name: str) -> None:
         """Repository models are loaded and unloaded on request in explicit mode only (Triton's rule)."""
         if self.config.model_control_mode != "explicit":
-            raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")
+            raise UnavailableError(MODEL_CONTROL_REFUSED)
 
     def _running_binding(self, model_name: str) -> Binding:
         binding = self._bound.get(model_name)
@@ -267,7 +277,7 @@ class ModelsMixin:
             if self._handle is None:
                 return
             for gone in set(before or ()) - set(versions):
-                self._repository.remove_version(name, gone)
+                self._generated_repository.remove_version(name, gone)
             try:
                 self._load(self._bound[name])
             except BaseException:
@@ -276,12 +286,12 @@ class ModelsMixin:
                     self._load(self._bound[name])  # serve what served before
                 raise
 
-    def _load_native(self, name: str, path: Any) -> None:
+    def _load_repository_model(self, name: str, path: Any) -> None:
         """A repository's Triton model (its own config.pbtxt), linked into the server's repository."""
         with self._lock:
             if name in self._bound:
                 raise InvalidArgumentError(f"model '{name}' is bound by the application and in a model repository")
-            link = self._repository.model_dir(name)
+            link = self._generated_repository.model_dir(name)
             if not link.is_symlink():
                 link.symlink_to(path, target_is_directory=True)
             log_offset = log_size(self._log)
@@ -291,20 +301,20 @@ class ModelsMixin:
             except TritonError as exc:
                 details = logged_errors(self._log, log_offset, str(exc))
                 raise type(exc)(f"{exc}: {details}" if details else str(exc)) from None
-            self._native[name] = LoadedModel.read(handle, name, path)
+            self._repository_models[name] = LoadedModel.read(handle, name, path)
 
-    def _unload_native(self, name: str) -> None:
+    def _unload_repository_model(self, name: str) -> None:
         with self._lock:
-            if self._native.pop(name, None) is not None and self._handle is not None:
+            if self._repository_models.pop(name, None) is not None and self._handle is not None:
                 self._unload(self._handle, name)
-            link = self._repository.model_dir(name)
+            link = self._generated_repository.model_dir(name)
             if link.is_symlink():
                 link.unlink()
 
     def _repository_model(self, name: str) -> bool:
         """Whether ``name`` is a model of the user's repositories (not bound by the application)."""
         return (
-            name in self._native
+            name in self._repository_models
             or name in self._repositories.known
             or (name not in self._bound and self._repositories.holds(name))
         )
@@ -315,7 +325,7 @@ class ModelsMixin:
 
     def model(self, name: str, version: int = -1) -> Model:
         """A handle on model ``name`` (``version`` -1: the latest ready one, as Triton picks it)."""
-        if name not in self._bound and name not in self._native:
+        if name not in self._bound and name not in self._repository_models:
             raise NotFoundError(f"no model '{name}' (bound: {sorted(self._bound)})")
         return Model(self, name, version)
 
@@ -333,7 +343,7 @@ class ModelsMixin:
             for version in self.versions(name):
                 ready = Model(self, name, version).ready
                 entries.append({"name": name, "version": str(version), "state": "READY" if ready else "UNAVAILABLE"})
-        for name in self._native:
+        for name in self._repository_models:
             entries += triton.get(name, [])
         for name, reason in sorted(self._repositories.unloaded().items()):
             if name in triton:  # a Triton model whose load failed: Triton says why
@@ -348,7 +358,7 @@ class ModelsMixin:
 
     def models(self) -> list[Model]:
         """Handles on every bound model (and the repositories' loaded ones)."""
-        return [Model(self, name) for name in [*self._bound, *self._native]]
+        return [Model(self, name) for name in [*self._bound, *self._repository_models]]
 
     def _load(self, binding: Binding) -> None:
         """Load (or reload) a model: every bound version's folder, Triton's config from the
@@ -357,8 +367,8 @@ class ModelsMixin:
         for each in versions:  # the model-level binding last: its files win
             if isinstance(each, Binding):  # Triton's config, so its queue policies, are the model-level one's
                 each.queue_gate = binding.queue_gate
-            self._repository.write(each)
-            library.bindings[self._repository.key(each)] = each
+            self._generated_repository.write(each)
+            library.bindings[self._generated_repository.key(each)] = each
         config = binding.triton_config(library.library_path())
         started = time.perf_counter()
         log_offset = log_size(self._log)
@@ -367,7 +377,7 @@ class ModelsMixin:
         try:
             control.load_model(self._require_handle(), binding.name, config)
         except TritonError as exc:
-            library.bindings.pop(self._repository.key(binding), None)
+            library.bindings.pop(self._generated_repository.key(binding), None)
             details = logged_errors(self._log, log_offset, str(exc))
             if details:
                 raise type(exc)(f"{exc}: {details}") from None
@@ -380,8 +390,8 @@ class ModelsMixin:
         if failed is not None:  # Triton saw a success (see Binding.warmup_runs): unload
             self._unload(self._require_handle(), binding.name)
             for each in versions:
-                each.wait_finalized(self.config.exit_timeout_secs, library.native().drain)
-            library.bindings.pop(self._repository.key(binding), None)
+                each.wait_finalized(self.config.exit_timeout_secs, library.native().delete_released)
+            library.bindings.pop(self._generated_repository.key(binding), None)
             raise InternalError(f"failed to load '{binding.name}': its warm-up failed: {failed.warmup_error}")
         log.info("model '%s' ready in %.3f s", binding.name, time.perf_counter() - started)
 
@@ -395,6 +405,6 @@ class ModelsMixin:
         if deadline is None:
             deadline = time.monotonic() + self.config.exit_timeout_secs
         try:
-            control.unload_model(handle, name, deadline, library.native().drain)
+            control.unload_model(handle, name, deadline, library.native().delete_released)
         except TritonError as exc:
             log.warning("unloading model '%s': %s", name, exc)

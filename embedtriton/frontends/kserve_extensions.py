@@ -1,5 +1,5 @@
-"""Administration requests that the gRPC and HTTP endpoints share, in Triton's words: the model
-repository extension (index, load, unload) and trace settings. Each endpoint turns its wire
+"""The KServe/Triton extensions' requests that the gRPC and HTTP endpoints share, in Triton's
+words: the model repository extension (index, load, unload) and trace settings. Each endpoint turns its wire
 format into plain Python values, calls these, and encodes what they return."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config.override import parse_override
 from ..core import CoreServer
-from ..errors import InternalError, InvalidArgumentError, TritonError, UnavailableError
+from ..errors import MODEL_CONTROL_REFUSED, InternalError, InvalidArgumentError, TritonError, UnavailableError
 
 log = logging.getLogger("embedtriton")
 
@@ -27,7 +27,7 @@ def _check_mode(server: CoreServer) -> None:
     before it looks at the name; HTTP sends it as 503. Triton itself runs in explicit mode
     here (so that the application can bind); this is the policy its network clients meet."""
     if server.config.model_control_mode != "explicit":
-        raise UnavailableError("explicit model load / unload is not allowed if polling is enabled")
+        raise UnavailableError(MODEL_CONTROL_REFUSED)
 
 
 def load_work(
