@@ -1,5 +1,5 @@
 /* The graveyard: requests and responses Triton let go of are deleted late, in
- * generations, never inside Triton's callbacks (delete_released, drain_graveyard). */
+ * generations, never inside Triton's callbacks (delete_released, delete_buried). */
 #include "native.h"
 
 /* Requests and responses hold references to their model, and the last one
@@ -9,7 +9,7 @@
  * thread is still finishing the batch it just ran: it crashes there. So we
  * delete them late, never inside Triton's callbacks, and only 20 ms or more
  * after Triton let go of them: generations rotated every 20 ms (or later) by
- * whichever caller comes by (drain_graveyard). A generation that is old
+ * whichever caller comes by (delete_buried). A generation that is old
  * enough is deleted a few at a time by each call (GRAVE_STEP_*), not at once:
  * deleting 20 ms of requests in one go held one caller (with the GIL) for a
  * millisecond, every 20 ms. A sync caller deletes while it waits for its own
@@ -26,7 +26,7 @@ typedef struct Grave {
 static _Atomic(Grave*) graveyard = NULL; /* buried since the last rotation */
 static Grave* graveyard_old = NULL;      /* buried in the rotation before: still too young */
 static Grave* graveyard_ready = NULL;    /* old enough: being deleted */
-static atomic_int deleting = 0;          /* drain_graveyard calls under way */
+static atomic_int deleting = 0;          /* delete_buried calls under way */
 static uint64_t graveyard_rotated = 0;
 static pthread_mutex_t graveyard_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -55,7 +55,7 @@ static void delete_graves(long limit)
 
 /* Delete up to limit (0: all) of what was buried 20 ms ago or more. Returns
  * how many generations are still waiting, plus the deletes under way. */
-long drain_graveyard(long limit)
+long delete_buried(long limit)
 {
   if (graveyard_ready == NULL && graveyard_old == NULL &&
       atomic_load_explicit(&graveyard, memory_order_relaxed) == NULL)
@@ -77,13 +77,13 @@ long drain_graveyard(long limit)
   return left + atomic_fetch_sub(&deleting, 1) - 1;
 }
 
-/* delete_released() -> how many are still waiting (see drain_graveyard). */
-PyObject* py_drain(PyObject* self, PyObject* unused)
+/* delete_released() -> how many are still waiting (see delete_buried). */
+PyObject* py_delete_released(PyObject* self, PyObject* unused)
 {
   (void)self, (void)unused;
   long n;
   Py_BEGIN_ALLOW_THREADS
-  n = drain_graveyard(0);
+  n = delete_buried(0);
   Py_END_ALLOW_THREADS
   return PyLong_FromLong(n);
 }

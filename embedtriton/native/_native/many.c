@@ -52,7 +52,7 @@ static int wait_group(Group* g, int target, long graves)
   while (atomic_load(&g->left) > target) {
     int done;
     Py_BEGIN_ALLOW_THREADS
-    drain_graveyard(graves); /* as many as the calls since the last wait buried */
+    delete_buried(graves); /* as many as the calls since the last wait buried */
     done = group_reached(g, target, main ? SIGNAL_CHECK_NS : 0);
     Py_END_ALLOW_THREADS
     if (!done && PyErr_CheckSignals() < 0) return -1;

@@ -105,7 +105,7 @@ static PyMethodDef methods[] = {
      "This thread runs async callables (the library's event loop)."},
     {"finish_batch", py_finish_batch, METH_VARARGS,
      "finish_batch(batch, result): answer an async callable's batch (event loop side)."},
-    {"delete_released", py_drain, METH_NOARGS,
+    {"delete_released", py_delete_released, METH_NOARGS,
      "Delete the requests and responses Triton released long enough ago; returns how many wait."},
     {"gate_stats", py_gate_stats, METH_O,
      "gate_stats(server) -> [(model, version, waiting, waited_ns, rejected, rejected_ns, "

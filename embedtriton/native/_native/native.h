@@ -442,8 +442,8 @@ void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse
  * a few dozen at once costs less per grave than four at a time). */
 #define GRAVE_STEP_WAITING 4
 #define GRAVE_STEP_ASYNC 32
-long drain_graveyard(long limit);
-PyObject* py_drain(PyObject* self, PyObject* unused);
+long delete_buried(long limit);
+PyObject* py_delete_released(PyObject* self, PyObject* unused);
 
 /* ---- trace.c: timestamps ------------------------------------------------ */
 

@@ -431,7 +431,7 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
     *out = c;
     Py_RETURN_NONE;
   }
-  if (c->is_async || stream) drain_graveyard(GRAVE_STEP_ASYNC); /* (a sync call: as it waits) */
+  if (c->is_async || stream) delete_buried(GRAVE_STEP_ASYNC); /* (a sync call: as it waits) */
   if (c->is_async) {
     if (!cancellable) Py_RETURN_NONE;
     PyObject* handle = PyCapsule_New(c, "embedtriton.request", request_handle_free);

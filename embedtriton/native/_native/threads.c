@@ -94,7 +94,7 @@ int wait_interruptible(atomic_int* state)
 {
   int main = on_main_thread();
   PyThreadState* ts = PyEval_SaveThread();
-  drain_graveyard(GRAVE_STEP_WAITING); /* while Triton runs the call, without the GIL */
+  delete_buried(GRAVE_STEP_WAITING); /* while Triton runs the call, without the GIL */
   int done = wait_for(state, 1, main ? SIGNAL_CHECK_NS : 0);
   while (!done) {
     PyEval_RestoreThread(ts);
