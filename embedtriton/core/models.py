@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..backend import library
 from ..backend.batch import InferFunc
@@ -25,6 +25,9 @@ from .onnx import onnx_model
 from .repositories import LoadedModel, Repositories
 from .repository import Repository
 
+if TYPE_CHECKING:
+    from ..tracing import Tracer
+
 log = logging.getLogger("embedtriton")
 
 
@@ -41,8 +44,9 @@ class ModelsMixin:
     _repositories: Repositories
     _repository: Repository
     _log: Any
-
-    def _require_handle(self) -> int: ...  # (CoreServer's)
+    _stopping: bool
+    _tracer: Tracer | None
+    _require_handle: Callable[[], int]  # (CoreServer's method)
 
     def bind(
         self,
