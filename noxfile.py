@@ -88,12 +88,32 @@ def tests_oldest(session: nox.Session) -> None:
     session.run("pytest", "-q", "--timeout", "120", *session.posargs)
 
 
+# What `nox -s lint` checks with, pinned: a new mypy or clang-format release can judge the same
+# code differently. The stubs are typeshed's for the dependencies that ship no types.
+LINT_TOOLS = (
+    "ruff", "mypy==2.4.1", "clang-format==23.1.5",
+    "types-protobuf", "types-requests", "types-grpcio", "types-grpcio-health-checking",
+)  # fmt: skip
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check + format check."""
-    session.install("ruff")
-    session.run("ruff", "check", "embedtriton", "tests", "examples", "benchmarks", "deploy", "noxfile.py")
-    session.run("ruff", "format", "--check", "embedtriton", "tests", "examples", "benchmarks", "deploy", "noxfile.py")
+    """ruff check + format check; mypy over the package and stubtest of the native modules'
+    stubs; the count of Any in the public API (tools/public_any.py); clang-format of the C."""
+    install(session, *LINT_TOOLS, extras="grpc,tracing,http")
+    python_paths = ("embedtriton", "tests", "examples", "benchmarks", "deploy", "tools", "noxfile.py")
+    session.run("ruff", "check", *python_paths)
+    session.run("ruff", "format", "--check", *python_paths)
+    session.run("mypy")  # configured in pyproject.toml
+    # stubtest imports the modules: run it away from the source folder, on the built package
+    config = os.path.abspath("pyproject.toml")
+    public_any = os.path.abspath("tools/public_any.py")
+    session.chdir(session.create_tmp())
+    session.run("python", "-m", "mypy.stubtest", "--mypy-config-file", config, "embedtriton._native", "embedtriton._h2")
+    session.run("python", public_any)
+    session.chdir(os.path.dirname(config))
+    c_files = sorted(glob.glob("embedtriton/native/**/*.[ch]", recursive=True))
+    session.run("clang-format", "--dry-run", "-Werror", *c_files)
 
 
 @nox.session

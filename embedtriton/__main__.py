@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from . import __version__
 from .backend import library
@@ -204,7 +205,7 @@ def _no_bind(server: Server) -> None:
     """What ``serve`` binds when only repositories are served: nothing."""
 
 
-def _load_target(parser: argparse.ArgumentParser, target: str) -> object:
+def _load_target(parser: argparse.ArgumentParser, target: str) -> Callable[[Server], object]:
     """The bind function that ``module:function`` names (the usage error if it cannot be used)."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:

@@ -190,7 +190,8 @@ class Tracer:
 
     def abandon(self, span: Any, params: Mapping[str, Any] | None, exc: BaseException) -> None:
         """A request refused before Triton saw it (no timestamps will come): fail and end its span."""
-        if params is not None and live_spans.pop(params.get(SPAN_PARAMETER), None) is not None:
+        key = params.get(SPAN_PARAMETER) if params is not None else None
+        if key is not None and live_spans.pop(key, None) is not None:
             _fail(span, exc)
             span.end()
 

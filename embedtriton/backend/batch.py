@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .request import Request
 
-InferFunc = Callable[[list[Request]], Sequence[Mapping[str, Any]]]
+# what an infer_func returns: one output dict (or None) per request; on a decoupled model a
+# (sync or async) generator of such lists; an async infer_func's coroutine
+InferOutputs = Sequence[Mapping[str, Any] | None]
+InferFunc = Callable[
+    [list[Request]], InferOutputs | Iterator[InferOutputs] | AsyncIterator[InferOutputs] | Awaitable[InferOutputs]
+]
 
 
 def batch(func: Callable[..., Mapping[str, Any]]) -> InferFunc:

@@ -55,7 +55,7 @@ class Binding:
         self.decoupled = config.decoupled
         self.batch_rule = config.batch_rule
         self.sequence = config.sequence_batcher is not None
-        self.iterative = self.sequence and config.sequence_batcher.iterative
+        self.iterative = config.sequence_batcher is not None and config.sequence_batcher.iterative
         # (name, TRITONSERVER_DataType value, dims, wants GPU memory) per output, read by the backend.
         self.output_specs = [
             (t.name, BY_NAME[triton_dtype(t.dtype)].value, t.shape, t.device == "gpu") for t in outputs

@@ -64,6 +64,14 @@ class Request(dict):
         "state",
         "_span",
     )
+    # (set by the backend on each request; the sequence ones on sequence models only)
+    parameters: dict[str, Any]
+    correlation_id: int | str
+    sequence_start: bool
+    sequence_end: bool
+    sequence_ready: bool
+    state: dict[str, Any]
+    _span: Any
 
     @property
     def data(self) -> Request:

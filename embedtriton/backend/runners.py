@@ -20,7 +20,7 @@ import logging
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ class Iterative(Runner):
 
     def __init__(self, name: str, func: Callable[..., Any]) -> None:
         super().__init__(name, func)
-        self._gens: dict[int, Iterator[Any]] = {}  # in-flight request -> its generator
+        self._gens: dict[int, Generator[Any, Any, Any]] = {}  # in-flight request -> its generator
         _iterative.add(self)
 
     def execute(self, requests: list[Request]) -> str:
@@ -266,7 +266,8 @@ class IterativeBatch(Iterative):
         except Exception as exc:
             message = self.failed(exc)
             for k in keys:
-                self._live.pop(k, None)
+                if k is not None:
+                    self._live.pop(k, None)
             return [(message if k is not None else None, True) for k in keys]
         answers = iter(outputs)
         results: Results = []

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from ..tensors import triton_dtype
 from .model import DynamicBatcher, ModelConfig
-from .tensor import Tensor
+from .tensor import Tensor, name_of
 from .triton_json import tensor_json
 
 
@@ -128,8 +128,8 @@ def ensemble_config_json(
                 f"{where}: the ensemble takes batches of {config.max_batch_size} but '{step.model_name}' only "
                 f"{model.max_batch_size}; lower the ensemble's max_batch_size or raise the model's"
             )
-        declared_in = {t.name: t for t in model.inputs}
-        declared_out = {t.name: t for t in model.outputs}
+        declared_in = {name_of(t): t for t in model.inputs}
+        declared_out = {name_of(t): t for t in model.outputs}
         unknown = sorted(set(step.inputs) - set(declared_in))
         if unknown:
             raise InvalidArgumentError(
@@ -181,7 +181,7 @@ def ensemble_config_json(
         seen = _Tensor(triton_dtype(t.dtype), t.shape, batching, f"ensemble output '{t.name}'")
         if t.name not in produced:
             raise InvalidArgumentError(f"ensemble '{name}': no step produces its output '{t.name}'")
-        _merge(tensors, t.name, seen, f"ensemble '{name}'")  # type: ignore[arg-type]
+        _merge(tensors, name_of(t), seen, f"ensemble '{name}'")
     for tensor_name, tensor in tensors.items():
         if tensor_name in input_names and not tensor.readers and tensor_name not in {t.name for t in outputs}:
             raise InvalidArgumentError(f"ensemble '{name}': no step reads its input '{tensor_name}'")

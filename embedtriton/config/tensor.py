@@ -112,6 +112,11 @@ def _input_format(name: str | None, given: Any, dims: tuple[int, ...]) -> str | 
     return key
 
 
+def name_of(tensor: Tensor) -> str:
+    """The name of a tensor that :func:`name_tensors` has seen (every bound model's): never None."""
+    return tensor.name  # type: ignore[return-value]  # named by name_tensors
+
+
 def name_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
     """Give unnamed tensors their positional names (INPUT_1, ...) and check for duplicates."""
     named = [
@@ -128,7 +133,7 @@ def name_tensors(tensors: Sequence[Tensor], prefix: str) -> list[Tensor]:
         )
         for i, t in enumerate(tensors, start=1)
     ]
-    names = [t.name for t in named]
+    names = [name_of(t) for t in named]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise InvalidArgumentError(f"tensor names must be unique; repeated: {duplicates}")

@@ -24,7 +24,7 @@ from .model import (
     VersionPolicy,
     WarmupInput,
 )
-from .tensor import Tensor
+from .tensor import Tensor, name_of
 
 CONTROL_PREFIX = "_embedtriton_"  # the backend turns these control inputs into Request attributes
 WARMUP_FOLDER = "warmup"  # Triton reads input_data_file from <model dir>/warmup/
@@ -165,7 +165,7 @@ def warmup_file_name(stage: ModelWarmup, input_name: str) -> str:
 
 
 def warmup_json(stage: ModelWarmup, inputs: Sequence[Tensor]) -> dict[str, Any]:
-    declared = {t.name: t for t in inputs}
+    declared = {name_of(t): t for t in inputs}
     missing = sorted(set(declared) - set(stage.inputs))
     unknown = sorted(set(stage.inputs) - set(declared))
     if missing or unknown:

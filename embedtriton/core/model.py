@@ -214,7 +214,7 @@ class Model:
         first = None
         for i, result in enumerate(results):
             if isinstance(result, BaseException):
-                if spans is not None:
+                if tracer is not None and spans is not None:
                     tracer.abandon(spans[i][0], spans[i][1], result)  # (ends it only if Triton never saw it)
                 if isinstance(result, InvalidArgumentError):
                     results[i] = result = self._explained(items[i], result)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..backend import library
 from ..backend.batch import InferFunc
@@ -33,6 +33,9 @@ from .model import Model
 from .onnx import onnx_model
 from .repositories import LoadedModel, Repositories
 
+if TYPE_CHECKING:
+    from ..tracing import Tracer
+
 log = logging.getLogger("embedtriton")
 
 
@@ -49,8 +52,9 @@ class ModelsMixin:
     _repositories: Repositories
     _generated_repository: GeneratedRepository
     _log: Any
-
-    def _require_handle(self) -> int: ...  # (CoreServer's)
+    _stopping: bool
+    _tracer: Tracer | None
+    _require_handle: Callable[[], int]  # (CoreServer's method)
 
     def bind(
         self,

@@ -4,7 +4,7 @@ blocking iterator and as an async iterator. Leaving early closes (cancels) the s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from .handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Stream
@@ -24,7 +24,7 @@ def iterate(handle: Stream) -> Iterator[dict[str, Any]]:
         handle.close()
 
 
-async def iterate_async(handle: Stream, arrived: asyncio.Event) -> AsyncIterator[dict[str, Any]]:
+async def iterate_async(handle: Stream, arrived: asyncio.Event) -> AsyncGenerator[dict[str, Any], None]:
     """Each response as it comes; ``arrived`` is set (from the loop) when one is there."""
     try:
         while True:

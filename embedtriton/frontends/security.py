@@ -71,10 +71,12 @@ def _digest(value: str | bytes) -> bytes:
     over as the latin-1 decoding of those bytes)."""
     if isinstance(value, str):
         try:
-            value = value.encode("latin-1")
+            data = value.encode("latin-1")
         except UnicodeEncodeError:
-            value = value.encode("utf-8", "surrogatepass")
-    return hashlib.sha256(value).digest()
+            data = value.encode("utf-8", "surrogatepass")
+    else:
+        data = value
+    return hashlib.sha256(data).digest()
 
 
 @dataclass(frozen=True)

@@ -231,8 +231,8 @@ class Triton:
         except KeyboardInterrupt:
             log.info("SIGINT received, exiting.")
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            for number, handler in previous.items():
+                signal.signal(number, handler)
             self.stop()
 
     def stop(self) -> bool:

@@ -296,7 +296,7 @@ def plan(
         http_settings["restricted_api"] = http_restricted
     if config.http_header_forward_pattern is not None:
         http_settings["header_forward_pattern"] = config.http_header_forward_pattern
-    grpc = None
+    grpc: dict[str, Any] | None = None
     if config.allow_grpc if config.allow_grpc is not None else not prediction:
         grpc = {"address": _address(config.grpc_address or DEFAULT_ADDRESS, config.grpc_port, "grpc")}
         if grpc_restricted:

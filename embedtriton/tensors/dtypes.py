@@ -48,7 +48,7 @@ DTYPES: tuple[DType, ...] = (
 )
 BY_NAME: dict[str, DType] = {d.name: d for d in DTYPES}
 _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in DTYPES if d.numpy is not None}
-_BY_KIND: dict[tuple[str, int], DType] = {(d.numpy.kind, d.numpy.itemsize): d for d in _BY_NUMPY.values()}
+_BY_KIND: dict[tuple[str, int], DType] = {(dt.kind, dt.itemsize): d for dt, d in _BY_NUMPY.items()}
 
 
 def triton_dtype(dtype: Any, what: str = "tensor") -> str:

@@ -25,7 +25,7 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import error_for_code
 from .runtime import load_runtime
@@ -117,6 +117,10 @@ class _Api:
                 fn.errcheck = self._check
             setattr(self, name[len("TRITONSERVER_") :], fn)
 
+    if TYPE_CHECKING:
+        # the functions of _SIGNATURES, set by __init__ under their names less "TRITONSERVER_"
+        def __getattr__(self, name: str) -> ctypes._CFunctionType: ...
+
     def _check(self, result: int | None, func: Any, args: Any) -> None:
         if result:
             code = self.ErrorCode(result)
@@ -124,7 +128,7 @@ class _Api:
             self.ErrorDelete(result)
             raise error_for_code(code, message)
 
-    def message_json(self, message: int) -> Any:
+    def message_json(self, message: int | c_void_p) -> Any:
         """Read a TRITONSERVER_Message as JSON and delete it."""
         base, size = c_char_p(), c_size_t()
         try:

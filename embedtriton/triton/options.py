@@ -78,7 +78,7 @@ def server_options(
                 )
             for name, settings_json in caches:
                 api.ServerOptionsSetCacheConfig(options, name.encode(), settings_json.encode())
-        yield options.value
+        yield options.value  # type: ignore[misc]  # a successful ServerOptionsNew set it (not NULL)
     finally:
         api.ServerOptionsDelete(options)
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Tensor
+from ..config.tensor import name_of
 from ..errors import InvalidArgumentError, TritonError, UnavailableError
 
 POOL = 64  # distinct random requests cycled through (so that the response cache never helps them)
@@ -40,28 +41,29 @@ class Load:
         self.batched = batched
         self.shapes: dict[str, tuple[int, ...]] = {}  # each input's shape without the batch axis
         shapes = dict(shapes or {})
-        unknown = sorted(set(shapes) - {t.name for t in inputs})
+        unknown = sorted(set(shapes) - {name_of(t) for t in inputs})
         if unknown:
             raise InvalidArgumentError(f"--shape names {unknown}, which are not inputs of the model")
         for t in inputs:
-            given = tuple(shapes.get(t.name, ()))
+            name = name_of(t)
+            given: tuple[int, ...] = tuple(shapes.get(name, ()))
             if given:
                 if len(given) != len(t.shape) or any(d != g for d, g in zip(t.shape, given, strict=True) if d != -1):
                     raise InvalidArgumentError(
                         f"--shape {t.name}={','.join(map(str, given))} does not fit its declared shape {list(t.shape)} "
                         "(give every dimension, without the batch axis)"
                     )
-                self.shapes[t.name] = given
+                self.shapes[name] = given
             else:
-                self.shapes[t.name] = tuple(1 if d == -1 else d for d in t.shape)
+                self.shapes[name] = tuple(1 if d == -1 else d for d in t.shape)
         self.repeats = samples is not None  # samples are cycled: the same inputs come again
         if samples is not None:
             self.pool = _from_samples(inputs, samples, batched)
         else:
             rng = np.random.default_rng(seed)
+            batch_axis: tuple[int, ...] = (1,) if batched else ()
             self.pool = [
-                {t.name: _random(rng, t, ((1,) if batched else ()) + self.shapes[t.name]) for t in inputs}
-                for _ in range(POOL)
+                {name_of(t): _random(rng, t, batch_axis + self.shapes[name_of(t)]) for t in inputs} for _ in range(POOL)
             ]
 
     def request(self, i: int) -> dict[str, np.ndarray]:
@@ -84,7 +86,7 @@ def _random(rng: np.random.Generator, tensor: Tensor, shape: tuple[int, ...]) ->
 
 
 def _from_samples(inputs: Sequence[Tensor], samples: Mapping[str, np.ndarray], batched: bool) -> list[dict]:
-    names = [t.name for t in inputs]
+    names = [name_of(t) for t in inputs]
     missing = sorted(set(names) - set(samples))
     if missing:
         raise InvalidArgumentError(

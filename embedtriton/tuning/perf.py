@@ -28,7 +28,11 @@ def perf_analyzer() -> tuple[str, dict[str, str]]:
         )
     env = dict(os.environ)
     spec = find_spec("pytriton")
-    libs = glob.glob(str(Path(spec.origin).parent.parent / "nvidia_pytriton.libs" / "libcudart*.so*")) if spec else []
+    libs = (
+        glob.glob(str(Path(spec.origin).parent.parent / "nvidia_pytriton.libs" / "libcudart*.so*"))
+        if spec and spec.origin
+        else []
+    )
     if libs:
         link_dir = Path(tempfile.mkdtemp(prefix="embedtriton-perf-"))
         atexit.register(shutil.rmtree, link_dir, ignore_errors=True)

@@ -51,11 +51,12 @@ class GrpcEndpoint:
         self._loop: asyncio.AbstractEventLoop | None = None
         # limits.max_connections, or fewer when the process's descriptor limit leaves less room
         self.max_connections = connection_cap(options.limits.max_connections, "gRPC")
+        address = str(options.address)  # (GrpcOptions normalized it to "host:port")
         if options.transport == "native":
-            self._start_native(options.address, options.max_message_bytes, options.tls, options.limits)
+            self._start_native(address, options.max_message_bytes, options.tls, options.limits)
         else:
             self._start_grpcio(
-                options.address,
+                address,
                 options.max_message_bytes,
                 options.tls,
                 options.infer_response_compression_level,

@@ -51,14 +51,19 @@ def code_of(error: BaseException) -> int:
 class Call(Protocol):
     """One RPC as a transport presents it."""
 
-    method: str  # "/package.Service/Method"
-    metadata: list[tuple[str, str]]
-    peer: str
+    @property
+    def method(self) -> str: ...  # "/package.Service/Method"
+    @property
+    def metadata(self) -> list[tuple[str, str]]: ...
+    @property
+    def peer(self) -> str: ...
+
     user: Any  # the handler's own state for this call
 
-    def send(self, data: bytes) -> None: ...
-    def finish(self, code: int, message: str = "") -> None: ...
-    def set_compression(self, algorithm: str) -> None:
+    # (the native transport's send and finish answer whether the call was still open)
+    def send(self, data: bytes, /) -> object: ...
+    def finish(self, code: int, message: str = "") -> object: ...
+    def set_compression(self, algorithm: str, /) -> None:
         """Compress the response messages: "identity", "deflate" or "gzip"; before the first send()."""
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator
@@ -141,7 +142,8 @@ class Connection(asyncio.Protocol):
         self.endpoint = endpoint
         self.parser = endpoint.httptools.HttpRequestParser(self)
         self.parse_error = endpoint.httptools.HttpParserError
-        self.forward = endpoint.options.forward  # --http-header-forward-pattern, compiled (or None)
+        # --http-header-forward-pattern, compiled (or None)
+        self.forward: re.Pattern[str] | None = endpoint.options.forward
         self.forwarded: list[tuple[str, bytes]] | None = None  # the headers it found, names as sent
         self.transport: asyncio.Transport | None = None
         self.url = b""
@@ -262,7 +264,7 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.setdefault(name.lower(), value)  # a name sent twice: its first value, as Triton reads it
         self._count(len(name) + len(value))
-        if self.forwarded is not None and self.forward.search(name.decode("latin-1")):  # type: ignore[union-attr]
+        if self.forwarded is not None and self.forward is not None and self.forward.search(name.decode("latin-1")):
             self.forwarded.append((name.decode("latin-1"), value))
 
     def on_headers_complete(self) -> None:

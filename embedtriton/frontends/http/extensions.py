@@ -10,6 +10,7 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ...core import CoreServer
@@ -46,6 +47,7 @@ async def repository(server: CoreServer, draining: bool, method: str, rest: list
         if not isinstance(params, dict):
             raise InvalidArgumentError("'parameters' must be a JSON object")
         name = rest[1]
+        work: Callable[[], None] | None
         if rest[2] == "load":  # a name nothing provides is a client's mistake: 404 (Triton: 500)
             work = kserve_extensions.load_work(server, name, params, missing=NotFoundError)
         else:
@@ -84,14 +86,18 @@ def shared_memory(
     if not name:
         raise Refused(404, "register needs a region name: /v2/systemsharedmemory/region/{name}/register")
     request = json_object(body, "register")
-    key, offset, size = request.get("key"), request.get("offset", 0), request.get("byte_size")
+    key = request.get("key")
     if not isinstance(key, str):
         raise InvalidArgumentError("Shared memory register request has no 'key' string (the shm_open name)")
-    for field, value in (("offset", offset), ("byte_size", size)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidArgumentError(f"Shared memory register request needs an integer '{field}', not {value!r}")
-    shm.register(name, key, offset, size)
+    shm.register(name, key, _integer(request, "offset", 0), _integer(request, "byte_size", None))
     return None
+
+
+def _integer(request: dict[str, Any], field: str, default: int | None) -> int:
+    value = request.get(field, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgumentError(f"Shared memory register request needs an integer '{field}', not {value!r}")
+    return value
 
 
 def _register_cuda(shm: SharedMemory, enabled: bool, draining: bool, name: str, body: bytes) -> None:

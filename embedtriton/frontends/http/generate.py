@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,7 @@ def decode(model: Model, body: bytes) -> kserve.Decoded:
     decoded = kserve.Decoded(model)
     inputs: dict[str, Any] = {}
     params: dict[str, Any] = {}
+    items: Iterable[tuple[str, Any]]
     for key, value in request.items():
         if key == "parameters" and key not in declared:
             if not isinstance(value, dict):

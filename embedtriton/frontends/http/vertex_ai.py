@@ -114,6 +114,7 @@ class VertexAiEndpoint(RestEndpoint):
         if self.predict.fullmatch(path):
             redirect = headers.get(REDIRECT_HEADER.lower().encode())
             if redirect is None:
+                how: str | None
                 target, how = f"/v2/models/{self.model_name}/infer", "INFER"
             else:
                 if method != "POST":

@@ -8,8 +8,8 @@
 /* ------------------------------------------------------------------------ */
 /* Call type                                                                 */
 
-/* send() deflates a message this large or larger with the GIL released; a smaller one takes less time than handing
- * the GIL over and back could. */
+/* send() deflates a message this large or larger with the GIL released; a smaller one takes less
+ * time than handing the GIL over and back could. */
 #define DEFLATE_WITHOUT_GIL (64 * 1024)
 
 static PyObject* Call_send(CallObject* self, PyObject* arg)
@@ -21,7 +21,8 @@ static PyObject* Call_send(CallObject* self, PyObject* arg)
   if (len > srv->max_msg || len > UINT32_MAX) {
     PyBuffer_Release(&b);
     char m[160];
-    snprintf(m, sizeof m, "response message larger than max (%zu vs. %zu bytes)", len, srv->max_msg);
+    snprintf(m, sizeof m, "response message larger than max (%zu vs. %zu bytes)", len,
+             srv->max_msg);
     char* enc = percent_encode(m, strlen(m));
     int w = 0;
     pthread_mutex_lock(&srv->mu);
@@ -65,12 +66,13 @@ static PyObject* Call_send(CallObject* self, PyObject* arg)
   Stream* st = self->st;
   if (st && st->conn && !st->finish_req) {
     Conn* c = st->conn;
-    /* Bounded buffering: a client that does not read (a zero flow-control window) must not make the server hold
-     * all the application sends. A message always fits when nothing else is queued (on the stream, and on the
-     * connection); beyond max_buffered_bytes per connection, or half of it per stream (so that one stalled stream
-     * leaves room for the others), the call fails: the IO thread resets the stream and drops what it queued.
-     * Not counted: what nghttp2 and the connection's write buffer hold, which does not grow with what the
-     * application sends (at most one DATA frame of 1 MiB, and FLUSH_AT plus a frame). */
+    /* Bounded buffering: a client that does not read (a zero flow-control window) must not make the
+     * server hold all the application sends. A message always fits when nothing else is queued (on
+     * the stream, and on the connection); beyond max_buffered_bytes per connection, or half of it
+     * per stream (so that one stalled stream leaves room for the others), the call fails: the IO
+     * thread resets the stream and drops what it queued. Not counted: what nghttp2 and the
+     * connection's write buffer hold, which does not grow with what the application sends (at most
+     * one DATA frame of 1 MiB, and FLUSH_AT plus a frame). */
     if ((st->queued && st->queued + ob->len > srv->max_buf_stream) ||
         (c->queued && c->queued + ob->len > srv->max_buf)) {
       st->overflow = 1;
@@ -82,8 +84,9 @@ static PyObject* Call_send(CallObject* self, PyObject* arg)
       st->pq_tail = ob;
       st->queued += ob->len;
       c->queued += ob->len;
-      /* The response headers' grpc-encoding, whether or not this message was compressed; written once (enc is fixed
-       * from the first send()), before the IO thread can see a queued message and read it. */
+      /* The response headers' grpc-encoding, whether or not this message was compressed; written
+       * once (enc is fixed from the first send()), before the IO thread can see a queued message
+       * and read it. */
       if (st->resp_enc != enc) st->resp_enc = enc;
       w = mark_dirty_locked(srv, st);
       queued = 1;
@@ -101,16 +104,20 @@ static PyObject* Call_set_compression(CallObject* self, PyObject* arg)
   const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8AndSize(arg, &n) : NULL;
   if (!name) {
     if (!PyErr_Occurred())
-      PyErr_Format(PyExc_TypeError, "set_compression() takes a str, not %.100s", Py_TYPE(arg)->tp_name);
+      PyErr_Format(PyExc_TypeError, "set_compression() takes a str, not %.100s",
+                   Py_TYPE(arg)->tp_name);
     return NULL;
   }
   int enc = encoding_of(name, (size_t)n);
   if (enc == ENC_UNKNOWN) {
-    PyErr_Format(PyExc_ValueError, "compression must be 'identity', 'deflate' or 'gzip', not %R", arg);
+    PyErr_Format(PyExc_ValueError, "compression must be 'identity', 'deflate' or 'gzip', not %R",
+                 arg);
     return NULL;
   }
-  if (self->sent && enc != self->comp) { /* the response headers may already say another grpc-encoding */
-    PyErr_SetString(PyExc_RuntimeError, "set_compression() must come before the call's first send()");
+  if (self->sent &&
+      enc != self->comp) { /* the response headers may already say another grpc-encoding */
+    PyErr_SetString(PyExc_RuntimeError,
+                    "set_compression() must come before the call's first send()");
     return NULL;
   }
   self->comp = enc;
@@ -123,7 +130,8 @@ static PyObject* Call_finish(CallObject* self, PyObject* args, PyObject* kw)
   int code;
   const char* msg = "";
   Py_ssize_t msglen = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "i|s#:finish", kwlist, &code, &msg, &msglen)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "i|s#:finish", kwlist, &code, &msg, &msglen))
+    return NULL;
   ServerObject* srv = self->srv;
   char* enc = percent_encode(msg, (size_t)msglen);
   if (!enc) return PyErr_NoMemory();
@@ -205,19 +213,24 @@ static PyMethodDef Call_methods[] = {
     {"send", (PyCFunction)Call_send, METH_O,
      "send(data) -> bool: queue one response message (thread-safe); False if the call is over"},
     {"set_compression", (PyCFunction)Call_set_compression, METH_O,
-     "set_compression(algorithm): compress the response messages ('identity', 'deflate' or 'gzip'); before the first "
+     "set_compression(algorithm): compress the response messages ('identity', 'deflate' or "
+     "'gzip'); before the first "
      "send()"},
     {"finish", (PyCFunction)(void (*)(void))Call_finish, METH_VARARGS | METH_KEYWORDS,
-     "finish(code, message='') -> bool: end the call with a gRPC status (thread-safe); False if already over"},
+     "finish(code, message='') -> bool: end the call with a gRPC status (thread-safe); False if "
+     "already over"},
     {NULL, NULL, 0, NULL}};
 
-static PyMemberDef Call_members[] = {{"method", T_OBJECT_EX, offsetof(CallObject, method), READONLY, "the :path"},
-                                     {NULL, 0, 0, 0, NULL}};
+static PyMemberDef Call_members[] = {
+    {"method", T_OBJECT_EX, offsetof(CallObject, method), READONLY, "the :path"},
+    {NULL, 0, 0, 0, NULL}};
 
 static PyGetSetDef Call_getset[] = {
-    {"metadata", (getter)Call_get_metadata, NULL, "request headers other than pseudo-headers", NULL},
+    {"metadata", (getter)Call_get_metadata, NULL, "request headers other than pseudo-headers",
+     NULL},
     {"peer", (getter)Call_get_peer, NULL, "the client's address", NULL},
-    {"user", (getter)Call_get_user, (setter)Call_set_user, "free slot for the handler's per-call state", NULL},
+    {"user", (getter)Call_get_user, (setter)Call_set_user,
+     "free slot for the handler's per-call state", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject CallType = {

@@ -1,7 +1,8 @@
-/* gRPC message compression with zlib: request messages inflated within max_message_bytes (IO thread, no GIL), and
- * response messages deflated in Call.send() (without the GIL when they are large). gRPC's "deflate" is the zlib
- * format (RFC 1950) and "gzip" the gzip format (RFC 1952), both with a 32 KiB window; responses are compressed at
- * zlib's default level and sent compressed only when that makes them smaller, as grpc-core does. */
+/* gRPC message compression with zlib: request messages inflated within max_message_bytes (IO
+ * thread, no GIL), and response messages deflated in Call.send() (without the GIL when they are
+ * large). gRPC's "deflate" is the zlib format (RFC 1950) and "gzip" the gzip format (RFC 1952),
+ * both with a 32 KiB window; responses are compressed at zlib's default level and sent compressed
+ * only when that makes them smaller, as grpc-core does. */
 #include "h2.h"
 
 #include <limits.h>
@@ -23,17 +24,20 @@ const char* encoding_name(int enc)
 
 static int window_bits(int enc)
 {
-  return enc == ENC_GZIP ? 15 + 16 : 15; /* +16: zlib writes and reads a gzip wrapper instead of a zlib one */
+  return enc == ENC_GZIP ? 15 + 16
+                         : 15; /* +16: zlib writes and reads a gzip wrapper instead of a zlib one */
 }
 
-/* The first output buffer of an inflate: four times the input, at least this much, then doubling. */
+/* The first output buffer of an inflate: four times the input, at least this much, then doubling.
+ */
 #define INFLATE_FIRST (16 * 1024)
 
-int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** out, size_t* outlen, char* err,
-                    size_t errsize)
+int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** out, size_t* outlen,
+                    char* err, size_t errsize)
 {
-  /* A small message may inflate to gigabytes (a "zip bomb"): the output never grows past max + 1 bytes, the one
-   * byte over telling a message that is too large, whatever the input claims or holds. */
+  /* A small message may inflate to gigabytes (a "zip bomb"): the output never grows past max + 1
+   * bytes, the one byte over telling a message that is too large, whatever the input claims or
+   * holds. */
   size_t limit = max < SIZE_MAX ? max + 1 : max;
   size_t cap = n < limit / 4 ? 4 * n : limit;
   if (cap < INFLATE_FIRST) cap = INFLATE_FIRST < limit ? INFLATE_FIRST : limit;
@@ -71,11 +75,13 @@ int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** 
     r = inflate(&zs, Z_NO_FLUSH);
     have += room - zs.avail_out;
     if (r == Z_STREAM_END) {
-      if (zs.avail_in) why = "not all input consumed"; /* e.g. a second gzip member, as grpc-core refuses it */
+      if (zs.avail_in)
+        why = "not all input consumed"; /* e.g. a second gzip member, as grpc-core refuses it */
       break;
     }
     if (r == Z_OK || (r == Z_BUF_ERROR && have == cap)) continue;
-    if (r == Z_BUF_ERROR) why = "truncated data"; /* all input read, output room left, and no end of stream */
+    if (r == Z_BUF_ERROR)
+      why = "truncated data"; /* all input read, output room left, and no end of stream */
     else if (r == Z_NEED_DICT) why = "a preset dictionary";
     else why = zs.msg ? zs.msg : "zlib error";
     break;
@@ -83,12 +89,14 @@ int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** 
   inflateEnd(&zs);
   if (!why && have > max) {
     free(buf);
-    snprintf(err, errsize, "received message after decompression larger than max (more than %zu bytes)", max);
+    snprintf(err, errsize,
+             "received message after decompression larger than max (more than %zu bytes)", max);
     return 8;
   }
   if (why) {
     free(buf);
-    snprintf(err, errsize, "Decompression failed due to %s (grpc-encoding %s)", why, encoding_name(enc));
+    snprintf(err, errsize, "Decompression failed due to %s (grpc-encoding %s)", why,
+             encoding_name(enc));
     return code;
   }
   *out = buf;
@@ -100,8 +108,8 @@ OutBuf* deflate_message(int enc, const uint8_t* in, size_t n)
 {
   z_stream zs;
   memset(&zs, 0, sizeof zs);
-  if (n > UINT_MAX ||
-      deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, window_bits(enc), 8, Z_DEFAULT_STRATEGY) != Z_OK)
+  if (n > UINT_MAX || deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, window_bits(enc), 8,
+                                   Z_DEFAULT_STRATEGY) != Z_OK)
     return NULL;
   uLong bound = deflateBound(&zs, (uLong)n);
   OutBuf* ob = bound <= UINT_MAX ? malloc(sizeof *ob + 5 + bound) : NULL;

@@ -1,6 +1,6 @@
 /* Connections (IO thread): reading and writing (plaintext or TLS), accepting
- * within the limits (closing an idle connection to make room), and the timers (handshake and idle timeouts, accept
- * pauses). */
+ * within the limits (closing an idle connection to make room), and the timers (handshake and idle
+ * timeouts, accept pauses). */
 #include "h2.h"
 
 #include <arpa/inet.h>
@@ -95,9 +95,9 @@ static void pending_set(Conn* c, int on)
   }
 }
 
-/* Read what the connection has, up to READ_BUDGET. If the budget ran out, or OpenSSL holds decrypted bytes that
- * level-triggered epoll cannot report (SSL_pending), the connection goes on srv->pend and is read again next
- * iteration (which then does not wait in epoll_wait). */
+/* Read what the connection has, up to READ_BUDGET. If the budget ran out, or OpenSSL holds
+ * decrypted bytes that level-triggered epoll cannot report (SSL_pending), the connection goes on
+ * srv->pend and is read again next iteration (which then does not wait in epoll_wait). */
 void conn_readable(Conn* c)
 {
   c->served = c->srv->iter;
@@ -265,9 +265,12 @@ void conn_close(Conn* c)
   free(c);
 }
 
-#define ACCEPT_BATCH 64   /* connections accepted per loop iteration: a connect flood cannot hold the IO thread */
-#define ACCEPT_PAUSE 0.1  /* seconds without accepting after an error that retrying at once would only repeat */
-#define GOAWAY_LINGER 1.0 /* seconds a connection closing on its idle timeout may take to flush its GOAWAY */
+#define ACCEPT_BATCH \
+  64 /* connections accepted per loop iteration: a connect flood cannot hold the IO thread */
+#define ACCEPT_PAUSE \
+  0.1 /* seconds without accepting after an error that retrying at once would only repeat */
+#define GOAWAY_LINGER \
+  1.0 /* seconds a connection closing on its idle timeout may take to flush its GOAWAY */
 
 static void listen_watch(ServerObject* srv, int on)
 {
@@ -275,20 +278,23 @@ static void listen_watch(ServerObject* srv, int on)
   epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &e);
 }
 
-/* Make room for a new connection: an idle connection (no open stream) is closed, so that idle clients (a flood
- * that connects and sends nothing, pooled channels nobody uses) cannot keep a new client out, and no call in
- * progress is ever cut. Which one: first one that has not finished its TLS handshake and HTTP/2 preface (the
- * cheapest attack on descriptors is to connect and send nothing; a client that spoke keeps its connection through
- * it), then the longest idle, counted from its last_active (its last bytes received or its last call's end, else
- * its accept). It gets GOAWAY (with the last stream processed: none is refused, it has none open; its client
- * reconnects when it next needs to) and is closed at the end of this loop iteration once that is flushed (io_main),
- * not here: later epoll events of this iteration may still point at it. One accepted in this iteration is not a
- * candidate: it has not been read yet (the later ones of a burst would otherwise close the earlier ones, whose
- * requests may be waiting unread). Returns 0 when none is a candidate. */
+/* Make room for a new connection: an idle connection (no open stream) is closed, so that idle
+ * clients (a flood that connects and sends nothing, pooled channels nobody uses) cannot keep a new
+ * client out, and no call in progress is ever cut. Which one: first one that has not finished its
+ * TLS handshake and HTTP/2 preface (the cheapest attack on descriptors is to connect and send
+ * nothing; a client that spoke keeps its connection through it), then the longest idle, counted
+ * from its last_active (its last bytes received or its last call's end, else its accept). It gets
+ * GOAWAY (with the last stream processed: none is refused, it has none open; its client reconnects
+ * when it next needs to) and is closed at the end of this loop iteration once that is flushed
+ * (io_main), not here: later epoll events of this iteration may still point at it. One accepted in
+ * this iteration is not a candidate: it has not been read yet (the later ones of a burst would
+ * otherwise close the earlier ones, whose requests may be waiting unread). Returns 0 when none is a
+ * candidate. */
 static int evict_idle(ServerObject* srv)
 {
   Conn* victim = NULL;
-  int silent = 0; /* a connection that never spoke is open, a candidate or not (accepted this iteration) */
+  int silent =
+      0; /* a connection that never spoke is open, a candidate or not (accepted this iteration) */
   for (Conn* c = srv->conns; c; c = c->next) {
     if (c->dead || c->evicted) continue;
     if (!c->preface_done) silent = 1;
@@ -297,15 +303,16 @@ static int evict_idle(ServerObject* srv)
         (c->preface_done == victim->preface_done && c->last_active < victim->last_active))
       victim = c;
   }
-  /* While a flood of silent connections arrives, a client that spoke is never the one closed for it: when
-   * only such clients are candidates (the silent ones were all accepted this iteration), the newcomer is
-   * refused instead. */
+  /* While a flood of silent connections arrives, a client that spoke is never the one closed for
+   * it: when only such clients are candidates (the silent ones were all accepted this iteration),
+   * the newcomer is refused instead. */
   if (!victim || (victim->preface_done && silent)) return 0;
   if (!victim->handshaking && !victim->goaway_sent)
-    ng.submit_goaway(victim->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(victim->sess),
-                     NGHTTP2_NO_ERROR, NULL, 0);
+    ng.submit_goaway(victim->sess, NGHTTP2_FLAG_NONE,
+                     ng.session_get_last_proc_stream_id(victim->sess), NGHTTP2_NO_ERROR, NULL, 0);
   victim->evicted = victim->goaway_sent = 1;
-  victim->close_at = srv->now + GOAWAY_LINGER; /* so that sweep() does not mark it dead (unflushed) before then */
+  victim->close_at =
+      srv->now + GOAWAY_LINGER; /* so that sweep() does not mark it dead (unflushed) before then */
   STAT_ADD(srv->n_evicted, 1);
   return 1;
 }
@@ -321,13 +328,14 @@ void accept_some(ServerObject* srv)
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EMFILE || errno == ENFILE) {
         STAT_ADD(srv->n_emfile, 1);
-        /* Out of descriptors: an idle connection closes at the end of this iteration, and the newcomer, left in
-         * the queue, is accepted on the next one (the listener stays readable). */
+        /* Out of descriptors: an idle connection closes at the end of this iteration, and the
+         * newcomer, left in the queue, is accepted on the next one (the listener stays readable).
+         */
         if (evict_idle(srv)) return;
         if (srv->reserve_fd >= 0) {
-          /* No connection can make room: refuse the newcomer. Retrying at once would spin (the listener
-           * stays readable), so spend the reserve descriptor to take it off the queue and close it, then take
-           * the reserve back. */
+          /* No connection can make room: refuse the newcomer. Retrying at once would spin (the
+           * listener stays readable), so spend the reserve descriptor to take it off the queue and
+           * close it, then take the reserve back. */
           close(srv->reserve_fd);
           fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
           if (fd >= 0) {
@@ -344,8 +352,9 @@ void accept_some(ServerObject* srv)
       srv->accept_at = srv->now + ACCEPT_PAUSE;
       return;
     }
-    /* At the cap an idle connection makes room (one per newcomer: it counts until its close at the end of this
-     * iteration). When none can, the newcomer is closed at once, before any TLS or HTTP/2 work. */
+    /* At the cap an idle connection makes room (one per newcomer: it counts until its close at the
+     * end of this iteration). When none can, the newcomer is closed at once, before any TLS or
+     * HTTP/2 work. */
     if (srv->nconns >= srv->max_conns && !evict_idle(srv)) {
       close(fd);
       STAT_ADD(srv->n_refused, 1);
@@ -358,9 +367,9 @@ void accept_some(ServerObject* srv)
   }
 }
 
-/* Timers, checked every sweep_every seconds: the handshake timeout (TLS handshake and the client's connection
- * preface), the idle timeout (no open stream, and nothing received since the last one ended), and the end of an
- * accept pause. */
+/* Timers, checked every sweep_every seconds: the handshake timeout (TLS handshake and the client's
+ * connection preface), the idle timeout (no open stream, and nothing received since the last one
+ * ended), and the end of an accept pause. */
 void sweep(ServerObject* srv)
 {
   double now = srv->now;
@@ -379,10 +388,10 @@ void sweep(ServerObject* srv)
     } else if (c->goaway_sent) {
       if (now >= c->close_at) c->dead = 1; /* the client does not read its GOAWAY */
     } else if (c->nstreams == 0 && now - c->last_active >= srv->idle_timeout && !srv->stopping) {
-      /* GOAWAY with the last stream processed: nothing is in flight, and nghttp2 wants no more reads once it is
-       * sent, so the connection closes as soon as it is flushed */
-      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess), NGHTTP2_NO_ERROR, NULL,
-                       0);
+      /* GOAWAY with the last stream processed: nothing is in flight, and nghttp2 wants no more
+       * reads once it is sent, so the connection closes as soon as it is flushed */
+      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, ng.session_get_last_proc_stream_id(c->sess),
+                       NGHTTP2_NO_ERROR, NULL, 0);
       c->goaway_sent = 1;
       c->close_at = now + GOAWAY_LINGER;
       STAT_ADD(srv->n_idle_closed, 1);

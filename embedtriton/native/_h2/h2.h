@@ -68,7 +68,8 @@ typedef struct {
 } NgFuncs;
 extern NgFuncs ng;
 /* optional (see libs.c): NULL options when the library has neither limit */
-extern int (*ng_session_server_new2)(nghttp2_session**, const nghttp2_session_callbacks*, void*, const nghttp2_option*);
+extern int (*ng_session_server_new2)(nghttp2_session**, const nghttp2_session_callbacks*, void*,
+                                     const nghttp2_option*);
 extern nghttp2_option* ng_options;
 
 #define ET_DECL_SSL(ret, name, args) ret(*name) args;
@@ -98,7 +99,8 @@ typedef struct Stream Stream;
 #define PEER_LEN 80
 
 struct Stream {
-  Conn* conn; /* NULL once nghttp2 closed the stream or the connection died (written under srv->mu) */
+  Conn*
+      conn; /* NULL once nghttp2 closed the stream or the connection died (written under srv->mu) */
   int32_t id;
   Stream *cprev, *cnext; /* the connection's streams */
   CallObject* call;      /* strong reference; created with the GIL at the first event */
@@ -108,7 +110,8 @@ struct Stream {
   char* path;
   char** meta; /* name, value, name, value, ... (NUL-terminated copies) */
   size_t nmeta, capmeta;
-  size_t hdr_bytes, hdr_count; /* the request's header list: RFC 7540 size (name + value + 32 each), fields */
+  size_t hdr_bytes,
+      hdr_count; /* the request's header list: RFC 7540 size (name + value + 32 each), fields */
   int is_post, ctype_ok, headers_done, rejected;
   int hdr_over; /* 1: the list is over max_header_list_bytes, 2: it has too many fields */
 
@@ -123,7 +126,8 @@ struct Stream {
   /* outgoing (IO thread) */
   OutBuf *oq_head, *oq_tail;
   int headers_sent, trailers_sent, fin_ready, closed;
-  int do_reset, reset_sent; /* overflow seen by the IO thread; the stream was reset for it: nothing more is sent */
+  int do_reset, reset_sent; /* overflow seen by the IO thread; the stream was reset for it: nothing
+                               more is sent */
 
   /* shared with threads calling send/finish: guarded by srv->mu */
   OutBuf *pq_head, *pq_tail;
@@ -143,11 +147,14 @@ struct Conn {
   int handshaking, dead, epollout;
   int preface_done; /* the client's SETTINGS (the end of its connection preface) arrived */
   int goaway_sent;  /* closing: an idle timeout sent GOAWAY */
-  int evicted;      /* closed to admit a new connection: flushed once (its GOAWAY), then closed, this iteration */
+  int evicted; /* closed to admit a new connection: flushed once (its GOAWAY), then closed, this
+                  iteration */
   double accepted_at, close_at;
-  double last_active;  /* when it last received bytes or its last stream ended (the idle timeout counts from it) */
-  int pending_in;      /* read budget used up: on srv->pend, served again next iteration whatever epoll says */
-  unsigned served;     /* the loop iteration that last read it */
+  double last_active; /* when it last received bytes or its last stream ended (the idle timeout
+                         counts from it) */
+  int pending_in;  /* read budget used up: on srv->pend, served again next iteration whatever epoll
+                      says */
+  unsigned served; /* the loop iteration that last read it */
   Conn *pprev, *pnext; /* srv->pend */
   nghttp2_session* sess;
   uint8_t* out;
@@ -210,7 +217,8 @@ struct ServerObject {
   ServerObject* reg_next; /* registry of running servers (GIL) */
 
   /* counters written by the IO thread, read by stats() (relaxed atomics) */
-  uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets, n_evicted;
+  uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets,
+      n_evicted;
   int64_t n_open;
 };
 
@@ -231,10 +239,11 @@ struct CallObject {
 extern PyTypeObject ServerType, CallType;
 
 #define RBUF_SIZE (256 * 1024)
-/* What one connection may read per loop iteration, TLS or not, so that one fast sender cannot hold the IO thread
- * while the others wait: up to READ_BUDGET bytes in at most READ_CALLS reads. A plaintext connection gets one
- * recv() of RBUF_SIZE; a TLS one up to 16 SSL_read()s, each returning one record (at most 16 KiB), since a client
- * sending one-byte records would otherwise cost two syscalls and a decryption per byte within one budget. */
+/* What one connection may read per loop iteration, TLS or not, so that one fast sender cannot hold
+ * the IO thread while the others wait: up to READ_BUDGET bytes in at most READ_CALLS reads. A
+ * plaintext connection gets one recv() of RBUF_SIZE; a TLS one up to 16 SSL_read()s, each returning
+ * one record (at most 16 KiB), since a client sending one-byte records would otherwise cost two
+ * syscalls and a decryption per byte within one budget. */
 #define READ_BUDGET RBUF_SIZE
 #define READ_CALLS 16
 #define FLUSH_AT (256 * 1024)
@@ -253,22 +262,22 @@ static inline double now_s(void)
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-#define MAKE_NV(n, v, vl)                                                   \
-  {                                                                         \
-    (uint8_t*)(n), (uint8_t*)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE \
-  }
+#define MAKE_NV(n, v, vl) {(uint8_t*)(n), (uint8_t*)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
 
 /* ---- compress.c: gRPC message compression (zlib) -------------------------- */
 
 enum { ENC_IDENTITY, ENC_DEFLATE, ENC_GZIP, ENC_UNKNOWN };
-#define ACCEPT_ENCODING "identity, deflate, gzip" /* what a grpc-accept-encoding header of ours says */
+#define ACCEPT_ENCODING \
+  "identity, deflate, gzip" /* what a grpc-accept-encoding header of ours says */
 int encoding_of(const char* v, size_t n);
 const char* encoding_name(int enc);
-/* Inflate a compressed request message into a new buffer of at most max bytes: 0 and *out, *outlen; or a gRPC status
- * (RESOURCE_EXHAUSTED: larger than max; INTERNAL: corrupt) with its message in err. */
-int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** out, size_t* outlen, char* err,
-                    size_t errsize);
-/* A response message deflated, with its gRPC prefix (flag 1); NULL when compressing does not make it smaller. */
+/* Inflate a compressed request message into a new buffer of at most max bytes: 0 and *out, *outlen;
+ * or a gRPC status (RESOURCE_EXHAUSTED: larger than max; INTERNAL: corrupt) with its message in
+ * err. */
+int inflate_message(int enc, const uint8_t* in, size_t n, size_t max, uint8_t** out, size_t* outlen,
+                    char* err, size_t errsize);
+/* A response message deflated, with its gRPC prefix (flag 1); NULL when compressing does not make
+ * it smaller. */
 OutBuf* deflate_message(int enc, const uint8_t* in, size_t n);
 
 /* ---- session.c: streams and the nghttp2 callbacks ------------------------ */
@@ -277,13 +286,14 @@ char* percent_encode(const char* s, size_t n);
 void wake(ServerObject* srv);
 int mark_dirty_locked(ServerObject* srv, Stream* st);
 void unlink_dirty_locked(ServerObject* srv, Stream* st);
-int finish_locked(ServerObject* srv, Stream* st, int code, char* enc_msg, int by_app, int* need_wake);
+int finish_locked(ServerObject* srv, Stream* st, int code, char* enc_msg, int by_app,
+                  int* need_wake);
 void free_outbufs(OutBuf* b);
 void free_meta(char** meta, size_t nmeta);
 void stream_free(Stream* st);
 void stream_detach(Stream* st);
-ssize_t data_read_cb(nghttp2_session* sess, int32_t id, uint8_t* buf, size_t length, uint32_t* flags,
-                     nghttp2_data_source* src, void* ud);
+ssize_t data_read_cb(nghttp2_session* sess, int32_t id, uint8_t* buf, size_t length,
+                     uint32_t* flags, nghttp2_data_source* src, void* ud);
 nghttp2_session_callbacks* make_callbacks(void);
 
 /* ---- conn.c: connections ------------------------------------------------- */

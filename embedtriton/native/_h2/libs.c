@@ -14,13 +14,16 @@
 
 NgFuncs ng;
 static int ng_loaded;
-/* optional: the rapid-reset (CVE-2023-44487) limit and the CONTINUATION-flood (CVE-2024-30255) limit, in nghttp2
+/* optional: the rapid-reset (CVE-2023-44487) limit and the CONTINUATION-flood (CVE-2024-30255)
+ * limit, in nghttp2
  * >= 1.57 / 1.61 and in distribution backports (Debian 12's 1.52.0, the Triton wheel's 1.43.0) */
 static int (*ng_option_new)(nghttp2_option**);
 static void (*ng_option_del)(nghttp2_option*);
-static void (*ng_option_set_stream_reset_rate_limit)(nghttp2_option*, uint64_t burst, uint64_t rate);
+static void (*ng_option_set_stream_reset_rate_limit)(nghttp2_option*, uint64_t burst,
+                                                     uint64_t rate);
 static void (*ng_option_set_max_continuations)(nghttp2_option*, size_t);
-int (*ng_session_server_new2)(nghttp2_session**, const nghttp2_session_callbacks*, void*, const nghttp2_option*);
+int (*ng_session_server_new2)(nghttp2_session**, const nghttp2_session_callbacks*, void*,
+                              const nghttp2_option*);
 nghttp2_option* ng_options;
 
 /* What library() reports about the libnghttp2 in use. */
@@ -30,29 +33,33 @@ static struct {
   int version_num, reset_rate_limit, max_continuations;
 } ng_info;
 
-/* Rapid reset (CVE-2023-44487): a token bucket per connection, one token per RST_STREAM the client sends; when it is
- * empty nghttp2 sends GOAWAY and the connection ends. nghttp2's default is a burst of 1000 refilled at 33/s.
+/* Rapid reset (CVE-2023-44487): a token bucket per connection, one token per RST_STREAM the client
+ * sends; when it is empty nghttp2 sends GOAWAY and the connection ends. nghttp2's default is a
+ * burst of 1000 refilled at 33/s.
  *
- * Measured here (2 vCPUs, a trivial handler, IO thread CPU time per reset stream): ~1.7 us for a request reset in
- * the same read, which never reaches Python (dispatch drops it), ~3-4 us for one reset after on_message and
- * on_half_close ran (on_cancel follows). What a reset costs beyond that is the application's work for a call that
- * is then cancelled: ~160 us of CPU for an AddSub inference through Triton (12,683 infer/s on 2 cores, README).
- * The burst bounds that work per connection, the rate its sustained share:
- *  - burst 1000, nghttp2's own: at most ~0.16 s of such work, once per connection (max_connections bounds how
- *    many); the old 10,000 let one connection queue seconds of it ahead of every other client;
- *  - rate 500/s instead of 33/s: a busy client cancelling a few hundred calls a second (deadlines, hedged requests)
- *    keeps its connection, where 33/s dropped one cancelling 66/s after ~30 s; a flooding connection is held to
- *    ~8 % of one core of cancelled inference work (500 x 160 us) and ~0.2 % of the IO thread for the transport's
- *    part (tests/adversarial checks both: a flood gets GOAWAY within the budget, 400 cancels/s do not).
+ * Measured here (2 vCPUs, a trivial handler, IO thread CPU time per reset stream): ~1.7 us for a
+ * request reset in the same read, which never reaches Python (dispatch drops it), ~3-4 us for one
+ * reset after on_message and on_half_close ran (on_cancel follows). What a reset costs beyond that
+ * is the application's work for a call that is then cancelled: ~160 us of CPU for an AddSub
+ * inference through Triton (12,683 infer/s on 2 cores, README). The burst bounds that work per
+ * connection, the rate its sustained share:
+ *  - burst 1000, nghttp2's own: at most ~0.16 s of such work, once per connection (max_connections
+ * bounds how many); the old 10,000 let one connection queue seconds of it ahead of every other
+ * client;
+ *  - rate 500/s instead of 33/s: a busy client cancelling a few hundred calls a second (deadlines,
+ * hedged requests) keeps its connection, where 33/s dropped one cancelling 66/s after ~30 s; a
+ * flooding connection is held to ~8 % of one core of cancelled inference work (500 x 160 us) and
+ * ~0.2 % of the IO thread for the transport's part (tests/adversarial checks both: a flood gets
+ * GOAWAY within the budget, 400 cancels/s do not).
  */
 #define RESET_BURST 1000
 #define RESET_RATE 500
-/* nghttp2's own default (8 CONTINUATION frames per header block), set explicitly so that it holds whatever the
- * library's default is. */
+/* nghttp2's own default (8 CONTINUATION frames per header block), set explicitly so that it holds
+ * whatever the library's default is. */
 #define MAX_CONTINUATIONS 8
 
-static int load_symbols(void* h, const char* prefix, const char* const* names, void** slots, size_t n, char* err,
-                        size_t errlen)
+static int load_symbols(void* h, const char* prefix, const char* const* names, void** slots,
+                        size_t n, char* err, size_t errlen)
 {
   for (size_t i = 0; i < n; i++) {
     char full[128];
@@ -87,8 +94,8 @@ static int ng_probe(const char* name, NgCandidate* c, char* err, size_t errlen)
     return -1;
   }
   char why[256];
-  if (load_symbols(c->h, "nghttp2_", ng_names, (void**)&c->f, sizeof ng_names / sizeof *ng_names, why, sizeof why) <
-      0) {
+  if (load_symbols(c->h, "nghttp2_", ng_names, (void**)&c->f, sizeof ng_names / sizeof *ng_names,
+                   why, sizeof why) < 0) {
     snprintf(err, errlen, "%s is too old or not nghttp2: %s", name, why);
     dlclose(c->h);
     c->h = NULL;
@@ -96,7 +103,8 @@ static int ng_probe(const char* name, NgCandidate* c, char* err, size_t errlen)
   }
   nghttp2_info* info = c->f.version(0);
   c->version_num = info ? info->version_num : 0;
-  snprintf(c->version, sizeof c->version, "%s", info && info->version_str ? info->version_str : "?");
+  snprintf(c->version, sizeof c->version, "%s",
+           info && info->version_str ? info->version_str : "?");
   int opts = dlsym(c->h, "nghttp2_option_new") && dlsym(c->h, "nghttp2_option_del") &&
              dlsym(c->h, "nghttp2_session_server_new2");
   c->reset_rate_limit = opts && dlsym(c->h, "nghttp2_option_set_stream_reset_rate_limit");
@@ -109,10 +117,12 @@ static int ng_probe(const char* name, NgCandidate* c, char* err, size_t errlen)
   return 0;
 }
 
-/* Which of two usable libraries to keep: the one with more of the two security options, then the newer. */
+/* Which of two usable libraries to keep: the one with more of the two security options, then the
+ * newer. */
 static int ng_better(const NgCandidate* a, const NgCandidate* b)
 {
-  int sa = a->reset_rate_limit + a->max_continuations, sb = b->reset_rate_limit + b->max_continuations;
+  int sa = a->reset_rate_limit + a->max_continuations,
+      sb = b->reset_rate_limit + b->max_continuations;
   if (sa != sb) return sa > sb;
   return a->version_num > b->version_num;
 }
@@ -122,14 +132,16 @@ static void ng_use(NgCandidate* c)
   ng = c->f;
   ng_option_new = (int (*)(nghttp2_option**))dlsym(c->h, "nghttp2_option_new");
   ng_option_del = (void (*)(nghttp2_option*))dlsym(c->h, "nghttp2_option_del");
-  ng_session_server_new2 = (int (*)(nghttp2_session**, const nghttp2_session_callbacks*, void*,
-                                    const nghttp2_option*))dlsym(c->h, "nghttp2_session_server_new2");
-  ng_option_set_stream_reset_rate_limit =
-      (void (*)(nghttp2_option*, uint64_t, uint64_t))dlsym(c->h, "nghttp2_option_set_stream_reset_rate_limit");
+  ng_session_server_new2 =
+      (int (*)(nghttp2_session**, const nghttp2_session_callbacks*, void*,
+               const nghttp2_option*))dlsym(c->h, "nghttp2_session_server_new2");
+  ng_option_set_stream_reset_rate_limit = (void (*)(nghttp2_option*, uint64_t, uint64_t))dlsym(
+      c->h, "nghttp2_option_set_stream_reset_rate_limit");
   ng_option_set_max_continuations =
       (void (*)(nghttp2_option*, size_t))dlsym(c->h, "nghttp2_option_set_max_continuations");
   if ((c->reset_rate_limit || c->max_continuations) && ng_option_new(&ng_options) == 0) {
-    if (c->reset_rate_limit) ng_option_set_stream_reset_rate_limit(ng_options, RESET_BURST, RESET_RATE);
+    if (c->reset_rate_limit)
+      ng_option_set_stream_reset_rate_limit(ng_options, RESET_BURST, RESET_RATE);
     if (c->max_continuations) ng_option_set_max_continuations(ng_options, MAX_CONTINUATIONS);
   } else {
     ng_options = NULL;
@@ -142,8 +154,9 @@ static void ng_use(NgCandidate* c)
   ng_loaded = 1;
 }
 
-/* EMBEDTRITON_NGHTTP2=/path/libnghttp2.so forces that library. Otherwise both the system's libnghttp2.so.14 and the
- * caller's libpath (the copy bundled with the Triton wheel) are tried, and the better one (ng_better) is kept. */
+/* EMBEDTRITON_NGHTTP2=/path/libnghttp2.so forces that library. Otherwise both the system's
+ * libnghttp2.so.14 and the caller's libpath (the copy bundled with the Triton wheel) are tried, and
+ * the better one (ng_better) is kept. */
 int load_nghttp2(const char* libpath)
 {
   if (ng_loaded) return 0;
@@ -162,7 +175,8 @@ int load_nghttp2(const char* libpath)
   int ok_b = libpath && ng_probe(libpath, &b, err2, sizeof err2) == 0;
   if (!ok_a && !ok_b) {
     PyErr_Format(PyExc_ImportError,
-                 "embedtriton._h2 needs libnghttp2: %s%s%s; install libnghttp2-14 or the nvidia-pytriton wheel, which "
+                 "embedtriton._h2 needs libnghttp2: %s%s%s; install libnghttp2-14 or the "
+                 "nvidia-pytriton wheel, which "
                  "bundles it (or set EMBEDTRITON_NGHTTP2 to a libnghttp2.so)",
                  err, libpath ? "; " : ", and no fallback path was given", libpath ? err2 : "");
     return -1;
@@ -189,7 +203,8 @@ int load_openssl(const char* libpath)
     snprintf(pattern, sizeof pattern, "%s/libssl*.so.3", dirname(dir));
     glob_t g;
     if (glob(pattern, 0, NULL, &g) == 0) {
-      for (size_t i = 0; i < g.gl_pathc && !h; i++) h = dlopen(g.gl_pathv[i], RTLD_NOW | RTLD_LOCAL);
+      for (size_t i = 0; i < g.gl_pathc && !h; i++)
+        h = dlopen(g.gl_pathv[i], RTLD_NOW | RTLD_LOCAL);
       globfree(&g);
     }
   }
@@ -197,7 +212,8 @@ int load_openssl(const char* libpath)
     PyErr_Format(PyExc_ImportError, "TLS needs OpenSSL 3: dlopen(libssl.so.3) failed (%s)", err);
     return -1;
   }
-  if (load_symbols(h, "", ssl_names, (void**)&ossl, sizeof ssl_names / sizeof *ssl_names, err, sizeof err) < 0) {
+  if (load_symbols(h, "", ssl_names, (void**)&ossl, sizeof ssl_names / sizeof *ssl_names, err,
+                   sizeof err) < 0) {
     PyErr_Format(PyExc_ImportError, "libssl.so.3 is unusable: %s", err);
     dlclose(h);
     return -1;
@@ -213,7 +229,7 @@ PyObject* library_info(PyObject* mod, PyObject* args, PyObject* kw)
   const char* libpath = NULL;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|z:library", kwlist, &libpath)) return NULL;
   if (load_nghttp2(libpath) < 0) return NULL;
-  return Py_BuildValue("{s:s,s:s,s:O,s:O}", "path", ng_info.path, "version", ng_info.version, "reset_rate_limit",
-                       ng_info.reset_rate_limit ? Py_True : Py_False, "max_continuations",
-                       ng_info.max_continuations ? Py_True : Py_False);
+  return Py_BuildValue("{s:s,s:s,s:O,s:O}", "path", ng_info.path, "version", ng_info.version,
+                       "reset_rate_limit", ng_info.reset_rate_limit ? Py_True : Py_False,
+                       "max_continuations", ng_info.max_continuations ? Py_True : Py_False);
 }

@@ -80,8 +80,9 @@ static void dispatch(ServerObject* srv)
       stream_free(st);
       continue;
     }
-    /* Reset, or its connection closed, before the application saw this: nobody is left to answer, so no work is
-     * started (its EV_CLOSE follows, and cancels the call if an earlier event created one). */
+    /* Reset, or its connection closed, before the application saw this: nobody is left to answer,
+     * so no work is started (its EV_CLOSE follows, and cancels the call if an earlier event created
+     * one). */
     if (st->closed || (st->conn && st->conn->dead)) {
       free(e->data);
       continue;
@@ -149,8 +150,9 @@ static void apply_dirty(ServerObject* srv)
   for (size_t i = 0; i < n; i++) {
     Stream* st = srv->work[i];
     if (st->do_reset && !st->reset_sent) {
-      /* Reset the stream (ENHANCE_YOUR_CALM: grpc clients report RESOURCE_EXHAUSTED) and drop what it queued; the
-       * application gets on_cancel when the stream closes, its send() and finish() already return False. */
+      /* Reset the stream (ENHANCE_YOUR_CALM: grpc clients report RESOURCE_EXHAUSTED) and drop what
+       * it queued; the application gets on_cancel when the stream closes, its send() and finish()
+       * already return False. */
       st->reset_sent = 1;
       free_outbufs(st->oq_head);
       st->oq_head = st->oq_tail = NULL;
@@ -170,16 +172,19 @@ static void apply_dirty(ServerObject* srv)
       ng.session_resume_data(sess, st->id);
     } else if (st->oq_head) {
       const char* enc = encoding_name(st->resp_enc); /* set by send() before it queued (under mu) */
-      nghttp2_nv h[3] = {MAKE_NV(":status", "200", 3), MAKE_NV("content-type", "application/grpc", 16),
+      nghttp2_nv h[3] = {MAKE_NV(":status", "200", 3),
+                         MAKE_NV("content-type", "application/grpc", 16),
                          MAKE_NV("grpc-encoding", enc, strlen(enc))};
       nghttp2_data_provider prd = {.source.ptr = st, .read_callback = data_read_cb};
-      if (ng.submit_response(sess, st->id, h, st->resp_enc ? 3 : 2, &prd) == 0) st->headers_sent = 1;
+      if (ng.submit_response(sess, st->id, h, st->resp_enc ? 3 : 2, &prd) == 0)
+        st->headers_sent = 1;
     } else if (st->fin_ready) { /* Trailers-Only */
       char code[16];
       int cl = snprintf(code, sizeof code, "%d", st->fin_code);
       const char* m = st->fin_msg ? st->fin_msg : "";
-      nghttp2_nv h[4] = {MAKE_NV(":status", "200", 3), MAKE_NV("content-type", "application/grpc", 16),
-                         MAKE_NV("grpc-status", code, (size_t)cl), MAKE_NV("grpc-message", m, strlen(m))};
+      nghttp2_nv h[4] = {
+          MAKE_NV(":status", "200", 3), MAKE_NV("content-type", "application/grpc", 16),
+          MAKE_NV("grpc-status", code, (size_t)cl), MAKE_NV("grpc-message", m, strlen(m))};
       ng.submit_response(sess, st->id, h, m[0] ? 4 : 3, NULL);
       st->headers_sent = st->trailers_sent = 1;
     }
@@ -195,12 +200,14 @@ static void begin_stop(ServerObject* srv, double grace)
     close(srv->listen_fd);
     srv->listen_fd = -1;
   }
-  /* A shutdown notice (GOAWAY with the largest stream id): clients open no new streams here, and none of those
-   * already on the wire is refused. Refusing some (a GOAWAY with the last processed id) makes grpc clients retry
-   * them transparently, and grpcio 1.85 can then leave a streaming call hanging past its deadline. Calls still
-   * open at the deadline are reset and the connection closed. */
+  /* A shutdown notice (GOAWAY with the largest stream id): clients open no new streams here, and
+   * none of those already on the wire is refused. Refusing some (a GOAWAY with the last processed
+   * id) makes grpc clients retry them transparently, and grpcio 1.85 can then leave a streaming
+   * call hanging past its deadline. Calls still open at the deadline are reset and the connection
+   * closed. */
   for (Conn* c = srv->conns; c; c = c->next)
-    if (!c->handshaking) ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, 0x7fffffff, NGHTTP2_NO_ERROR, NULL, 0);
+    if (!c->handshaking)
+      ng.submit_goaway(c->sess, NGHTTP2_FLAG_NONE, 0x7fffffff, NGHTTP2_NO_ERROR, NULL, 0);
 }
 
 void* io_main(void* arg)
@@ -240,15 +247,16 @@ void* io_main(void* arg)
         (void)r;
       } else {
         Conn* c = p;
-        /* The client shut its side or the connection failed: whatever it still has queued is not read, as no
-         * answer could reach it (a request followed by a close must not start work). */
+        /* The client shut its side or the connection failed: whatever it still has queued is not
+         * read, as no answer could reach it (a request followed by a close must not start work). */
         if (evs[i].events & (EPOLLRDHUP | EPOLLERR | EPOLLHUP)) c->dead = 1;
         else if (evs[i].events & EPOLLIN) conn_readable(c);
         else if (c->handshaking && (evs[i].events & EPOLLOUT)) conn_readable(c);
       }
     }
     Conn* pnext;
-    for (Conn* c = srv->pend; c; c = pnext) { /* left over from the last iteration and not read in this one */
+    for (Conn* c = srv->pend; c;
+         c = pnext) { /* left over from the last iteration and not read in this one */
       pnext = c->pnext;
       if (c->served != srv->iter) conn_readable(c);
     }
@@ -275,7 +283,8 @@ void* io_main(void* arg)
       conn_flush(c);
       int idle = c->outoff == c->outlen;
       if (c->dead || c->evicted ||
-          (!c->handshaking && idle && !ng.session_want_read(c->sess) && !ng.session_want_write(c->sess)) ||
+          (!c->handshaking && idle && !ng.session_want_read(c->sess) &&
+           !ng.session_want_write(c->sess)) ||
           (srv->stopping && (srv->hard || c->handshaking || (idle && c->nstreams == 0))))
         conn_close(c);
     }

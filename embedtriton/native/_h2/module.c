@@ -3,10 +3,13 @@
 #include "h2.h"
 
 static PyMethodDef module_methods[] = {
-    {"_stop_all", stop_all_servers, METH_NOARGS, "stop every running server (registered with atexit)"},
+    {"_stop_all", stop_all_servers, METH_NOARGS,
+     "stop every running server (registered with atexit)"},
     {"library", (PyCFunction)(void (*)(void))library_info, METH_VARARGS | METH_KEYWORDS,
-     "library(libpath=None) -> dict: the libnghttp2 in use (loaded now if no Server loaded it yet): path, version, "
-     "reset_rate_limit and max_continuations (whether its rapid-reset and CONTINUATION-flood limits are set)"},
+     "library(libpath=None) -> dict: the libnghttp2 in use (loaded now if no Server loaded it "
+     "yet): path, version, "
+     "reset_rate_limit and max_continuations (whether its rapid-reset and CONTINUATION-flood "
+     "limits are set)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT,

@@ -19,8 +19,8 @@
 
 static ServerObject* registry; /* servers whose IO thread is running */
 
-static int alpn_select(SSL* ssl, const unsigned char** out, unsigned char* outlen, const unsigned char* in,
-                       unsigned int inlen, void* arg)
+static int alpn_select(SSL* ssl, const unsigned char** out, unsigned char* outlen,
+                       const unsigned char* in, unsigned int inlen, void* arg)
 {
   (void)ssl, (void)arg;
   for (unsigned int i = 0; i < inlen;) {
@@ -50,7 +50,8 @@ static int ssl_fail(SSL_CTX* ctx, const char* what, const char* path)
 static int setup_tls(ServerObject* self, PyObject* tls, const char* libpath)
 {
   PyObject *cert_o, *key_o, *ca_o = Py_None;
-  if (!PyArg_ParseTuple(tls, "O&O&|O:tls", PyUnicode_FSConverter, &cert_o, PyUnicode_FSConverter, &key_o, &ca_o))
+  if (!PyArg_ParseTuple(tls, "O&O&|O:tls", PyUnicode_FSConverter, &cert_o, PyUnicode_FSConverter,
+                        &key_o, &ca_o))
     return -1;
   int rc = -1;
   PyObject* ca_b = NULL;
@@ -62,7 +63,8 @@ static int setup_tls(ServerObject* self, PyObject* tls, const char* libpath)
     goto out;
   }
   ossl.SSL_CTX_ctrl(ctx, ET_SSL_CTRL_SET_MIN_PROTO_VERSION, ET_TLS1_2_VERSION, NULL);
-  ossl.SSL_CTX_ctrl(ctx, ET_SSL_CTRL_MODE, ET_SSL_MODE_ENABLE_PARTIAL_WRITE | ET_SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER,
+  ossl.SSL_CTX_ctrl(ctx, ET_SSL_CTRL_MODE,
+                    ET_SSL_MODE_ENABLE_PARTIAL_WRITE | ET_SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER,
                     NULL);
   const char *cert = PyBytes_AS_STRING(cert_o), *key = PyBytes_AS_STRING(key_o);
   if (ossl.SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
@@ -103,7 +105,10 @@ static int bind_listener(ServerObject* self, const char* host, int port)
   }
   char portstr[16];
   snprintf(portstr, sizeof portstr, "%d", port);
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res, *ai;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE},
+                  *res, *ai;
   int gai = getaddrinfo(host[0] ? host : NULL, portstr, &hints, &res);
   if (gai != 0) {
     PyErr_Format(PyExc_OSError, "cannot resolve %s: %s", host, gai_strerror(gai));
@@ -132,8 +137,8 @@ static int bind_listener(ServerObject* self, const char* host, int port)
   struct sockaddr_storage sa;
   socklen_t sl = sizeof sa;
   getsockname(fd, (struct sockaddr*)&sa, &sl);
-  self->port =
-      ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6*)&sa)->sin6_port : ((struct sockaddr_in*)&sa)->sin_port);
+  self->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6*)&sa)->sin6_port
+                                              : ((struct sockaddr_in*)&sa)->sin_port);
   self->listen_fd = fd;
   return 0;
 }
@@ -179,8 +184,9 @@ static int Server_init(ServerObject* self, PyObject* args, PyObject* kw)
     PyErr_SetString(PyExc_RuntimeError, "Server.__init__ called twice");
     return -1;
   }
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz$nddnn:Server", kwlist, &host, &port, &handler, &max_msg, &tls,
-                                   &libpath, &max_conns, &idle, &hs, &max_hdr, &max_buf))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz$nddnn:Server", kwlist, &host, &port, &handler,
+                                   &max_msg, &tls, &libpath, &max_conns, &idle, &hs, &max_hdr,
+                                   &max_buf))
     return -1;
   if (max_msg < 0) {
     PyErr_SetString(PyExc_ValueError, "max_message_bytes must be >= 0");
@@ -263,7 +269,8 @@ static int do_stop(ServerObject* self, double grace)
   }
   pthread_mutex_unlock(&self->mu);
   wake(self);
-  if (pthread_equal(pthread_self(), self->thread)) return 0; /* from a handler: the thread stops after this batch */
+  if (pthread_equal(pthread_self(), self->thread))
+    return 0; /* from a handler: the thread stops after this batch */
   int drop = 0;
   Py_BEGIN_ALLOW_THREADS;
   pthread_mutex_lock(&self->join_mu);
@@ -330,34 +337,41 @@ static void Server_dealloc(ServerObject* self)
 static PyObject* Server_stats(ServerObject* self, PyObject* unused)
 {
   (void)unused;
-  return Py_BuildValue(
-      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "connections", (long long)STAT_GET(self->n_open), "buffer_resets",
-      (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted", (unsigned long long)STAT_GET(self->n_accepted),
-      "refused", (unsigned long long)STAT_GET(self->n_refused), "emfile", (unsigned long long)STAT_GET(self->n_emfile),
-      "idle_closed", (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
-      (unsigned long long)STAT_GET(self->n_handshake_timeouts), "evicted",
-      (unsigned long long)STAT_GET(self->n_evicted));
+  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "connections",
+                       (long long)STAT_GET(self->n_open), "buffer_resets",
+                       (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted",
+                       (unsigned long long)STAT_GET(self->n_accepted), "refused",
+                       (unsigned long long)STAT_GET(self->n_refused), "emfile",
+                       (unsigned long long)STAT_GET(self->n_emfile), "idle_closed",
+                       (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
+                       (unsigned long long)STAT_GET(self->n_handshake_timeouts), "evicted",
+                       (unsigned long long)STAT_GET(self->n_evicted));
 }
 
 static PyMethodDef Server_methods[] = {
     {"stop", (PyCFunction)Server_stop, METH_VARARGS,
-     "stop(grace=0): stop accepting, let calls finish for up to grace seconds, cancel the rest, join the IO thread"},
+     "stop(grace=0): stop accepting, let calls finish for up to grace seconds, cancel the rest, "
+     "join the IO thread"},
     {"stats", (PyCFunction)Server_stats, METH_NOARGS,
-     "stats() -> dict of counters: connections (open now), accepted, refused (over max_connections or out of file "
-     "descriptors, with a call open on every connection), emfile (accepts that failed for want of descriptors), "
+     "stats() -> dict of counters: connections (open now), accepted, refused (over max_connections "
+     "or out of file "
+     "descriptors, with a call open on every connection), emfile (accepts that failed for want of "
+     "descriptors), "
      "evicted (idle connections closed to admit a new one), idle_closed, handshake_timeouts, "
      "buffer_resets (calls reset for queueing more than max_buffered_bytes allows)"},
     {NULL, NULL, 0, NULL}};
 
-static PyMemberDef Server_members[] = {{"port", T_INT, offsetof(ServerObject, port), READONLY, "the bound port"},
-                                       {NULL, 0, 0, 0, NULL}};
+static PyMemberDef Server_members[] = {
+    {"port", T_INT, offsetof(ServerObject, port), READONLY, "the bound port"},
+    {NULL, 0, 0, 0, NULL}};
 
 PyTypeObject ServerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton._h2.Server",
     .tp_basicsize = sizeof(ServerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc =
-        "Server(host, port, handler, max_message_bytes, tls=None, libpath=None, *, max_connections=1024, "
+        "Server(host, port, handler, max_message_bytes, tls=None, libpath=None, *, "
+        "max_connections=1024, "
         "idle_timeout=300.0, handshake_timeout=10.0, max_header_list_bytes=16384, "
         "max_buffered_bytes=67108864): gRPC over HTTP/2 on one IO thread.",
     .tp_new = Server_new,

@@ -61,7 +61,8 @@ void unlink_dirty_locked(ServerObject* srv, Stream* st)
 
 /* Request the end of a call with a status (takes ownership of enc_msg). Holds mu.
  * Returns 1 if it took effect, 0 if the call was already finishing. */
-int finish_locked(ServerObject* srv, Stream* st, int code, char* enc_msg, int by_app, int* need_wake)
+int finish_locked(ServerObject* srv, Stream* st, int code, char* enc_msg, int by_app,
+                  int* need_wake)
 {
   if (st->finish_req) {
     free(enc_msg);
@@ -135,7 +136,9 @@ void stream_detach(Stream* st)
   c->nstreams--;
   c->partial -= st->msg_cap; /* an incomplete request message goes with its stream */
   st->msg_cap = 0;
-  c->last_active = c->srv->now;    /* a call that outlasted idle_timeout does not make its connection idle at once */
+  c->last_active =
+      c->srv
+          ->now; /* a call that outlasted idle_timeout does not make its connection idle at once */
   pthread_mutex_lock(&c->srv->mu); /* send() reads st->conn and the counts under mu */
   st->conn = NULL;
   c->queued -= st->queued;
@@ -148,8 +151,8 @@ void stream_detach(Stream* st)
 /* ------------------------------------------------------------------------ */
 /* nghttp2 callbacks (IO thread, no GIL)                                     */
 
-ssize_t data_read_cb(nghttp2_session* sess, int32_t id, uint8_t* buf, size_t length, uint32_t* flags,
-                     nghttp2_data_source* src, void* ud)
+ssize_t data_read_cb(nghttp2_session* sess, int32_t id, uint8_t* buf, size_t length,
+                     uint32_t* flags, nghttp2_data_source* src, void* ud)
 {
   Stream* st = src->ptr;
   if (st->reset_sent) return NGHTTP2_ERR_DEFERRED;
@@ -179,9 +182,11 @@ ssize_t data_read_cb(nghttp2_session* sess, int32_t id, uint8_t* buf, size_t len
       char code[16];
       int cl = snprintf(code, sizeof code, "%d", st->fin_code);
       const char* m = st->fin_msg ? st->fin_msg : "";
-      nghttp2_nv tr[2] = {MAKE_NV("grpc-status", code, (size_t)cl), MAKE_NV("grpc-message", m, strlen(m))};
+      nghttp2_nv tr[2] = {MAKE_NV("grpc-status", code, (size_t)cl),
+                          MAKE_NV("grpc-message", m, strlen(m))};
       *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
-      if (ng.submit_trailer(sess, id, tr, m[0] ? 2 : 1) != 0) *flags &= ~(uint32_t)NGHTTP2_DATA_FLAG_NO_END_STREAM;
+      if (ng.submit_trailer(sess, id, tr, m[0] ? 2 : 1) != 0)
+        *flags &= ~(uint32_t)NGHTTP2_DATA_FLAG_NO_END_STREAM;
       st->trailers_sent = 1;
       return (ssize_t)n;
     }
@@ -191,8 +196,8 @@ ssize_t data_read_cb(nghttp2_session* sess, int32_t id, uint8_t* buf, size_t len
 }
 
 /* Send DATA frames as large as flow control and the peer's frame size allow (up to 1 MiB). */
-static ssize_t read_length_cb(nghttp2_session* sess, uint8_t type, int32_t id, int32_t swin, int32_t stwin,
-                              uint32_t maxframe, void* ud)
+static ssize_t read_length_cb(nghttp2_session* sess, uint8_t type, int32_t id, int32_t swin,
+                              int32_t stwin, uint32_t maxframe, void* ud)
 {
   (void)sess, (void)type, (void)id, (void)ud;
   ssize_t n = maxframe;
@@ -205,7 +210,8 @@ static ssize_t read_length_cb(nghttp2_session* sess, uint8_t type, int32_t id, i
 static int on_begin_headers(nghttp2_session* sess, const nghttp2_frame* f, void* ud)
 {
   Conn* c = ud;
-  if (f->hd.type != NGHTTP2_HEADERS || ng.session_get_stream_user_data(sess, f->hd.stream_id)) return 0;
+  if (f->hd.type != NGHTTP2_HEADERS || ng.session_get_stream_user_data(sess, f->hd.stream_id))
+    return 0;
   Stream* st = calloc(1, sizeof *st);
   if (!st) return NGHTTP2_ERR_CALLBACK_FAILURE;
   st->conn = c;
@@ -228,19 +234,19 @@ static char* dup_n(const uint8_t* s, size_t n)
   return d;
 }
 
-/* At most this many header fields per request (pseudo-headers included), whatever their size: Envoy's and nghttpx's
- * default is 100 as well, and a gRPC client sends about ten. */
+/* At most this many header fields per request (pseudo-headers included), whatever their size:
+ * Envoy's and nghttpx's default is 100 as well, and a gRPC client sends about ten. */
 #define MAX_HEADER_FIELDS 100
 
-static int on_header(nghttp2_session* sess, const nghttp2_frame* f, const uint8_t* name, size_t namelen,
-                     const uint8_t* value, size_t valuelen, uint8_t flags, void* ud)
+static int on_header(nghttp2_session* sess, const nghttp2_frame* f, const uint8_t* name,
+                     size_t namelen, const uint8_t* value, size_t valuelen, uint8_t flags, void* ud)
 {
   (void)flags;
   Stream* st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
   if (!st || st->headers_done) return 0; /* trailers from the client: ignored */
-  /* HPACK makes a header cheap to send and dear to keep: one byte can refer to a 4 KiB table entry. The list is
-   * measured before anything is copied; once over the limit, what was kept is freed and the rest only counted. The
-   * request is refused when its header block ends (on_frame_recv). */
+  /* HPACK makes a header cheap to send and dear to keep: one byte can refer to a 4 KiB table entry.
+   * The list is measured before anything is copied; once over the limit, what was kept is freed and
+   * the rest only counted. The request is refused when its header block ends (on_frame_recv). */
   st->hdr_bytes += namelen + valuelen + 32;
   st->hdr_count++;
   if (st->hdr_over) return 0;
@@ -263,7 +269,8 @@ static int on_header(nghttp2_session* sess, const nghttp2_frame* f, const uint8_
   if (namelen == 12 && !memcmp(name, "content-type", 12))
     st->ctype_ok = valuelen >= 16 && !memcmp(value, "application/grpc", 16) &&
                    (valuelen == 16 || value[16] == '+' || value[16] == ';');
-  else if (namelen == 13 && !memcmp(name, "grpc-encoding", 13)) st->req_enc = encoding_of((const char*)value, valuelen);
+  else if (namelen == 13 && !memcmp(name, "grpc-encoding", 13))
+    st->req_enc = encoding_of((const char*)value, valuelen);
   if (st->nmeta == st->capmeta) {
     st->capmeta = st->capmeta ? st->capmeta * 2 : 8;
     st->meta = xrealloc(st->meta, 2 * st->capmeta * sizeof(char*));
@@ -274,15 +281,18 @@ static int on_header(nghttp2_session* sess, const nghttp2_frame* f, const uint8_
   return 0;
 }
 
-/* Refuse a request at its headers (Trailers-Only); accept_enc adds grpc-accept-encoding, the encodings we take. */
-static void reject(nghttp2_session* sess, Stream* st, const char* status, int code, const char* msg, int accept_enc)
+/* Refuse a request at its headers (Trailers-Only); accept_enc adds grpc-accept-encoding, the
+ * encodings we take. */
+static void reject(nghttp2_session* sess, Stream* st, const char* status, int code, const char* msg,
+                   int accept_enc)
 {
   char* enc = percent_encode(msg, strlen(msg));
   char cs[16];
   int cl = snprintf(cs, sizeof cs, "%d", code);
-  nghttp2_nv h[5] = {MAKE_NV(":status", status, strlen(status)), MAKE_NV("content-type", "application/grpc", 16),
-                     MAKE_NV("grpc-status", cs, (size_t)cl), MAKE_NV("grpc-message", enc, strlen(enc)),
-                     MAKE_NV("grpc-accept-encoding", ACCEPT_ENCODING, sizeof ACCEPT_ENCODING - 1)};
+  nghttp2_nv h[5] = {
+      MAKE_NV(":status", status, strlen(status)), MAKE_NV("content-type", "application/grpc", 16),
+      MAKE_NV("grpc-status", cs, (size_t)cl), MAKE_NV("grpc-message", enc, strlen(enc)),
+      MAKE_NV("grpc-accept-encoding", ACCEPT_ENCODING, sizeof ACCEPT_ENCODING - 1)};
   ng.submit_response(sess, st->id, h, accept_enc ? 5 : 4, NULL);
   free(enc);
   st->rejected = 1;
@@ -290,8 +300,9 @@ static void reject(nghttp2_session* sess, Stream* st, const char* status, int co
   st->finish_req = st->finished_by_app = 1; /* nobody else can see this stream yet */
 }
 
-/* A grpc-encoding we cannot decompress: UNIMPLEMENTED, naming it and those we take (grpc-accept-encoding too), as
- * gRPC's compression spec asks; refused at the headers, as grpc-java and grpc-go do, even if no message is compressed.
+/* A grpc-encoding we cannot decompress: UNIMPLEMENTED, naming it and those we take
+ * (grpc-accept-encoding too), as gRPC's compression spec asks; refused at the headers, as grpc-java
+ * and grpc-go do, even if no message is compressed.
  */
 static void reject_encoding(nghttp2_session* sess, Stream* st)
 {
@@ -299,7 +310,8 @@ static void reject_encoding(nghttp2_session* sess, Stream* st)
   for (size_t i = 0; i < st->nmeta; i++)
     if (!strcmp(st->meta[2 * i], "grpc-encoding")) name = st->meta[2 * i + 1];
   char m[200];
-  snprintf(m, sizeof m, "Compression algorithm '%.64s' (grpc-encoding) is not supported; supported: %s", name,
+  snprintf(m, sizeof m,
+           "Compression algorithm '%.64s' (grpc-encoding) is not supported; supported: %s", name,
            ACCEPT_ENCODING);
   reject(sess, st, "200", 12, m, 1);
 }
@@ -318,7 +330,8 @@ static void on_remote_end(Stream* st)
 
 static int on_frame_recv(nghttp2_session* sess, const nghttp2_frame* f, void* ud)
 {
-  if (f->hd.type == NGHTTP2_SETTINGS) { /* nghttp2 checked the magic; this ends the client's connection preface */
+  if (f->hd.type ==
+      NGHTTP2_SETTINGS) { /* nghttp2 checked the magic; this ends the client's connection preface */
     ((Conn*)ud)->preface_done = 1;
     return 0;
   }
@@ -331,8 +344,11 @@ static int on_frame_recv(nghttp2_session* sess, const nghttp2_frame* f, void* ud
       char m[160];
       size_t limit = ((Conn*)ud)->srv->max_hdr;
       if (st->hdr_over == 2)
-        snprintf(m, sizeof m, "received metadata has too many entries (%zu vs. %d)", st->hdr_count, MAX_HEADER_FIELDS);
-      else snprintf(m, sizeof m, "received metadata size exceeds limit (%zu vs. %zu bytes)", st->hdr_bytes, limit);
+        snprintf(m, sizeof m, "received metadata has too many entries (%zu vs. %d)", st->hdr_count,
+                 MAX_HEADER_FIELDS);
+      else
+        snprintf(m, sizeof m, "received metadata size exceeds limit (%zu vs. %zu bytes)",
+                 st->hdr_bytes, limit);
       reject(sess, st, "200", 8, m, 0);
     } else if (!st->is_post) reject(sess, st, "405", 13, "gRPC requests must use POST", 0);
     else if (!st->ctype_ok) reject(sess, st, "415", 13, "content-type must be application/grpc", 0);
@@ -343,14 +359,15 @@ static int on_frame_recv(nghttp2_session* sess, const nghttp2_frame* f, void* ud
   return 0;
 }
 
-/* A request message's buffer starts at this size at most and doubles as its bytes arrive (up to its declared
- * length): a client that declares 64 MiB and sends 5 bytes gets 64 KiB, not 64 MiB. */
+/* A request message's buffer starts at this size at most and doubles as its bytes arrive (up to its
+ * declared length): a client that declares 64 MiB and sends 5 bytes gets 64 KiB, not 64 MiB. */
 #define MSG_FIRST_ALLOC (64 * 1024)
 
-/* Grow (or first allocate) st's message buffer to cap bytes, within the connection's bound on incomplete request
- * messages (max_buffered_bytes, and never less than one message of max_message_bytes): without it, a client could
- * open 1024 streams and leave a large message half-sent on each. Beyond the bound the call fails with
- * RESOURCE_EXHAUSTED and the rest of its message is skipped. Returns 0 when it failed. */
+/* Grow (or first allocate) st's message buffer to cap bytes, within the connection's bound on
+ * incomplete request messages (max_buffered_bytes, and never less than one message of
+ * max_message_bytes): without it, a client could open 1024 streams and leave a large message
+ * half-sent on each. Beyond the bound the call fails with RESOURCE_EXHAUSTED and the rest of its
+ * message is skipped. Returns 0 when it failed. */
 static int grow_message(Conn* c, Stream* st, size_t cap)
 {
   size_t bound = c->srv->max_buf > c->srv->max_msg ? c->srv->max_buf : c->srv->max_msg;
@@ -360,7 +377,8 @@ static int grow_message(Conn* c, Stream* st, size_t cap)
   if (!grown) {
     char m[200];
     if (c->partial + more > bound)
-      snprintf(m, sizeof m, "the connection holds more than %zu bytes of incomplete request messages", bound);
+      snprintf(m, sizeof m,
+               "the connection holds more than %zu bytes of incomplete request messages", bound);
     else snprintf(m, sizeof m, "out of memory for the request message");
     c->partial -= st->msg_cap;
     free(st->msg);
@@ -377,8 +395,9 @@ static int grow_message(Conn* c, Stream* st, size_t cap)
   return 1;
 }
 
-/* Inflate a complete compressed message (taking it) and hand it on; or fail the call and return 0. Done here, on the IO
- * thread without the GIL, bounded by max_message_bytes whatever the message inflates to. */
+/* Inflate a complete compressed message (taking it) and hand it on; or fail the call and return 0.
+ * Done here, on the IO thread without the GIL, bounded by max_message_bytes whatever the message
+ * inflates to. */
 static int deliver_compressed(Conn* c, Stream* st, uint8_t* msg, size_t n)
 {
   uint8_t* out;
@@ -395,7 +414,8 @@ static int deliver_compressed(Conn* c, Stream* st, uint8_t* msg, size_t n)
   return 1;
 }
 
-static int on_data_chunk(nghttp2_session* sess, uint8_t flags, int32_t id, const uint8_t* data, size_t len, void* ud)
+static int on_data_chunk(nghttp2_session* sess, uint8_t flags, int32_t id, const uint8_t* data,
+                         size_t len, void* ud)
 {
   (void)flags;
   Conn* c = ud;
@@ -411,17 +431,21 @@ static int on_data_chunk(nghttp2_session* sess, uint8_t flags, int32_t id, const
       len -= take;
       if (st->pfx_have < 5) break;
       st->pfx_have = 0;
-      uint32_t mlen = (uint32_t)st->pfx[1] << 24 | (uint32_t)st->pfx[2] << 16 | (uint32_t)st->pfx[3] << 8 | st->pfx[4];
-      if (st->pfx[0] > 1 || (st->pfx[0] == 1 && st->req_enc == ENC_IDENTITY)) { /* grpc-core's words for the latter */
+      uint32_t mlen = (uint32_t)st->pfx[1] << 24 | (uint32_t)st->pfx[2] << 16 |
+                      (uint32_t)st->pfx[3] << 8 | st->pfx[4];
+      if (st->pfx[0] > 1 ||
+          (st->pfx[0] == 1 && st->req_enc == ENC_IDENTITY)) { /* grpc-core's words for the latter */
         st->skipping = 1;
         finish_internal(st, 13,
-                        st->pfx[0] == 1 ? "Compression bit set but no encoding configured" : "invalid message flags");
+                        st->pfx[0] == 1 ? "Compression bit set but no encoding configured"
+                                        : "invalid message flags");
         return 0;
       }
       st->msg_comp = st->pfx[0];
       if (mlen > c->srv->max_msg) {
         char m[160];
-        snprintf(m, sizeof m, "received message larger than max (%u vs. %zu bytes)", mlen, c->srv->max_msg);
+        snprintf(m, sizeof m, "received message larger than max (%u vs. %zu bytes)", mlen,
+                 c->srv->max_msg);
         st->skipping = 1;
         finish_internal(st, 8, m);
         return 0;
@@ -468,7 +492,8 @@ static int on_frame_send(nghttp2_session* sess, const nghttp2_frame* f, void* ud
   if (f->hd.type != NGHTTP2_HEADERS || !(f->hd.flags & NGHTTP2_FLAG_END_STREAM)) return 0;
   Stream* st = ng.session_get_stream_user_data(sess, f->hd.stream_id);
   /* We ended our side before the client ended its own: tell it to stop sending. */
-  if (st && !st->remote_closed) ng.submit_rst_stream(sess, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+  if (st && !st->remote_closed)
+    ng.submit_rst_stream(sess, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
   return 0;
 }
 

@@ -48,8 +48,8 @@ static int wants_gpu(ModelState* ms, const char* name)
 
 /* Copy an input's buffers, one after the other, into dst (device memory if dst_gpu) of
  * byte_size bytes; Triton's sizes are checked against it. */
-static TRITONSERVER_Error* gather(TRITONBACKEND_Input* input, const char* name,
-                                  uint32_t n_buffers, char* dst, uint64_t byte_size, int dst_gpu)
+static TRITONSERVER_Error* gather(TRITONBACKEND_Input* input, const char* name, uint32_t n_buffers,
+                                  char* dst, uint64_t byte_size, int dst_gpu)
 {
   uint64_t offset = 0;
   for (uint32_t b = 0; b < n_buffers; b++) {
@@ -57,7 +57,8 @@ static TRITONSERVER_Error* gather(TRITONBACKEND_Input* input, const char* name,
     uint64_t size = 0;
     TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
     int64_t mtype_id = 0;
-    TRITONSERVER_Error* err = api.TRITONBACKEND_InputBuffer(input, b, &data, &size, &mtype, &mtype_id);
+    TRITONSERVER_Error* err =
+        api.TRITONBACKEND_InputBuffer(input, b, &data, &size, &mtype, &mtype_id);
     if (err != NULL) return err;
     if (offset + size > byte_size)
       return new_error(TRITONSERVER_ERROR_INTERNAL, "input '%s' arrived with inconsistent sizes",
@@ -94,7 +95,8 @@ static PyObject* gpu_input(TRITONBACKEND_Request* request, ModelState* ms,
   } else { /* (an iterative model keeps its inputs across iterations: its own copy) */
     int target = mtype == TRITONSERVER_MEMORY_GPU ? (int)mtype_id : device;
     dev = device_array_alloc(byte_size, (int)ndim, shape, dtype, target);
-    if (dev != NULL && (*err = gather(input, name, n_buffers, device_array_ptr(dev), byte_size, 1))) {
+    if (dev != NULL &&
+        (*err = gather(input, name, n_buffers, device_array_ptr(dev), byte_size, 1))) {
       Py_DECREF(dev);
       return NULL;
     }
@@ -259,8 +261,8 @@ fail:
 }
 
 /* An output's shape (ndim extents) against its spec: NULL, or the error that says so. */
-static TRITONSERVER_Error* check_shape(ModelState* ms, OutputSpec* o, int ndim,
-                                       const int64_t* dims, uint64_t batch_size, size_t index)
+static TRITONSERVER_Error* check_shape(ModelState* ms, OutputSpec* o, int ndim, const int64_t* dims,
+                                       uint64_t batch_size, size_t index)
 {
   int batched = ms->max_batch_size > 0;
   int ok = ndim == o->ndims + batched && ndim <= MAX_DIMS;

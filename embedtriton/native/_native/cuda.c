@@ -37,11 +37,14 @@ static struct {
   cudaError_t (*MemPoolSetAttribute)(void*, int, void*);
 } cuda;
 enum { MEMPOOL_ATTR_RELEASE_THRESHOLD = 4 }; /* cudaMemPoolAttrReleaseThreshold */
-static atomic_ullong pooled_devices;          /* bit d: device d's pool keeps freed blocks */
+static atomic_ullong pooled_devices;         /* bit d: device d's pool keeps freed blocks */
 static atomic_int cuda_loaded;
 static int cuda_count;
 
-int cuda_ready(void) { return atomic_load(&cuda_loaded); }
+int cuda_ready(void)
+{
+  return atomic_load(&cuda_loaded);
+}
 
 static const char* cuda_why(cudaError_t e)
 {
@@ -90,8 +93,7 @@ const char* cuda_alloc(void** ptr, size_t n, int device)
     if (cuda.DeviceGetDefaultMemPool(&pool, device) == 0 &&
         cuda.MemPoolSetAttribute(pool, MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) == 0)
       atomic_fetch_or(&pooled_devices, bit);
-    else
-      cuda.MallocAsync = NULL, cuda.FreeAsync = NULL; /* (no pools here: plain allocations) */
+    else cuda.MallocAsync = NULL, cuda.FreeAsync = NULL; /* (no pools here: plain allocations) */
   }
   if (e == 0 && cuda.MallocAsync != NULL && bit) {
     e = cuda.MallocAsync(ptr, n ? n : 1, NULL);
@@ -119,8 +121,8 @@ PyObject* py_cuda_init(PyObject* self, PyObject* arg)
   if (path == NULL) return NULL;
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (h == NULL) return PyErr_Format(PyExc_OSError, "cannot load %s: %s", path, dlerror());
-#define RESOLVE(field, symbol)                                                          \
-  if ((*(void**)&cuda.field = dlsym(h, symbol)) == NULL)                                \
+#define RESOLVE(field, symbol)                            \
+  if ((*(void**)& cuda.field = dlsym(h, symbol)) == NULL) \
     return PyErr_Format(PyExc_OSError, "%s lacks %s: not a CUDA runtime", path, symbol);
   RESOLVE(Malloc, "cudaMalloc")
   RESOLVE(Free, "cudaFree")
@@ -214,7 +216,10 @@ typedef struct {
 
 PyTypeObject DeviceArrayType;
 
-int is_device_array(PyObject* o) { return Py_TYPE(o) == &DeviceArrayType; }
+int is_device_array(PyObject* o)
+{
+  return Py_TYPE(o) == &DeviceArrayType;
+}
 
 PyObject* device_array_new(void* ptr, size_t nbytes, int ndim, const int64_t* shape,
                            TRITONSERVER_DataType dtype, int device, int owns, PyObject* owner)
@@ -249,9 +254,18 @@ PyObject* device_array_alloc(size_t nbytes, int ndim, const int64_t* shape,
   return device_array_new(ptr, nbytes, ndim, shape, dtype, device, 1, NULL);
 }
 
-void* device_array_ptr(PyObject* o) { return ((DeviceArrayObject*)o)->ptr; }
-size_t device_array_nbytes(PyObject* o) { return ((DeviceArrayObject*)o)->nbytes; }
-int device_array_device(PyObject* o) { return ((DeviceArrayObject*)o)->device; }
+void* device_array_ptr(PyObject* o)
+{
+  return ((DeviceArrayObject*)o)->ptr;
+}
+size_t device_array_nbytes(PyObject* o)
+{
+  return ((DeviceArrayObject*)o)->nbytes;
+}
+int device_array_device(PyObject* o)
+{
+  return ((DeviceArrayObject*)o)->device;
+}
 
 static void device_array_dealloc(DeviceArrayObject* a)
 {
@@ -323,7 +337,10 @@ static PyObject* shape_tuple(DeviceArrayObject* a)
   return t;
 }
 
-static PyObject* da_shape(DeviceArrayObject* a, void* c) { return (void)c, shape_tuple(a); }
+static PyObject* da_shape(DeviceArrayObject* a, void* c)
+{
+  return (void)c, shape_tuple(a);
+}
 
 static PyObject* da_dtype(DeviceArrayObject* a, void* c)
 {
@@ -333,9 +350,18 @@ static PyObject* da_dtype(DeviceArrayObject* a, void* c)
   return (PyObject*)PyArray_DescrFromType(typenum);
 }
 
-static PyObject* da_device(DeviceArrayObject* a, void* c) { return (void)c, PyLong_FromLong(a->device); }
-static PyObject* da_ptr(DeviceArrayObject* a, void* c) { return (void)c, PyLong_FromVoidPtr(a->ptr); }
-static PyObject* da_nbytes(DeviceArrayObject* a, void* c) { return (void)c, PyLong_FromSize_t(a->nbytes); }
+static PyObject* da_device(DeviceArrayObject* a, void* c)
+{
+  return (void)c, PyLong_FromLong(a->device);
+}
+static PyObject* da_ptr(DeviceArrayObject* a, void* c)
+{
+  return (void)c, PyLong_FromVoidPtr(a->ptr);
+}
+static PyObject* da_nbytes(DeviceArrayObject* a, void* c)
+{
+  return (void)c, PyLong_FromSize_t(a->nbytes);
+}
 
 static PyObject* da_cai(DeviceArrayObject* a, void* c)
 {
@@ -349,11 +375,11 @@ static PyObject* da_cai(DeviceArrayObject* a, void* c)
   PyObject* typestr = descr ? PyObject_GetAttrString((PyObject*)descr, "str") : NULL;
   Py_XDECREF(descr);
   PyObject* shape = shape_tuple(a);
-  PyObject* r = typestr && shape ? Py_BuildValue("{s:O,s:O,s:(NO),s:i,s:O}", "shape", shape,
-                                                 "typestr", typestr, "data",
-                                                 PyLong_FromVoidPtr(a->ptr), Py_False, "version",
-                                                 3, "strides", Py_None)
-                                 : NULL;
+  PyObject* r =
+      typestr && shape
+          ? Py_BuildValue("{s:O,s:O,s:(NO),s:i,s:O}", "shape", shape, "typestr", typestr, "data",
+                          PyLong_FromVoidPtr(a->ptr), Py_False, "version", 3, "strides", Py_None)
+          : NULL;
   Py_XDECREF(typestr);
   Py_XDECREF(shape);
   return r;
@@ -370,7 +396,8 @@ static PyObject* da_to_numpy(DeviceArrayObject* a, PyObject* unused)
   PyObject* arr = PyArray_SimpleNew(a->ndim, dims, typenum);
   if (arr == NULL) return NULL;
   size_t n = (size_t)PyArray_NBYTES((PyArrayObject*)arr);
-  const char* why = cuda_copy(PyArray_DATA((PyArrayObject*)arr), a->ptr, n < a->nbytes ? n : a->nbytes);
+  const char* why =
+      cuda_copy(PyArray_DATA((PyArrayObject*)arr), a->ptr, n < a->nbytes ? n : a->nbytes);
   if (why != NULL) {
     Py_DECREF(arr);
     return raise_triton(TRITONSERVER_ERROR_INTERNAL, why);
@@ -406,8 +433,9 @@ PyTypeObject DeviceArrayType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "embedtriton.DeviceArray",
     .tp_basicsize = sizeof(DeviceArrayObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "C-contiguous GPU memory (an output in GPU memory, a view of a GPU input): hand it "
-              "to cupy.from_dlpack or torch.from_dlpack (no copy); it lives as long as they use it.",
+    .tp_doc =
+        "C-contiguous GPU memory (an output in GPU memory, a view of a GPU input): hand it "
+        "to cupy.from_dlpack or torch.from_dlpack (no copy); it lives as long as they use it.",
     .tp_dealloc = (destructor)device_array_dealloc,
     .tp_repr = (reprfunc)da_repr,
     .tp_methods = da_methods,
@@ -486,7 +514,10 @@ PyObject* hold_new(TRITONBACKEND_Request* request)
   return (PyObject*)h;
 }
 
-int is_hold(PyObject* o) { return Py_TYPE(o) == &HoldType; }
+int is_hold(PyObject* o)
+{
+  return Py_TYPE(o) == &HoldType;
+}
 
 /* With the GIL, at the end of a batch: drop the batch's reference to a hold. Returns the
  * request when views still use it (the hold releases it later), else NULL. */
@@ -661,7 +692,8 @@ PyObject* py_cuda_allocation_size(PyObject* self, PyObject* args)
     if (driver == NULL) driver = dlopen("libcuda.so.1", RTLD_NOW);
     if (driver != NULL) *(void**)&range = dlsym(driver, "cuMemGetAddressRange_v2");
     if (range == NULL)
-      return raise_triton(TRITONSERVER_ERROR_INTERNAL, "the CUDA driver lacks cuMemGetAddressRange_v2");
+      return raise_triton(TRITONSERVER_ERROR_INTERNAL,
+                          "the CUDA driver lacks cuMemGetAddressRange_v2");
   }
   unsigned long long base = 0;
   size_t size = 0;

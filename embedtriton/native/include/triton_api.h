@@ -125,7 +125,7 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceRequestSetFlags,                                    \
     (TRITONSERVER_InferenceRequest * inference_request, uint32_t flags))                           \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestCorrelationId,                                       \
-    (TRITONBACKEND_Request * request, uint64_t * id))                                              \
+    (TRITONBACKEND_Request * request, uint64_t* id))                                               \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestCorrelationIdString,                                 \
     (TRITONBACKEND_Request * request, const char** id))                                            \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceRequestAddInput,                                    \
@@ -162,9 +162,9 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
      TRITONSERVER_InferenceTraceReleaseFn_t release_fn, void* trace_userp))                        \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceDelete, (TRITONSERVER_InferenceTrace * trace)) \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceId,                                            \
-    (TRITONSERVER_InferenceTrace * trace, uint64_t * id))                                          \
+    (TRITONSERVER_InferenceTrace * trace, uint64_t* id))                                           \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceParentId,                                      \
-    (TRITONSERVER_InferenceTrace * trace, uint64_t * parent_id))                                   \
+    (TRITONSERVER_InferenceTrace * trace, uint64_t* parent_id))                                    \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceTraceModelName,                                     \
     (TRITONSERVER_InferenceTrace * trace, const char** model_name))                                \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceResponseDelete,                                     \
@@ -172,7 +172,7 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceResponseError,                                      \
     (TRITONSERVER_InferenceResponse * inference_response))                                         \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceResponseOutputCount,                                \
-    (TRITONSERVER_InferenceResponse * inference_response, uint32_t * count))                       \
+    (TRITONSERVER_InferenceResponse * inference_response, uint32_t* count))                        \
   X(TRITONSERVER_Error*, TRITONSERVER_InferenceResponseOutput,                                     \
     (TRITONSERVER_InferenceResponse * inference_response, const uint32_t index, const char** name, \
      TRITONSERVER_DataType* datatype, const int64_t** shape, uint64_t* dim_count,                  \
@@ -183,7 +183,7 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelServer,                                                \
     (TRITONBACKEND_Model * model, TRITONSERVER_Server * *server))                                  \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelVersion,                                               \
-    (TRITONBACKEND_Model * model, uint64_t * version))                                             \
+    (TRITONBACKEND_Model * model, uint64_t* version))                                              \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelRepository,                                            \
     (TRITONBACKEND_Model * model, int* artifact_type, const char** location))                      \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelSetState, (TRITONBACKEND_Model * model, void* state))  \
@@ -191,7 +191,7 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelInstanceModel,                                         \
     (TRITONBACKEND_ModelInstance * instance, TRITONBACKEND_Model * *model))                        \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelInstanceDeviceId,                                      \
-    (TRITONBACKEND_ModelInstance * instance, int32_t * device_id))                                 \
+    (TRITONBACKEND_ModelInstance * instance, int32_t* device_id))                                  \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelInstanceReportStatistics,                              \
     (TRITONBACKEND_ModelInstance * instance, TRITONBACKEND_Request * request, const bool success,  \
      const uint64_t exec_start_ns, const uint64_t compute_start_ns, const uint64_t compute_end_ns, \
@@ -201,7 +201,7 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
      const uint64_t exec_start_ns, const uint64_t compute_start_ns, const uint64_t compute_end_ns, \
      const uint64_t exec_end_ns))                                                                  \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestInputCount,                                          \
-    (TRITONBACKEND_Request * request, uint32_t * count))                                           \
+    (TRITONBACKEND_Request * request, uint32_t* count))                                            \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestInputByIndex,                                        \
     (TRITONBACKEND_Request * request, const uint32_t index, TRITONBACKEND_Input** input))          \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestIsCancelled,                                         \
@@ -215,11 +215,11 @@ typedef void (*TRITONSERVER_InferenceResponseCompleteFn_t)(TRITONSERVER_Inferenc
     (TRITONBACKEND_Input * input, const uint32_t index, const void** buffer,                       \
      uint64_t* buffer_byte_size, TRITONSERVER_MemoryType* memory_type, int64_t* memory_type_id))   \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestOutputCount,                                         \
-    (TRITONBACKEND_Request * request, uint32_t * count))                                           \
+    (TRITONBACKEND_Request * request, uint32_t* count))                                            \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestOutputName,                                          \
     (TRITONBACKEND_Request * request, const uint32_t index, const char** output_name))             \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestParameterCount,                                      \
-    (TRITONBACKEND_Request * request, uint32_t * count))                                           \
+    (TRITONBACKEND_Request * request, uint32_t* count))                                            \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestParameter,                                           \
     (TRITONBACKEND_Request * request, const uint32_t index, const char** key,                      \
      TRITONSERVER_ParameterType* type, const void** vvalue))                                       \

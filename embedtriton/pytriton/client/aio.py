@@ -52,7 +52,7 @@ def _server_failure(exc: BaseException) -> Exception | None:
     return PyTritonClientInferenceServerError(message)
 
 
-class AsyncioModelClient:
+class AsyncioModelClient(utils.ClientState):
     """asyncio client of one model; see :class:`~.client.ModelClient` for the arguments."""
 
     def __init__(
@@ -156,7 +156,7 @@ class AsyncioModelClient:
         """The model's configuration on the server (``await client.model_config``)."""
         if self._model_config is None:
             await self._wait_and_init_model_config(self._init_timeout_s)
-        return self._model_config  # type: ignore[return-value]
+        return self._model_config  # type: ignore[return-value]  # set by _wait_and_init_model_config
 
     async def _prepared(self, inputs: Any) -> tuple[TritonModelConfig, list[Any], list[Any]]:
         self._require_open()

@@ -52,7 +52,7 @@ def _failure(exc: BaseException, timeout_s: float) -> Exception | None:
     return None
 
 
-class ModelClient:
+class ModelClient(utils.ClientState):
     """Synchronous client of one model (``url``: ``grpc://host:port``, ``http://host:port`` or
     ``host:port``; ``model_version``: None for the latest)."""
 
@@ -138,7 +138,7 @@ class ModelClient:
         """The model's configuration on the server (waits up to ``init_timeout_s`` for it)."""
         if self._model_config is None:
             self._wait_and_init_model_config(self._init_timeout_s)
-        return self._model_config  # type: ignore[return-value]
+        return self._model_config  # type: ignore[return-value]  # set by _wait_and_init_model_config
 
     @property
     def is_batching_supported(self) -> bool:
@@ -283,7 +283,10 @@ class DecoupledModelClient(ModelClient):
         else:
             self._responses.put((response.id, outputs))
 
-    def _infer(self, inputs: Any, parameters: Any, headers: Any) -> Iterator[dict[str, np.ndarray]]:
+    # PyTriton's API: a decoupled model's inference yields its responses instead of returning one
+    def _infer(  # type: ignore[override]
+        self, inputs: Any, parameters: Any, headers: Any
+    ) -> Iterator[dict[str, np.ndarray]]:
         if not self._busy.acquire(blocking=False):
             raise PyTritonClientInferenceServerError("Inference is already in progress")
         try:

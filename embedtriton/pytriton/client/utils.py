@@ -172,6 +172,26 @@ def wait_for_model_ready(client: Any, model_name: str, version: str | None, time
         pause = min(pause * 2, 1.0)
 
 
+class ClientState:
+    """What :func:`set_up` gives every model client (declared for the type checker; no behaviour)."""
+
+    _triton_url: TritonUrl
+    _url: str
+    _model_name: str
+    _model_version: str | None
+    _init_timeout_s: float
+    _inference_timeout_s: float
+    _headers: dict[str, str] | None
+    _access_token: str | None
+    _lib: Any  # tritonclient.http or tritonclient.grpc (or their aio forms)
+    _general_client: Any  # tritonclient's InferenceServerClient; None once closed
+    _infer_client: Any
+    _model_config: TritonModelConfig | None
+    _model_ready: bool | None
+    _request_ids: itertools.count[int]
+    _lazy_init: bool
+
+
 def settings_of(client: Any) -> dict[str, Any]:
     """What ``from_existing_client`` copies from any model client: URL, model, version, timeouts,
     token, and its model configuration once read."""
