@@ -41,7 +41,7 @@ class Stream:
         """``(STREAM_ITEM, outputs)``, ``(STREAM_EMPTY, None)`` when nothing has arrived yet
         (``block=False``), or ``(STREAM_END, None)`` once every response was taken. An error
         response raises (after the responses before it)."""
-        return _native().stream_next(self._handle, block)  # type: ignore[no-any-return]
+        return _native().stream_next(self._handle, block)
 
     def close(self) -> None:
         """The consumer is done: cancels the request if Triton is still working on it."""

@@ -160,7 +160,7 @@ class Model:
                 server._handle, self.name, self.version, request, loop, target, stream, cancellable, release_gil
             )
         except Exception as exc:
-            if span is not None:
+            if span is not None and tracer is not None:
                 tracer.abandon(span, traced, exc)
             if not isinstance(exc, (NotFoundError, UnavailableError)) or not hasattr(binding, "step_models"):
                 raise
