@@ -4,7 +4,9 @@ Deleting a Triton server resets process-wide memory managers (the pinned-memory 
 above all), under any other server still running in the process. So a stopped server is
 only deleted once no other one runs: until then it waits here ("retired"), stopped, its
 models unloaded. A server whose callable was still running at stop()'s deadline also waits
-until Triton has let go of its last request.
+until Triton has let go of its last request and has finalized its models: Triton destroys an
+unloaded model on a thread of its own once the last request that refers to it is deleted,
+and deleting the server under that thread crashes the process.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from ..backend import library
@@ -26,6 +29,8 @@ lock = threading.Lock()  # ServerNew, ServerDelete and these collections
 live_servers: weakref.WeakSet[Any] = weakref.WeakSet()  # started servers (stopped at exit)
 _running: set[int] = set()  # handles of started, not yet stopped servers
 _retired: list[int] = []  # handles of stopped servers not deleted yet
+_unfinalized: list[Any] = []  # bindings of retired servers that Triton had not finalized yet
+FINALIZE_GRACE_S = 0.02  # Triton's model destructor goes on briefly after our ModelFinalize
 _reaper: threading.Thread | None = None
 
 
@@ -59,6 +64,11 @@ def reap() -> bool:
     deadline = time.monotonic() + 0.1  # released requests go 20-40 ms late (see bury())
     while native.delete_released() and time.monotonic() < deadline:
         time.sleep(0.005)
+    if _unfinalized:  # deleting the last requests set Triton's model destructors off
+        _unfinalized[:] = [b for b in _unfinalized if b.alive]
+        if _unfinalized:
+            return True
+        time.sleep(FINALIZE_GRACE_S)
     for handle in _retired:
         try:
             control.delete_server(handle)
@@ -71,12 +81,14 @@ def reap() -> bool:
     return False
 
 
-def retire(handle: int) -> None:
-    """A stopped server: delete it now or, when unsafe, later (see ``reap``)."""
+def retire(handle: int, bindings: Iterable[Any] = ()) -> None:
+    """A stopped server: delete it now or, when unsafe, later (see ``reap``). ``bindings``:
+    its bound models, which Triton must have finalized first."""
     global _reaper
     with lock:
         _running.discard(handle)
         _retired.append(handle)
+        _unfinalized.extend(b for b in bindings if getattr(b, "alive", False))
         if not reap() or _running or (_reaper is not None and _reaper.is_alive()):
             return
         _reaper = threading.Thread(target=_reap_later, name="embedtriton-reaper", daemon=True)

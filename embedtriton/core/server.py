@@ -158,7 +158,7 @@ class CoreServer(ModelsMixin):
                 control.stop_server(handle, int(deadline - time.monotonic()))
             except TritonError as exc:
                 log.warning("stopping Triton: %s", exc)
-            retire(handle)
+            retire(handle, everything)
             for binding in everything:
                 library.bindings.pop(self._generated_repository.key(binding), None)
             self._generated_repository.close(list(self._bound))
