@@ -83,8 +83,17 @@ static void hand_to_loop(PyObject* loop, PyObject* calls)
   /* (an immediate loop runs _complete inside this call, which takes the mailbox back) */
   PyObject* r =
       PyObject_CallMethodObjArgs(loop, s_call_soon_threadsafe, g_complete, loop, calls, NULL);
-  if (r == NULL) { /* the loop is closed: nobody is waiting any more */
-    PyErr_WriteUnraisable(loop);
+  if (r == NULL) { /* the loop is closed: nobody is waiting any more (else: say what failed) */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (loop_closed(loop)) {
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(tb);
+    } else {
+      PyErr_Restore(type, value, tb);
+      PyErr_WriteUnraisable(loop);
+    }
     take_mailbox(loop, calls);
     free_calls(calls);
   }
