@@ -173,7 +173,7 @@ def _dynamic(batcher: Any) -> DynamicBatcher:
         default_queue_policy=_policy(batcher.default_queue_policy)
         if batcher.HasField("default_queue_policy")
         else None,
-        priority_queue_policy={level: _policy(p) for level, p in batcher.priority_queue_policy.items()} or None,
+        priority_queue_policy={level: _policy(p) for level, p in sorted(batcher.priority_queue_policy.items())} or None,
     )
 
 
