@@ -181,6 +181,32 @@ def test_cancelled_calls_are_not_run(endpoint):
     double_works(address)
 
 
+def test_replies_for_clients_that_left_are_dropped_quietly(endpoint, monkeypatch):
+    """Replies completed on Triton's thread (the call's target) for clients that already closed
+    their connections: each is dropped where it lands, no target raises, and the endpoint
+    keeps answering."""
+    import sys
+
+    _, address, _ = endpoint
+    raised: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(f"{u.exc_type.__name__}: {u.exc_value}"))
+    request = service_pb2.ModelInferRequest(model_name="Double")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+    request.raw_input_contents.append(np.ones(2, F32).tobytes())
+    data = request.SerializeToString()
+    for _ in range(5):
+        channels = [grpc.insecure_channel(address) for _ in range(20)]
+        for channel in channels:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            for _ in range(10):
+                infer.future(data, timeout=30)
+        for channel in channels:
+            channel.close()  # (most replies are still on their way)
+    time.sleep(0.5)
+    double_works(address)
+    assert raised == []
+
+
 def test_many_clients_with_bad_requests_do_not_disturb_good_ones(endpoint):
     _, address, _ = endpoint
     failures: list[str] = []
