@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -188,9 +189,16 @@ def test_tuning_example(tmp_path):
     out = run_example("tuning.py", tmp_path)
     best = out.split("best: ")[1].splitlines()[0]
     assert "p99 within 10.0 ms" in best
-    gain = float(best.split("(")[1].split("x the config as bound")[0])
-    assert gain >= 4, out  # batch 1 at 32 in flight: one row per 2 ms; batching serves many
-    assert "config = ModelConfig(" in out and (tmp_path / "tuning-report" / "report.json").exists()
+    assert "config = ModelConfig(" in out
+    report = json.loads((tmp_path / "tuning-report" / "report.json").read_text())
+    fitting = [t for t in report["trials"] if t["p99_ms"] <= 10.0]
+    assert report["best"]["throughput"] == max(t["throughput"] for t in fitting), out  # the fastest within budget
+    # Batch 1 at 32 in flight serves one row per 2 ms; batching serves many. (A p99 budget is a
+    # timing: on a loaded machine every trial at 32 in flight may miss it, and then the claim is
+    # the benchmarks' to make, not this test's.)
+    if any(t["concurrency"] == 32 for t in fitting):
+        gain = float(best.split("(")[1].split("x the config as bound")[0])
+        assert gain >= 4, out
 
 
 def test_ray_serve_example(tmp_path):
