@@ -8,22 +8,11 @@ import asyncio
 
 import numpy as np
 import pytest
+from model_side import make_request
 
 from embedtriton import batch
 from embedtriton.backend import runners
 from embedtriton.backend.batch import concatenate, signature_problem, split_rows
-from embedtriton.backend.request import Request
-
-
-def make_request(parameters=None, **inputs):
-    """A Request as the backend hands it over: read-only arrays, then its parameters."""
-    request = Request()
-    for name, value in inputs.items():
-        array = np.array(value)
-        array.setflags(write=False)
-        request[name] = array
-    request.parameters = dict(parameters or {})
-    return request
 
 
 def rows(n, start=0, width=2, dtype=np.float32):

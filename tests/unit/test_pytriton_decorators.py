@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from model_side import make_request
 
-from embedtriton.backend.request import Request
 from embedtriton.pytriton import _serving
 from embedtriton.pytriton.decorators import (
     TRITON_CONTEXT_FIELD_NAME,
@@ -44,17 +44,6 @@ AB_CONFIG = TritonModelConfig(
     inputs=[TensorSpec("a", (1,), I64), TensorSpec("b", (2,), I64)],
     outputs=[TensorSpec("a", (1,), I64), TensorSpec("b", (2,), I64)],
 )
-
-
-def make_request(parameters=None, **inputs):
-    """A Request as the backend hands it over: read-only arrays, then its parameters."""
-    request = Request()
-    for name, value in inputs.items():
-        array = np.array(value)
-        array.setflags(write=False)
-        request[name] = array
-    request.parameters = dict(parameters or {})
-    return request
 
 
 @pytest.fixture

@@ -16,24 +16,14 @@ import re
 
 import numpy as np
 import pytest
+from model_side import make_request
 
 from embedtriton import InvalidArgumentError, ModelConfig, SequenceBatcher, Tensor
 from embedtriton.backend import runners
 from embedtriton.backend.binding import Binding
-from embedtriton.backend.request import DEADLINE_PARAMETER, Final, Request, deadline, deadlines
+from embedtriton.backend.request import DEADLINE_PARAMETER, Final, deadline, deadlines
 
 F32 = np.float32
-
-
-def make_request(parameters=None, **inputs):
-    """A Request as the backend hands it over: read-only arrays, then its parameters."""
-    request = Request()
-    for name, value in inputs.items():
-        array = np.array(value)
-        array.setflags(write=False)
-        request[name] = array
-    request.parameters = dict(parameters or {})
-    return request
 
 
 def sequence_request(cid, start=False, end=False, ready=True, **inputs):
