@@ -163,29 +163,40 @@ void flush_deferred(void)
   Py_DECREF(deferred);
 }
 
+/* With the GIL: the caller's side takes a finished call's outcome and lets go of the call.
+ * Returns its outputs, or NULL with *error its exception (a new reference, or NULL); *target
+ * is its future or target (a new reference). */
+static PyObject* take_outcome(Call* c, PyObject** error, PyObject** target)
+{
+  PyObject* result = call_collect(c);
+  *error = NULL;
+  if (result == NULL) {
+    PyObject *type, *tb;
+    PyErr_Fetch(&type, error, &tb);
+    PyErr_NormalizeException(&type, error, &tb);
+    if (tb != NULL && *error != NULL) PyException_SetTraceback(*error, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+  }
+  *target = Py_NewRef(c->future);
+  call_free(c);
+  return result;
+}
+
 /* With the GIL, on the event loop: resolve one async call's future. */
 static int complete_one(Call* c)
 {
-  PyObject* result = call_collect(c);
-  PyObject *type = NULL, *value = NULL, *tb = NULL;
-  if (result == NULL) {
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-  }
-  PyObject* fut = c->future;
-  Py_INCREF(fut);
-  call_free(c);
+  PyObject *error, *fut;
+  PyObject* result = take_outcome(c, &error, &fut);
   PyObject* done = PyObject_CallMethodNoArgs(fut, s_done);
   PyObject* r = NULL;
   if (done == Py_False)
     r = PyObject_CallMethodOneArg(fut, result ? s_set_result : s_set_exception,
-                                  result ? result : value);
+                                  result ? result : error);
   else if (done != NULL) r = Py_NewRef(Py_None);
   Py_XDECREF(done);
   Py_XDECREF(result);
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(tb);
+  Py_XDECREF(error);
   Py_DECREF(fut);
   if (r == NULL) return -1;
   Py_DECREF(r);
@@ -287,26 +298,14 @@ static void loop_finish(Call* c)
 /* With the GIL: call the target (the caller's side is then done with the call). */
 static void call_target(Call* c)
 {
-  PyObject* result = call_collect(c);
-  PyObject *type = NULL, *value = NULL, *tb = NULL;
-  if (result == NULL) {
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-  }
-  PyObject* target = Py_NewRef(c->future);
-  call_free(c);
+  PyObject *error, *target;
+  PyObject* result = take_outcome(c, &error, &target);
   PyObject* r = PyObject_CallFunctionObjArgs(target, result ? result : Py_None,
-                                             result  ? Py_None
-                                             : value ? value
-                                                     : Py_None,
-                                             NULL);
+                                             error ? error : Py_None, NULL);
   if (r == NULL) PyErr_WriteUnraisable(target);
   Py_XDECREF(r);
   Py_XDECREF(result);
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(tb);
+  Py_XDECREF(error);
   Py_DECREF(target);
 }
 
