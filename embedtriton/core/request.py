@@ -4,6 +4,7 @@ and friends build it from keyword options, the network frontends from their requ
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
@@ -135,10 +136,9 @@ class InferRequest:
     def traced(self, parameters: Mapping[str, Any] | None, sink: Any) -> InferRequest:
         """This request as traced: a copy with tracing's parameters (which carry the span's
         key) and its timestamp sink; the caller's request stays as it was."""
-        return InferRequest(
-            self.inputs, self.outputs, self.request_id, self.priority, self.timeout_us, parameters,
-            self.sequence, self.trace_parent, self.output_device, sink,
-        )  # fmt: skip
+        traced = copy.copy(self)  # (every field, as a field added later will be too)
+        traced.parameters, traced.trace_sink = parameters, sink
+        return traced
 
     @classmethod
     def from_options(cls, inputs: Mapping[str, Any], options: Mapping[str, Any]) -> InferRequest:
