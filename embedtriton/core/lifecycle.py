@@ -4,9 +4,9 @@ Deleting a Triton server resets process-wide memory managers (the pinned-memory 
 above all), under any other server still running in the process. So a stopped server is
 only deleted once no other one runs: until then it waits here ("retired"), stopped, its
 models unloaded. A server whose callable was still running at stop()'s deadline also waits
-until Triton has let go of its last request and has finalized its models: Triton destroys an
-unloaded model on a thread of its own once the last request that refers to it is deleted,
-and deleting the server under that thread crashes the process.
+until Triton has let go of its last request, then (for up to a second) until Triton has finalized
+its models: Triton destroys an unloaded model on a thread of its own once the last request that
+refers to it is deleted, and deleting the server under that thread crashes the process.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ live_servers: weakref.WeakSet[Any] = weakref.WeakSet()  # started servers (stopp
 _running: set[int] = set()  # handles of started, not yet stopped servers
 _retired: list[int] = []  # handles of stopped servers not deleted yet
 _unfinalized: list[Any] = []  # bindings of retired servers that Triton had not finalized yet
+FINALIZE_WAIT_S = 1.0  # how long a deletion waits for Triton to finalize the models
 FINALIZE_GRACE_S = 0.02  # Triton's model destructor goes on briefly after our ModelFinalize
 _reaper: threading.Thread | None = None
 
@@ -64,11 +65,12 @@ def reap() -> bool:
     deadline = time.monotonic() + 0.1  # released requests go 20-40 ms late (see bury())
     while native.delete_released() and time.monotonic() < deadline:
         time.sleep(0.005)
-    if _unfinalized:  # deleting the last requests set Triton's model destructors off
-        _unfinalized[:] = [b for b in _unfinalized if b.alive]
-        if _unfinalized:
-            return True
-        time.sleep(FINALIZE_GRACE_S)
+    if _unfinalized:  # deleting the last requests set Triton's model destructors off: let them end
+        until = time.monotonic() + FINALIZE_WAIT_S  # (one that never ends is deleted under, as before)
+        waits = [b.wait_finalized(max(until - time.monotonic(), 0.0), native.delete_released) for b in _unfinalized]
+        if all(waits):
+            time.sleep(FINALIZE_GRACE_S)
+        _unfinalized.clear()
     for handle in _retired:
         try:
             control.delete_server(handle)
