@@ -33,6 +33,9 @@ GROUPS = (
     "logging",
 )  # fmt: skip
 
+# Groups of ours that only the HTTP endpoint has: "openai" (the OpenAI-compatible /v1/ routes)
+HTTP_GROUPS = ("openai",)
+
 # What Triton prefixes to the header of a --grpc-restricted-protocol spec (kRestrictedProtocolHeaderTemplate)
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
@@ -97,20 +100,29 @@ class RestrictedApis:
     """Triton's restricted-feature table for one endpoint, from its specs (``--<option>``).
 
     ``noun`` is what Triton calls a group in that option's messages: "protocol" for gRPC, "api"
-    for HTTP. Invalid specs raise :class:`InvalidArgumentError` in the words of Triton's parser,
+    for HTTP. ``extra_groups``: groups of this endpoint besides Triton's. Invalid specs raise :class:`InvalidArgumentError` in the words of Triton's parser,
     plus what to fix.
     """
 
-    def __init__(self, specs: Sequence[str], *, option: str, noun: str, header_prefix: str = "") -> None:
+    def __init__(
+        self,
+        specs: Sequence[str],
+        *,
+        option: str,
+        noun: str,
+        header_prefix: str = "",
+        extra_groups: Sequence[str] = (),
+    ) -> None:
         self._by_group: dict[str, Restriction] = {}
+        known = (*GROUPS, *extra_groups)
         refusal = "protocol" if noun == "protocol" else "API"
         for spec in specs:
             groups, header, value = _split(spec, option)
             header = (header_prefix + header).lower()
             for group in groups.split(","):
-                if group not in GROUPS:
+                if group not in known:
                     raise InvalidArgumentError(
-                        f"unknown restricted {noun} '{group}' in --{option}: the groups are {', '.join(GROUPS)}"
+                        f"unknown restricted {noun} '{group}' in --{option}: the groups are {', '.join(known)}"
                     )
                 if group in self._by_group:
                     raise InvalidArgumentError(

@@ -99,7 +99,9 @@ def encode(status: int, payload: Any, accept_encoding: bytes | None) -> tuple[li
 
 
 def sse_event(event: Any) -> bytes:
-    """One Server-Sent Event carrying ``event`` as JSON."""
+    """One Server-Sent Event carrying ``event`` as JSON (``bytes``: as they are, e.g. ``[DONE]``)."""
+    if isinstance(event, bytes):
+        return b"data: " + event + b"\n\n"
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
@@ -321,7 +323,9 @@ class Connection(asyncio.Protocol):
                     self.transport.close()
                 return
             if isinstance(item, Refused):  # the connection cannot be read further
-                self._send(item.status, {"error": str(item)}, keep_alive=False)
+                refusal = getattr(self.endpoint, "refusal", None)
+                payload = refusal(self.url, item) if refusal is not None else {"error": str(item)}
+                self._send(item.status, payload, keep_alive=False)
                 return
             method, url, headers, body, keep_alive, forwarded = item
             self.busy = True

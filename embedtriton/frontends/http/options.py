@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ...errors import InvalidArgumentError
 from ..grpc.options import normalize_address
-from ..security import RestrictedApis, forward_pattern, specs
+from ..security import HTTP_GROUPS, RestrictedApis, forward_pattern, specs
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,15 @@ class HttpOptions:
     value, else it gets 403 ``{"error": "This API is restricted, expecting header '<header>'"}``
     and nothing runs. Groups: health, metadata, inference (``/infer``, ``/generate``,
     ``/generate_stream``), shared-memory, model-config, model-repository, statistics, trace,
-    logging; ``/metrics`` belongs to none, as in Triton. Kept out of ``repr`` (it holds secrets).
+    logging, and ours, openai (the ``/v1/`` routes); ``/metrics`` belongs to none, as in Triton. Kept out of ``repr`` (it holds secrets).
     ``header_forward_pattern`` (``--http-header-forward-pattern``): a regular expression searched,
     ignoring case, in each header name of an ``/infer`` request; the headers it finds reach the
     model as string request parameters under their names as sent (``request.parameters[name]``).
+
+    ``openai``: also answer OpenAI's routes (``/v1/models``, ``/v1/chat/completions``,
+    ``/v1/completions``, ``/v1/embeddings``) for the models bound with ``embedtriton.openai``;
+    ``openai_api_key``: those routes then need the header ``Authorization: Bearer <key>`` (else
+    401). Kept out of ``repr``.
     """
 
     address: str | int = "127.0.0.1:8000"
@@ -50,6 +55,8 @@ class HttpOptions:
     tls_client_ca: str | None = None  # also require client certificates signed by this CA
     restricted_api: str | Sequence[str] = field(default=(), repr=False)
     header_forward_pattern: str | None = None
+    openai: bool = False  # also answer OpenAI's routes under /v1/ (docs/openai.md)
+    openai_api_key: str | None = field(default=None, repr=False)  # those routes then need "Bearer <key>"
     restrictions: RestrictedApis = field(init=False, repr=False, compare=False)
     forward: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
@@ -57,7 +64,11 @@ class HttpOptions:
         object.__setattr__(self, "address", normalize_address(self.address, "HTTP"))
         restricted = specs(self.restricted_api, "restricted_api")
         object.__setattr__(self, "restricted_api", restricted)
-        object.__setattr__(self, "restrictions", RestrictedApis(restricted, option="http-restricted-api", noun="api"))
+        object.__setattr__(
+            self,
+            "restrictions",
+            RestrictedApis(restricted, option="http-restricted-api", noun="api", extra_groups=HTTP_GROUPS),
+        )
         object.__setattr__(self, "forward", forward_pattern(self.header_forward_pattern, "header_forward_pattern"))
         for name in ("max_body_bytes", "max_header_bytes", "max_connections"):
             value = getattr(self, name)
@@ -71,6 +82,10 @@ class HttpOptions:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise InvalidArgumentError(f"HttpOptions.{name} must be a positive number of seconds, not {value!r}")
+        if not isinstance(self.openai, bool):
+            raise InvalidArgumentError(f"HttpOptions.openai must be True or False, not {self.openai!r}")
+        if self.openai_api_key is not None and (not isinstance(self.openai_api_key, str) or not self.openai_api_key):
+            raise InvalidArgumentError("HttpOptions.openai_api_key must be a non-empty string (or None for no key)")
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context, or None for plain HTTP."""

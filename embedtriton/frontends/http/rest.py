@@ -26,7 +26,7 @@ from ...errors import SERVER_STOPPING, InvalidArgumentError, TritonError, Unavai
 from .. import kserve, security
 from ..descriptors import connection_cap
 from ..shared_memory import regions_of
-from . import extensions
+from . import extensions, openai
 from .connection import Binary, Connection, Refused, Text, decompress, httptools_module, status_of
 from .generate import generate
 from .listener import Listener
@@ -52,6 +52,7 @@ class RestApi:
         self.options = options
         self.draining = False
         self.shm = regions_of(server)  # shared with the gRPC endpoint, as in Triton
+        self._openai = openai.OpenAIRoutes(self) if options.openai else None
 
     async def answer(
         self,
@@ -64,24 +65,35 @@ class RestApi:
         """One request's status and answer (a dict, :class:`Binary`, :class:`Text`, :class:`EventStream`
         or None); errors as Triton writes them: ``{"error": ...}`` with its status code.
         ``headers``: lower-cased names; ``forwarded``: the headers the forward pattern found, with
-        their names as sent (without it, the pattern runs over ``headers``)."""
+        their names as sent (without it, the pattern runs over ``headers``); on the OpenAI routes,
+        errors in OpenAI's shape."""
+        group: str | None = None
         try:
             group, handle = self.resolve(method, url)
             restriction = self.options.restrictions.get(group)  # checked first, as Triton: nothing runs
             if restriction is not None and not restriction.admits(headers.get(restriction.header.encode())):
-                return 403, {"error": restriction.message}
+                return 403, self._error(group, 403, restriction.message)
             if b"content-encoding" in headers:
                 body = await decompress(headers[b"content-encoding"], body, self.options.max_body_bytes)
             return await handle(headers, body, forwarded)
         except Refused as exc:
-            return exc.status, {"error": str(exc)}
+            return exc.status, self.refusal(url.encode("latin-1", "replace"), exc)
         except TritonError as exc:
-            return status_of(exc), {"error": str(exc)}
+            return status_of(exc), self._error(group, status_of(exc), str(exc))
         except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
-            return 400, {"error": f"malformed request: {exc}"}
+            return 400, self._error(group, 400, f"malformed request: {exc}")
         except Exception as exc:  # a bug of ours: the client still gets an answer, the log the traceback
             log.exception("HTTP %s %s failed", method, url[:200])
-            return 500, {"error": f"internal error: {type(exc).__name__}: {exc}"}
+            return 500, self._error(group, 500, f"internal error: {type(exc).__name__}: {exc}")
+
+    def _error(self, group: str | None, status: int, message: str) -> dict[str, Any]:
+        """An error answer: OpenAI's shape on its routes, Triton's elsewhere."""
+        return openai.error_body(status, message) if group == "openai" else {"error": message}
+
+    def refusal(self, url: bytes, exc: Refused) -> dict[str, Any]:
+        """The answer to a request refused before its route ran (size, time, HTTP, encoding)."""
+        openai_route = self.options.openai and url.startswith(b"/v1/")
+        return self._error("openai" if openai_route else None, exc.status, str(exc))
 
     def drain(self) -> None:
         """The server stops: new inference requests are refused (503); health says not ready."""
@@ -101,6 +113,9 @@ class RestApi:
             return "inference", lambda h, b, f: self._infer_answer(name, "", h, b, f)
         if path == "/metrics" and method == "GET":  # also here, besides serve_metrics' own port (no group, as Triton's)
             return None, self._metrics
+        if parts[:1] == ["v1"] and self.options.openai:  # OpenAI's routes (their errors in its shape)
+            rest_of = parts[1:]
+            return "openai", lambda h, b, f: self._openai.answer(method, rest_of, h, b)
         if parts[:1] != ["v2"]:
             raise Refused(404, f"no such endpoint: {path}")
         rest = parts[1:]

@@ -1,0 +1,278 @@
+"""Python callables as OpenAI-style chat, completion and embedding models.
+
+Each ``bind_*`` binds an ordinary Triton model on the server (reachable in process, over gRPC
+and HTTP KServe-v2 and in ensembles like any other); ``server.serve_http(address, openai=True)``
+then also answers OpenAI's routes for them (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/v1/models``; see ``docs/openai.md``).
+
+The models' tensors:
+
+- chat (``bind_chat``): input ``messages`` (BYTES ``[1]``: the messages as JSON), optional input
+  ``parameters`` (BYTES ``[1]``: a JSON object of keyword arguments for the callable); outputs,
+  one response per chunk: ``text`` (BYTES ``[1]``), ``finish_reason`` (BYTES ``[1]``, empty
+  until the callable says), ``prompt_tokens`` and ``completion_tokens`` (INT64 ``[1]``, -1 when
+  the callable did not report them). The model is decoupled, with an iterative sequence batcher
+  (continuous batching: every request in flight advances one chunk per iteration, and a new one
+  joins at the next iteration).
+- completion (``bind_completion``): the same with input ``prompt`` (BYTES ``[1]``, UTF-8 text).
+- embedding (``bind_embedding``): input ``text`` (BYTES ``[1]``), output ``embedding`` (FP32
+  ``[-1]``); a batching model: Triton's dynamic batcher gathers requests from many clients into
+  one call of the callable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .config import DynamicBatcher, ModelConfig, SequenceBatcher, Tensor
+from .core import Model
+from .errors import InvalidArgumentError
+
+__all__ = ["Chunk", "bind_chat", "bind_completion", "bind_embedding", "kinds"]
+
+CHAT, COMPLETION, EMBEDDING = "chat", "completion", "embedding"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a chat or completion answer with what the callable knows about it: yield it
+    instead of a ``str`` to report token counts (the totals so far: the last reported wins) or
+    why the answer ended (``"stop"``, ``"length"``, ...). Counts not reported are estimated:
+    see ``docs/openai.md``."""
+
+    text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+
+
+ChatFunc = Callable[..., str | Iterable[str | Chunk] | AsyncIterator[str | Chunk]]
+EmbedFunc = Callable[[list[str]], Any]
+
+# server -> {model name: kind} for the models bound here (what /v1/models lists)
+_bound: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def kinds(server: Any) -> dict[str, str]:
+    """The OpenAI models bound on ``server``: name -> ``"chat"``, ``"completion"`` or ``"embedding"``."""
+    try:
+        return dict(_bound.get(server, {}))
+    except TypeError:  # (see _register)
+        return dict(server.__dict__.get("_openai_kinds", {}))
+
+
+TEXT_OUTPUTS = [
+    Tensor(name="text", dtype=np.bytes_, shape=(1,)),
+    Tensor(name="finish_reason", dtype=np.bytes_, shape=(1,)),
+    Tensor(name="prompt_tokens", dtype=np.int64, shape=(1,)),
+    Tensor(name="completion_tokens", dtype=np.int64, shape=(1,)),
+]
+
+
+def _generator_config(name: str, config: ModelConfig | None) -> ModelConfig:
+    """The config of a chat or completion model: decoupled, iterative (continuous batching)."""
+    if config is None:
+        return ModelConfig(max_batch_size=64, decoupled=True, sequence_batcher=SequenceBatcher(iterative=True))
+    if not isinstance(config, ModelConfig):
+        raise InvalidArgumentError(f"model '{name}': config must be a ModelConfig, not {type(config).__name__}")
+    sequence = config.sequence_batcher
+    if sequence is not None and not sequence.iterative:
+        raise InvalidArgumentError(
+            f"model '{name}': an OpenAI chat/completion model runs with SequenceBatcher(iterative=True) "
+            "(one generator per request, continuous batching); leave sequence_batcher out or make it iterative"
+        )
+    if not config.batching:
+        raise InvalidArgumentError(
+            f"model '{name}': an OpenAI chat/completion model batches (max_batch_size is how many requests run "
+            "at once); leave batching=True"
+        )
+    return dataclasses.replace(config, decoupled=True, sequence_batcher=sequence or SequenceBatcher(iterative=True))
+
+
+def _text(array: Any, what: str) -> str:
+    value = np.asarray(array).reshape(-1)
+    if value.size != 1:
+        raise ValueError(f"input '{what}' must hold one element, not {value.size}")
+    item = value[0]
+    return item.decode("utf-8") if isinstance(item, bytes) else str(item)
+
+
+def _parameters(request: Any) -> dict[str, Any]:
+    if "parameters" not in request:
+        return {}
+    params = json.loads(_text(request["parameters"], "parameters") or "{}")
+    if not isinstance(params, dict):
+        raise ValueError("input 'parameters' must be a JSON object (the callable's keyword arguments)")
+    return params
+
+
+def _chunks(result: Any, name: str) -> Iterator[Any]:
+    """What the callable returned as an iterator of chunks (str or Chunk), closed when it is."""
+    if isinstance(result, (str, Chunk)):
+        yield result
+        return
+    if hasattr(result, "__anext__"):
+        yield from _drive(result)
+        return
+    if not hasattr(result, "__iter__") or isinstance(result, (bytes, dict)):
+        raise TypeError(
+            f"model '{name}': the callable must return a str or yield str chunks (or Chunk objects), "
+            f"not {type(result).__name__}"
+        )
+    iterator = iter(result)
+    try:
+        yield from iterator
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def _drive(agen: Any) -> Iterator[Any]:
+    """An async generator as a plain one, on a private event loop (closed when this is)."""
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        try:
+            loop.run_until_complete(agen.aclose())
+        finally:
+            loop.close()
+
+
+def _step(chunk: Any, name: str) -> dict[str, np.ndarray]:
+    if isinstance(chunk, str):
+        text, prompt, completion, finish = chunk, None, None, None
+    elif isinstance(chunk, Chunk):
+        text, prompt, completion, finish = chunk.text, chunk.prompt_tokens, chunk.completion_tokens, chunk.finish_reason
+    else:
+        raise TypeError(f"model '{name}': each chunk must be a str or a Chunk, not {type(chunk).__name__}")
+    return {
+        "text": np.array([[str(text).encode("utf-8")]], dtype=object),
+        "finish_reason": np.array([[(finish or "").encode("utf-8")]], dtype=object),
+        "prompt_tokens": np.array([[-1 if prompt is None else int(prompt)]], dtype=np.int64),
+        "completion_tokens": np.array([[-1 if completion is None else int(completion)]], dtype=np.int64),
+    }
+
+
+def _bind_generator(
+    server: Any, name: str, fn: ChatFunc, config: ModelConfig | None, kind: str, main_input: str
+) -> Model:
+    if not callable(fn):
+        raise InvalidArgumentError(f"model '{name}': fn must be callable, not {type(fn).__name__}")
+    config = _generator_config(name, config)
+
+    def generate(request: Any) -> Iterator[dict[str, np.ndarray]]:
+        raw = _text(request[main_input], main_input)
+        first = json.loads(raw) if kind == CHAT else raw
+        if kind == CHAT and not isinstance(first, list):
+            raise ValueError("input 'messages' must be a JSON list of message objects")
+        chunks = _chunks(fn(first, **_parameters(request)), name)
+        try:
+            for chunk in chunks:
+                yield _step(chunk, name)
+        finally:
+            chunks.close()
+
+    generate.__name__ = getattr(fn, "__name__", "generate")
+    inputs = [
+        Tensor(name=main_input, dtype=np.bytes_, shape=(1,)),
+        Tensor(name="parameters", dtype=np.bytes_, shape=(1,), optional=True),
+    ]
+    model = server.bind(name, generate, inputs, TEXT_OUTPUTS, config)
+    _register(server, name, kind)
+    return model  # type: ignore[no-any-return]
+
+
+def _register(server: Any, name: str, kind: str) -> None:
+    try:
+        _bound.setdefault(server, {})[name] = kind
+    except TypeError:  # a server that cannot be weakly referenced: keep it on the object
+        server.__dict__.setdefault("_openai_kinds", {})[name] = kind
+
+
+def bind_chat(server: Any, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
+    """Bind ``fn(messages, **params)`` as chat model ``name``: ``messages`` is the list of
+    OpenAI message dicts (``{"role": ..., "content": ...}``), ``params`` the request's other
+    fields (``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, ``n``, ... as the
+    client gave them). ``fn`` returns a ``str``, or yields ``str`` chunks (or :class:`Chunk`
+    objects to report token counts), as a plain or an async generator.
+
+    ``config`` (a :class:`ModelConfig`) defaults to 64 requests in flight with continuous batching
+    (``max_batch_size=64, decoupled=True, sequence_batcher=SequenceBatcher(iterative=True)``);
+    a config given is made decoupled and iterative. Returns the bound :class:`Model`.
+    """
+    return _bind_generator(server, name, fn, config, CHAT, "messages")
+
+
+def bind_completion(server: Any, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
+    """Bind ``fn(prompt, **params)`` as completion model ``name`` (``/v1/completions``):
+    ``prompt`` is the request's text; otherwise as :func:`bind_chat`."""
+    return _bind_generator(server, name, fn, config, COMPLETION, "prompt")
+
+
+def bind_embedding(server: Any, name: str, fn: EmbedFunc, config: ModelConfig | None = None) -> Model:
+    """Bind ``fn(texts)`` as embedding model ``name``: ``texts`` is a list of strings, the
+    result an array-like ``[len(texts), dim]`` of floats. Each text is one Triton request: the
+    dynamic batcher gathers requests from many clients into one call.
+
+    ``config`` defaults to ``ModelConfig(max_batch_size=64, batcher=DynamicBatcher())``; with
+    ``batching=False`` each call gets one text. Returns the bound :class:`Model`.
+    """
+    if not callable(fn):
+        raise InvalidArgumentError(f"model '{name}': fn must be callable, not {type(fn).__name__}")
+    if config is None:
+        config = ModelConfig(max_batch_size=64, batcher=DynamicBatcher())
+    if not isinstance(config, ModelConfig):
+        raise InvalidArgumentError(f"model '{name}': config must be a ModelConfig, not {type(config).__name__}")
+    if config.decoupled or config.sequence_batcher is not None:
+        raise InvalidArgumentError(f"model '{name}': an embedding model is neither decoupled nor a sequence model")
+    batched = config.batching
+
+    def embed(requests: list[Any]) -> list[dict[str, np.ndarray]]:
+        texts: list[str] = []
+        counts: list[int] = []
+        for r in requests:
+            flat = np.asarray(r["text"]).reshape(-1)
+            texts.extend(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat)
+            counts.append(len(flat))
+        vectors = np.asarray(fn(texts), dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[0] != len(texts):
+            raise ValueError(
+                f"the embedding function must return an array [len(texts), dim] = [{len(texts)}, dim], "
+                f"not one of shape {list(vectors.shape)}"
+            )
+        out, at = [], 0
+        for n in counts:
+            part = vectors[at : at + n]
+            out.append({"embedding": part if batched else part.reshape(-1)})
+            at += n
+        return out
+
+    embed.__name__ = getattr(fn, "__name__", "embed")
+    model = server.bind(
+        name,
+        embed,
+        [Tensor(name="text", dtype=np.bytes_, shape=(1,))],
+        [Tensor(name="embedding", dtype=np.float32, shape=(-1,))],
+        config,
+    )
+    _register(server, name, EMBEDDING)
+    return model  # type: ignore[no-any-return]
+
+
+def kind_of(server: Any, name: str) -> str | None:
+    """The kind of OpenAI model ``name`` is on ``server`` (None: not bound through this module)."""
+    return kinds(server).get(name)
