@@ -23,7 +23,7 @@ from .backend import library
 from .config import ServerConfig
 from .errors import TritonError
 from .frontends.grpc import GrpcLimits
-from .frontends.security import GROUPS, RestrictedApis, forward_pattern
+from .frontends.security import GROUPS, HTTP_GROUPS, RestrictedApis, forward_pattern
 from .frontends.security import GRPC_HEADER_PREFIX as GRPC_PREFIX
 from .server import Server
 
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="GROUPS:HEADER=VALUE",
-        help="Triton's option: HTTP requests to these groups need the header HEADER: VALUE, else 403; repeatable",
+        help="Triton's option: HTTP requests to these groups (Triton's, and openai for the /v1/ routes) need "
+        "the header HEADER: VALUE, else 403; repeatable",
     )
     serve.add_argument(
         "--grpc-header-forward-pattern",
@@ -104,6 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         "--http-header-forward-pattern",
         metavar="REGEX",
         help="HTTP headers whose name this regex finds (ignoring case) reach models as request parameters",
+    )
+    serve.add_argument(
+        "--openai",
+        action="store_true",
+        help="also answer OpenAI's routes (/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings) on "
+        "the --http port, for models bound with embedtriton.openai",
+    )
+    serve.add_argument(
+        "--openai-api-key",
+        metavar="KEY",
+        help="with --openai: those routes need 'Authorization: Bearer KEY' (default: $EMBEDTRITON_OPENAI_API_KEY)",
     )
     serve.add_argument(
         "--exit-timeout",
@@ -229,17 +241,19 @@ def _security_problem(args: argparse.Namespace) -> str:
     any model is bound, in Triton's words)."""
     for endpoint, on, flags in (
         ("gRPC", args.grpc, ("grpc_restricted_protocol", "grpc_header_forward_pattern")),
-        ("HTTP", args.http, ("http_restricted_api", "http_header_forward_pattern")),
+        ("HTTP", args.http, ("http_restricted_api", "http_header_forward_pattern", "openai")),
     ):
         for flag in flags:
             if getattr(args, flag) and not on:
                 option = "--" + flag.replace("_", "-")
                 return f"{option} applies to the {endpoint} endpoint, which is off: add --{endpoint.lower()} HOST:PORT"
+    if args.openai_api_key and not args.openai:
+        return "--openai-api-key applies to the OpenAI routes, which are off: add --openai"
     try:
         RestrictedApis(
             args.grpc_restricted_protocol, option="grpc-restricted-protocol", noun="protocol", header_prefix=GRPC_PREFIX
         )
-        RestrictedApis(args.http_restricted_api, option="http-restricted-api", noun="api")
+        RestrictedApis(args.http_restricted_api, option="http-restricted-api", noun="api", extra_groups=HTTP_GROUPS)
         forward_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
         forward_pattern(args.http_header_forward_pattern, "--http-header-forward-pattern")
     except TritonError as exc:
@@ -288,6 +302,10 @@ def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log:
                 shared_memory=not args.no_shared_memory,
                 restricted_api=args.http_restricted_api,
                 header_forward_pattern=args.http_header_forward_pattern,
+                openai=args.openai,
+                openai_api_key=(args.openai_api_key or os.environ.get("EMBEDTRITON_OPENAI_API_KEY") or None)
+                if args.openai
+                else None,
             )
         if args.metrics and not stop.is_set():
             port = server.serve_metrics(args.metrics)

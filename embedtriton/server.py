@@ -94,8 +94,9 @@ class Server(CoreServer):
         ``settings`` override the fields of ``options`` (:class:`HttpOptions`):
         ``max_body_bytes``, ``max_header_bytes``, ``max_connections``, ``idle_timeout_s``,
         ``request_timeout_s``, ``shared_memory``, ``tls_cert``, ``tls_key``, ``tls_client_ca``,
-        ``restricted_api`` (Triton's ``--http-restricted-api`` specs) and ``header_forward_pattern``.
-        Returns the port. Needs ``pip install "embedtriton[http]"`` (without ``httptools`` it
+        ``restricted_api`` (Triton's ``--http-restricted-api`` specs), ``header_forward_pattern``,
+        ``openai`` (also answer OpenAI's ``/v1/`` routes for the models bound with
+        :mod:`embedtriton.openai`, see ``docs/openai.md``) and ``openai_api_key``. Returns the port. Needs ``pip install "embedtriton[http]"`` (without ``httptools`` it
         raises :class:`UnsupportedError` saying so, before any port opens).
         """
         from .frontends.http.rest import RestEndpoint
