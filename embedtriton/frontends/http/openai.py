@@ -185,6 +185,13 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _utf8(text: str, name: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise OpenAIError(400, f"'{name}' is not valid Unicode text: {exc.reason}", name) from None
+
+
 def _content_text(content: Any) -> str:
     """A message's content as text (for token estimates): a string, or its text parts."""
     if isinstance(content, str):
@@ -215,6 +222,7 @@ def _check_generate(request: dict[str, Any], kind: str) -> str:
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise OpenAIError(400, "'prompt' must be a string (one prompt per request)", "prompt")
+        _utf8(prompt, "prompt")
         main = prompt
     for flag in ("stream", "echo", "logprobs") if kind == bound.COMPLETION else ("stream", "logprobs"):
         v = request.get(flag)
@@ -264,7 +272,7 @@ async def _generate(model: Any, request: dict[str, Any], kind: str) -> Any:
     else:
         prompt_words = len(main.split())
     inputs = {
-        "messages" if kind == bound.CHAT else "prompt": np.array([[main.encode("utf-8", "surrogatepass")]], object),
+        "messages" if kind == bound.CHAT else "prompt": np.array([[main.encode()]], object),
         "parameters": np.array([[json.dumps(params).encode()]], object),
     }
     loop = asyncio.get_running_loop()
@@ -472,6 +480,8 @@ async def _embeddings(model: Any, request: dict[str, Any]) -> dict[str, Any]:
         if all(_is_int(t) or (isinstance(t, list) and all(_is_int(x) for x in t)) for t in texts):
             raise OpenAIError(400, "token ids are not accepted here: send 'input' as text", "input")
         raise OpenAIError(400, "'input' must be a string or a list of strings", "input")
+    for text in texts:
+        _utf8(text, "input")
     encoding = request.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise OpenAIError(
@@ -485,7 +495,7 @@ async def _embeddings(model: Any, request: dict[str, Any]) -> dict[str, Any]:
     futures = []
     for text in texts:
         future = loop.create_future()
-        model.submit(InferRequest({"text": np.array([[text.encode("utf-8", "surrogatepass")]], object)}), loop, future)
+        model.submit(InferRequest({"text": np.array([[text.encode()]], object)}), loop, future)
         futures.append(future)
     try:
         results = await asyncio.gather(*futures)
