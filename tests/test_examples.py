@@ -185,6 +185,16 @@ def test_http_serving_example(tmp_path):
     assert 'nv_inference_request_success{model="AddSub",version="1"} 2' in out
 
 
+def test_openai_chat_example(tmp_path):
+    pytest.importorskip("httptools")
+    pytest.importorskip("openai")
+    out = run_example("openai_chat.py", tmp_path)
+    assert "models: ['parrot', 'vowels']" in out
+    assert "chat: You said: hello from the openai client (7 tokens)" in out
+    assert "stream: You |said: |one |two " in out
+    assert "embeddings: [[3.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0, 0.0]]" in out
+
+
 def test_tuning_example(tmp_path):
     out = run_example("tuning.py", tmp_path)
     best = out.split("best: ")[1].splitlines()[0]
