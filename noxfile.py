@@ -46,10 +46,11 @@ def demo(session: nox.Session) -> None:
 
 # kubernetes-validate checks deploy/k8s against Kubernetes' schemas (bundled: works offline)
 # requests: Triton's custom_metrics example client (tests/upstream) reads /metrics with it; pillow:
-# Triton's image_client.py (tests/upstream/client)
+# Triton's image_client.py (tests/upstream/client); openai: the OpenAI routes are tested with its
+# client (>=1.40: stream_options and the v1 client API; resolves on Python 3.10 beside ray[serve] 2.10)
 TEST_TOOLS = (
     "pytest", "pytest-timeout", "h2", "hypothesis", "opentelemetry-sdk", "kubernetes-validate==1.37.0", "requests",
-    "pillow",
+    "pillow", "openai>=1.40,<4",
 )  # fmt: skip
 # PyTriton's own client (in the nvidia-pytriton wheel, installed --no-deps) is tested against our
 # endpoints; these are the dependencies it imports.

@@ -85,6 +85,7 @@ def served():
     bind_chat(server, "endless", endless)
     bind_chat(server, "endless-async", endless_async)
     bind_completion(server, "reverse", lambda prompt, **p: prompt[::-1])
+    bind_embedding(server, "unbatched", lambda texts: np.full((len(texts), 2), len(texts)), ModelConfig(batching=False))
     bind_embedding(
         server,
         "embed",
@@ -110,7 +111,9 @@ USER = [{"role": "user", "content": "hello big world"}]
 def test_models_list(served):
     _, port, _ = served
     ids = [m.id for m in client(port).models.list()]
-    assert ids == sorted(["echo", "shout", "fixed", "reported", "boom", "endless", "endless-async", "reverse", "embed"])
+    assert ids == sorted(
+        ["echo", "shout", "fixed", "reported", "boom", "endless", "endless-async", "reverse", "embed", "unbatched"]
+    )
     assert client(port).models.retrieve("echo").owned_by == "embedtriton"
     with pytest.raises(openai.NotFoundError):
         client(port).models.retrieve("nope")
@@ -184,6 +187,8 @@ def test_embeddings(served):
     assert answer.data[0].embedding == [3.0, 1.0, 1.0, -1.0] and answer.data[1].embedding == [5.0, 0.0, 1.0, -1.0]
     answer = client(port).embeddings.create(model="embed", input="one", encoding_format="float", dimensions=2)
     assert answer.data[0].embedding == [3.0, 0.0] and answer.usage.prompt_tokens == 1
+    answer = client(port).embeddings.create(model="unbatched", input=["a", "b", "c"])  # one text per call
+    assert [d.embedding for d in answer.data] == [[1.0, 1.0]] * 3
 
 
 def test_embeddings_are_batched_across_clients(served):

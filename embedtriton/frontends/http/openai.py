@@ -493,9 +493,11 @@ async def _embeddings(model: Any, request: dict[str, Any]) -> dict[str, Any]:
         raise OpenAIError(400, "'user' must be a string", "user")
     loop = asyncio.get_running_loop()
     futures = []
+    batched = model.batched  # (a model bound with batching=False takes [1], not [1, 1])
     for text in texts:
         future = loop.create_future()
-        model.submit(InferRequest({"text": np.array([[text.encode()]], object)}), loop, future)
+        array = np.array([[text.encode()]] if batched else [text.encode()], object)
+        model.submit(InferRequest({"text": array}), loop, future)
         futures.append(future)
     try:
         results = await asyncio.gather(*futures)
