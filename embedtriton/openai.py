@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +32,11 @@ from typing import Any
 import numpy as np
 
 from .config import DynamicBatcher, ModelConfig, SequenceBatcher, Tensor
-from .core import Model
+from .core import Model, openai_models
+from .core.openai_models import CHAT, COMPLETION, EMBEDDING
 from .errors import InvalidArgumentError
 
 __all__ = ["Chunk", "bind_chat", "bind_completion", "bind_embedding", "kinds"]
-
-CHAT, COMPLETION, EMBEDDING = "chat", "completion", "embedding"
 
 
 @dataclass(frozen=True)
@@ -57,16 +55,10 @@ class Chunk:
 ChatFunc = Callable[..., str | Iterable[str | Chunk] | AsyncIterator[str | Chunk]]
 EmbedFunc = Callable[[list[str]], Any]
 
-# server -> {model name: kind} for the models bound here (what /v1/models lists)
-_bound: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
-
 
 def kinds(server: Any) -> dict[str, str]:
     """The OpenAI models bound on ``server``: name -> ``"chat"``, ``"completion"`` or ``"embedding"``."""
-    try:
-        return dict(_bound.get(server, {}))
-    except TypeError:  # (see _register)
-        return dict(server.__dict__.get("_openai_kinds", {}))
+    return openai_models.kinds(server)
 
 
 TEXT_OUTPUTS = [
@@ -192,15 +184,8 @@ def _bind_generator(
         Tensor(name="parameters", dtype=np.bytes_, shape=(1,), optional=True),
     ]
     model = server.bind(name, generate, inputs, TEXT_OUTPUTS, config)
-    _register(server, name, kind)
+    openai_models.register(server, name, kind)
     return model  # type: ignore[no-any-return]
-
-
-def _register(server: Any, name: str, kind: str) -> None:
-    try:
-        _bound.setdefault(server, {})[name] = kind
-    except TypeError:  # a server that cannot be weakly referenced: keep it on the object
-        server.__dict__.setdefault("_openai_kinds", {})[name] = kind
 
 
 def bind_chat(server: Any, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
@@ -269,10 +254,5 @@ def bind_embedding(server: Any, name: str, fn: EmbedFunc, config: ModelConfig | 
         [Tensor(name="embedding", dtype=np.float32, shape=(-1,))],
         config,
     )
-    _register(server, name, EMBEDDING)
+    openai_models.register(server, name, EMBEDDING)
     return model  # type: ignore[no-any-return]
-
-
-def kind_of(server: Any, name: str) -> str | None:
-    """The kind of OpenAI model ``name`` is on ``server`` (None: not bound through this module)."""
-    return kinds(server).get(name)

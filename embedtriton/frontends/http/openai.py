@@ -17,7 +17,6 @@ import base64
 import hashlib
 import hmac
 import json
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,36 +24,25 @@ from typing import Any
 
 import numpy as np
 
-from ... import openai as bound
+from ...core import openai_models as bound
 from ...core.request import InferRequest
 from ...core.streams import iterate_async
 from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
 from .connection import EventStream
-
-MAX_N = 16  # choices per request
-MAX_INPUTS = 2048  # texts per embeddings request (as OpenAI's)
-MAX_STOP = 4  # stop sequences (as OpenAI's)
-MAX_INT = 2**31 - 1
-DONE = b"[DONE]"
-
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "invalid_request_error",
-          404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
-          411: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-          431: "invalid_request_error", 503: "service_unavailable"}  # fmt: skip
-
-
-class OpenAIError(Exception):
-    """A refusal in OpenAI's shape: status, message, and the field it is about."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object."""
-    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+from .openai_checks import (
+    DONE,
+    MAX_INPUTS,
+    MAX_INT,
+    OpenAIError,
+    check_generate,
+    check_int,
+    check_utf8,
+    content_text,
+    error_body,
+    is_int,
+    parse,
+    show,
+)
 
 
 def _triton_status(exc: TritonError) -> int:
@@ -91,7 +79,7 @@ class OpenAIRoutes:
                 raise OpenAIError(405, f"{method} is not allowed here: use POST", code="method_not_allowed")
             if self.api.draining:
                 raise OpenAIError(503, "the server is stopping", code="server_stopping")
-            request = _parse(body)
+            request = parse(body)
             model = self._model(request, kind)
             if kind == bound.EMBEDDING:
                 return 200, await _embeddings(model, request)
@@ -147,128 +135,19 @@ def _model_entry(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "embedtriton"}
 
 
-def _parse(body: bytes) -> dict[str, Any]:
-    try:
-        request = json.loads(body)
-    except RecursionError:
-        raise OpenAIError(400, "the request body is JSON nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OpenAIError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(request, dict):
-        raise OpenAIError(400, "the request body must be a JSON object")
-    return request
-
-
-# -- field checks (400 naming the field)
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
-def _int(request: dict[str, Any], name: str, low: int, high: int) -> None:
-    v = request.get(name)
-    if v is not None and (not _is_int(v) or not low <= v <= high):
-        raise OpenAIError(400, f"'{name}' must be an integer from {low} to {high}, not {_show(v)}", name)
-
-
-def _number(request: dict[str, Any], name: str, low: float, high: float) -> None:
-    v = request.get(name)
-    if v is not None and (not _is_number(v) or not low <= v <= high):
-        raise OpenAIError(400, f"'{name}' must be a number from {low:g} to {high:g}, not {_show(v)}", name)
-
-
-def _show(v: Any) -> str:
-    text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _utf8(text: str, name: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise OpenAIError(400, f"'{name}' is not valid Unicode text: {exc.reason}", name) from None
-
-
-def _content_text(content: Any) -> str:
-    """A message's content as text (for token estimates): a string, or its text parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
-def _check_generate(request: dict[str, Any], kind: str) -> str:
-    """The checked request's main input as text (messages as JSON, or the prompt)."""
-    if kind == bound.CHAT:
-        messages = request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise OpenAIError(400, "'messages' must be a non-empty list of message objects", "messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict):
-                raise OpenAIError(400, f"'messages[{i}]' must be an object with 'role' and 'content'", "messages")
-            if not isinstance(m.get("role"), str) or not m["role"]:
-                raise OpenAIError(400, f"'messages[{i}].role' must be a string such as \"user\"", "messages")
-            content = m.get("content")
-            if content is not None and not isinstance(content, (str, list)):
-                raise OpenAIError(400, f"'messages[{i}].content' must be a string or a list of parts", "messages")
-        main = json.dumps(messages)
-    else:
-        prompt = request.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise OpenAIError(400, "'prompt' must be a string (one prompt per request)", "prompt")
-        _utf8(prompt, "prompt")
-        main = prompt
-    for flag in ("stream", "echo", "logprobs") if kind == bound.COMPLETION else ("stream", "logprobs"):
-        v = request.get(flag)
-        if v is not None and not isinstance(v, bool) and not (flag == "logprobs" and _is_int(v)):
-            raise OpenAIError(400, f"'{flag}' must be true or false, not {_show(v)}", flag)
-    options = request.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict):
-            raise OpenAIError(
-                400, "'stream_options' must be an object such as {\"include_usage\": true}", "stream_options"
-            )
-        if not request.get("stream"):
-            raise OpenAIError(400, "'stream_options' is only allowed with 'stream': true", "stream_options")
-        if not isinstance(options.get("include_usage", False), bool):
-            raise OpenAIError(400, "'stream_options.include_usage' must be true or false", "stream_options")
-    _int(request, "n", 1, MAX_N)
-    _int(request, "max_tokens", 1, MAX_INT)
-    _int(request, "max_completion_tokens", 1, MAX_INT)
-    _int(request, "seed", -(2**63), 2**63 - 1)
-    _number(request, "temperature", 0, 2)
-    _number(request, "top_p", 0, 1)
-    _number(request, "presence_penalty", -2, 2)
-    _number(request, "frequency_penalty", -2, 2)
-    stop = request.get("stop")
-    if stop is not None and not isinstance(stop, str):
-        if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
-            raise OpenAIError(400, f"'stop' must be a string or a list of at most {MAX_STOP} strings", "stop")
-    user = request.get("user")
-    if user is not None and not isinstance(user, str):
-        raise OpenAIError(400, "'user' must be a string", "user")
-    return main
-
-
 # keys that are the route's, not the callable's
 _OWN_KEYS = {bound.CHAT: ("model", "messages", "stream", "stream_options"),
              bound.COMPLETION: ("model", "prompt", "stream", "stream_options")}  # fmt: skip
 
 
 async def _generate(model: Any, request: dict[str, Any], kind: str) -> Any:
-    main = _check_generate(request, kind)
+    main = check_generate(request, kind)
     params = {k: v for k, v in request.items() if k not in _OWN_KEYS[kind]}
     n = request.get("n") or 1
     stream = bool(request.get("stream"))
     include_usage = stream and bool((request.get("stream_options") or {}).get("include_usage"))
     if kind == bound.CHAT:
-        prompt_words = sum(len(_content_text(m.get("content")).split()) for m in request["messages"])
+        prompt_words = sum(len(content_text(m.get("content")).split()) for m in request["messages"])
     else:
         prompt_words = len(main.split())
     inputs = {
@@ -477,17 +356,17 @@ async def _embeddings(model: Any, request: dict[str, Any]) -> dict[str, Any]:
     if len(texts) > MAX_INPUTS:
         raise OpenAIError(400, f"'input' may hold at most {MAX_INPUTS} texts, not {len(texts)}", "input")
     if not all(isinstance(t, str) for t in texts):
-        if all(_is_int(t) or (isinstance(t, list) and all(_is_int(x) for x in t)) for t in texts):
+        if all(is_int(t) or (isinstance(t, list) and all(is_int(x) for x in t)) for t in texts):
             raise OpenAIError(400, "token ids are not accepted here: send 'input' as text", "input")
         raise OpenAIError(400, "'input' must be a string or a list of strings", "input")
     for text in texts:
-        _utf8(text, "input")
+        check_utf8(text, "input")
     encoding = request.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise OpenAIError(
-            400, f'\'encoding_format\' must be "float" or "base64", not {_show(encoding)}', "encoding_format"
+            400, f'\'encoding_format\' must be "float" or "base64", not {show(encoding)}', "encoding_format"
         )
-    _int(request, "dimensions", 1, MAX_INT)
+    check_int(request, "dimensions", 1, MAX_INT)
     user = request.get("user")
     if user is not None and not isinstance(user, str):
         raise OpenAIError(400, "'user' must be a string", "user")
