@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +106,7 @@ def _parameters(request: Any) -> dict[str, Any]:
     return params
 
 
-def _chunks(result: Any, name: str) -> Iterator[Any]:
+def _chunks(result: Any, name: str) -> Generator[Any, None, None]:
     """What the callable returned as an iterator of chunks (str or Chunk), closed when it is."""
     if isinstance(result, (str, Chunk)):
         yield result
@@ -128,7 +128,7 @@ def _chunks(result: Any, name: str) -> Iterator[Any]:
             close()
 
 
-def _drive(agen: Any) -> Iterator[Any]:
+def _drive(agen: Any) -> Generator[Any, None, None]:
     """An async generator as a plain one, on a private event loop (closed when this is)."""
     loop = asyncio.new_event_loop()
     try:
@@ -185,7 +185,7 @@ def _bind_generator(
     ]
     model = server.bind(name, generate, inputs, TEXT_OUTPUTS, config)
     openai_models.register(server, name, kind)
-    return model  # type: ignore[no-any-return]
+    return model
 
 
 def bind_chat(server: Any, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
@@ -255,4 +255,4 @@ def bind_embedding(server: Any, name: str, fn: EmbedFunc, config: ModelConfig | 
         config,
     )
     openai_models.register(server, name, EMBEDDING)
-    return model  # type: ignore[no-any-return]
+    return model

@@ -19,7 +19,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -194,19 +194,21 @@ def _callable_error(exc: TritonError) -> OpenAIError:
     return OpenAIError(status, str(exc), code="model_error" if status == 500 else None)
 
 
-async def _merge(streams: list[AsyncIterator[dict[str, Any]]]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+async def _merge(
+    streams: Sequence[AsyncGenerator[dict[str, Any], None]],
+) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
     """The responses of several streams as they come, with the index of each one's stream."""
     if len(streams) == 1:
         try:
             async for outputs in streams[0]:
                 yield 0, outputs
         finally:
-            await streams[0].aclose()  # type: ignore[attr-defined]
+            await streams[0].aclose()
         return
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     done = object()
 
-    async def pump(index: int, source: AsyncIterator[dict[str, Any]]) -> None:
+    async def pump(index: int, source: AsyncGenerator[dict[str, Any], None]) -> None:
         try:
             async for outputs in source:
                 await queue.put((index, outputs))
@@ -214,7 +216,7 @@ async def _merge(streams: list[AsyncIterator[dict[str, Any]]]) -> AsyncIterator[
         except TritonError as exc:
             await queue.put((index, exc))
         finally:
-            await source.aclose()  # type: ignore[attr-defined]
+            await source.aclose()
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     try:
@@ -312,7 +314,7 @@ def _first(array: Any) -> Any:
 async def _events(
     answer: _Answer,
     first: tuple[int, dict[str, Any]] | None,
-    rest: AsyncIterator[tuple[int, dict[str, Any]]],
+    rest: AsyncGenerator[tuple[int, dict[str, Any]], None],
     include_usage: bool,
 ) -> AsyncIterator[Any]:
     """The Server-Sent Events of a streamed answer: a chunk per response, each choice's last
@@ -343,7 +345,7 @@ async def _events(
         status = _triton_status(exc)
         yield error_body(status, str(exc), code="model_error" if status == 500 else None)
     finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+        await rest.aclose()
 
 
 # -- embeddings

@@ -113,9 +113,9 @@ class RestApi:
             return "inference", lambda h, b, f: self._infer_answer(name, "", h, b, f)
         if path == "/metrics" and method == "GET":  # also here, besides serve_metrics' own port (no group, as Triton's)
             return None, self._metrics
-        if parts[:1] == ["v1"] and self.options.openai:  # OpenAI's routes (their errors in its shape)
-            rest_of = parts[1:]
-            return "openai", lambda h, b, f: self._openai.answer(method, rest_of, h, b)
+        if parts[:1] == ["v1"] and self._openai is not None:  # OpenAI's routes (their errors in its shape)
+            openai_answer = self._openai.answer
+            return "openai", lambda h, b, f: openai_answer(method, parts[1:], h, b)
         if parts[:1] != ["v2"]:
             raise Refused(404, f"no such endpoint: {path}")
         rest = parts[1:]
