@@ -366,3 +366,77 @@ def test_api_key_restriction_and_draining():
         with pytest.raises(openai.InternalServerError) as caught:  # 503
             good.completions.create(model="reverse", prompt="ab")
         assert caught.value.status_code == 503 and caught.value.body["type"] == "service_unavailable"
+
+
+def test_stream_with_several_choices(served):
+    _, port, _ = served
+    chunks = list(client(port).chat.completions.create(model="echo", messages=USER, n=2, stream=True))
+    texts = {0: "", 1: ""}
+    finishes = {}
+    for c in chunks:
+        choice = c.choices[0]
+        texts[choice.index] += choice.delta.content or ""
+        if choice.finish_reason:
+            finishes[choice.index] = choice.finish_reason
+    assert texts == {0: "hello big world ", 1: "hello big world "} and finishes == {0: "stop", 1: "stop"}
+
+
+def test_option_checks():
+    from embedtriton import HttpOptions, InvalidArgumentError
+    from embedtriton.frontends.grpc import GrpcOptions
+
+    with pytest.raises(InvalidArgumentError, match="openai must be True or False"):
+        HttpOptions(openai="yes")
+    with pytest.raises(InvalidArgumentError, match="openai_api_key must be a non-empty string"):
+        HttpOptions(openai=True, openai_api_key="")
+    assert "s3cret" not in repr(HttpOptions(openai=True, openai_api_key="s3cret"))
+    assert HttpOptions(restricted_api="openai,inference:k=v").restrictions.groups == {"openai": "k", "inference": "k"}
+    with pytest.raises(InvalidArgumentError, match="unknown restricted protocol 'openai'"):
+        GrpcOptions(restricted_protocol="openai:k=v")
+    server = Server()
+    with pytest.raises(InvalidArgumentError, match="config must be a ModelConfig"):
+        bind_chat(server, "x", lambda m: "", config={"max_batch_size": 2})
+    with pytest.raises(InvalidArgumentError, match="fn must be callable"):
+        bind_embedding(server, "x", "not a function")
+    with pytest.raises(InvalidArgumentError, match="neither decoupled nor a sequence model"):
+        bind_embedding(server, "x", lambda t: t, ModelConfig(decoupled=True))
+
+
+CLI_MODELS = """
+from embedtriton.openai import bind_completion
+
+def bind(server):
+    bind_completion(server, "reverse", lambda prompt, **params: prompt[::-1])
+"""
+
+
+def test_serve_cli_with_openai_and_a_key_from_the_environment(tmp_path):
+    import os
+    import re
+    import sys
+
+    (tmp_path / "cli_models.py").write_text(CLI_MODELS)
+    env = {**os.environ, "EMBEDTRITON_OPENAI_API_KEY": "from-env"}
+    command = [sys.executable, "-m", "embedtriton", "serve", "cli_models:bind", "--grpc", "", "--metrics", ""]
+    process = subprocess.Popen(
+        [*command, "--http", "127.0.0.1:0", "--openai"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.stderr is not None:
+            lines.append(process.stderr.readline())
+            if "ready:" in lines[-1] or not lines[-1]:
+                break
+        found = re.search(r"serving HTTP on .* \(port (\d+)\)", "".join(lines))
+        assert found, "".join(lines)
+        base = f"http://127.0.0.1:{found.group(1)}/v1"
+        keyed = openai.OpenAI(base_url=base, api_key="from-env", max_retries=0)
+        assert keyed.completions.create(model="reverse", prompt="abc").choices[0].text == "cba"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="other", max_retries=0).models.list()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        if process.stderr is not None:
+            process.stderr.close()
