@@ -440,3 +440,40 @@ def test_serve_cli_with_openai_and_a_key_from_the_environment(tmp_path):
         process.wait(timeout=30)
         if process.stderr is not None:
             process.stderr.close()
+
+
+def test_over_grpc_and_in_an_ensemble():
+    import queue
+
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from embedtriton import Step, Tensor
+
+    server = Server()
+    bind_chat(server, "words", lambda messages, **p: iter(messages[-1]["content"].split()))
+    bind_embedding(server, "lengths", lambda texts: np.array([[len(t)] * 2 for t in texts], np.float32))
+    server.bind_ensemble(
+        "embed-pipeline",
+        steps=[Step("lengths", inputs={"text": "TEXT"}, outputs={"embedding": "VEC"})],
+        inputs=[Tensor(name="TEXT", dtype=np.bytes_, shape=(1,))],
+        outputs=[Tensor(name="VEC", dtype=np.float32, shape=(-1,))],
+        config=ModelConfig(max_batch_size=8),
+    )
+    with server:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.serve_grpc('127.0.0.1:0')}")
+        text = grpcclient.InferInput("TEXT", [2, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"abc"], [b"de"]], dtype=np.object_))
+        np.testing.assert_array_equal(client.infer("embed-pipeline", [text]).as_numpy("VEC"), [[3, 3], [2, 2]])
+        results: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        messages = grpcclient.InferInput("messages", [1, 1], "BYTES")
+        messages.set_data_from_numpy(np.array([[json.dumps(USER).encode()]], dtype=np.object_))
+        client.async_stream_infer("words", [messages], enable_empty_final_response=True)
+        words = []
+        while True:
+            result, error = results.get(timeout=10)
+            assert error is None
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            words.append(result.as_numpy("text")[0, 0])
+        client.stop_stream()
+        assert words == [b"hello", b"big", b"world"]
