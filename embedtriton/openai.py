@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .config import DynamicBatcher, ModelConfig, SequenceBatcher, Tensor
 from .core import Model, openai_models
 from .core.openai_models import CHAT, COMPLETION, EMBEDDING
 from .errors import InvalidArgumentError
+from .server import Server
 
 __all__ = ["Chunk", "bind_chat", "bind_completion", "bind_embedding", "kinds"]
 
@@ -53,10 +55,10 @@ class Chunk:
 
 
 ChatFunc = Callable[..., str | Iterable[str | Chunk] | AsyncIterator[str | Chunk]]
-EmbedFunc = Callable[[list[str]], Any]
+EmbedFunc = Callable[[list[str]], ArrayLike]
 
 
-def kinds(server: Any) -> dict[str, str]:
+def kinds(server: Server) -> dict[str, str]:
     """The OpenAI models bound on ``server``: name -> ``"chat"``, ``"completion"`` or ``"embedding"``."""
     return openai_models.kinds(server)
 
@@ -160,7 +162,7 @@ def _step(chunk: Any, name: str) -> dict[str, np.ndarray]:
 
 
 def _bind_generator(
-    server: Any, name: str, fn: ChatFunc, config: ModelConfig | None, kind: str, main_input: str
+    server: Server, name: str, fn: ChatFunc, config: ModelConfig | None, kind: str, main_input: str
 ) -> Model:
     if not callable(fn):
         raise InvalidArgumentError(f"model '{name}': fn must be callable, not {type(fn).__name__}")
@@ -183,12 +185,12 @@ def _bind_generator(
         Tensor(name=main_input, dtype=np.bytes_, shape=(1,)),
         Tensor(name="parameters", dtype=np.bytes_, shape=(1,), optional=True),
     ]
-    model = server.bind(name, generate, inputs, TEXT_OUTPUTS, config)
+    model = server.bind(name, generate, inputs, TEXT_OUTPUTS, config)  # type: ignore[arg-type]  # (iterative: one request)
     openai_models.register(server, name, kind)
     return model
 
 
-def bind_chat(server: Any, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
+def bind_chat(server: Server, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
     """Bind ``fn(messages, **params)`` as chat model ``name``: ``messages`` is the list of
     OpenAI message dicts (``{"role": ..., "content": ...}``), ``params`` the request's other
     fields (``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, ``n``, ... as the
@@ -202,13 +204,13 @@ def bind_chat(server: Any, name: str, fn: ChatFunc, config: ModelConfig | None =
     return _bind_generator(server, name, fn, config, CHAT, "messages")
 
 
-def bind_completion(server: Any, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
+def bind_completion(server: Server, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
     """Bind ``fn(prompt, **params)`` as completion model ``name`` (``/v1/completions``):
     ``prompt`` is the request's text; otherwise as :func:`bind_chat`."""
     return _bind_generator(server, name, fn, config, COMPLETION, "prompt")
 
 
-def bind_embedding(server: Any, name: str, fn: EmbedFunc, config: ModelConfig | None = None) -> Model:
+def bind_embedding(server: Server, name: str, fn: EmbedFunc, config: ModelConfig | None = None) -> Model:
     """Bind ``fn(texts)`` as embedding model ``name``: ``texts`` is a list of strings, the
     result an array-like ``[len(texts), dim]`` of floats. Each text is one Triton request: the
     dynamic batcher gathers requests from many clients into one call.
