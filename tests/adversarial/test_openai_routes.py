@@ -28,6 +28,7 @@ MAX_BODY = 64 * 1024
 class Flags:
     def __init__(self) -> None:
         self.open = 0
+        self.flooding = 0
         self.lock = threading.Lock()
 
 
@@ -49,8 +50,19 @@ def served():
             with flags.lock:
                 flags.open -= 1
 
+    def flood(messages, **params):
+        with flags.lock:
+            flags.flooding += 1
+        try:
+            while True:
+                yield "y" * 65536
+        finally:
+            with flags.lock:
+                flags.flooding -= 1
+
     server = Server()
     bind_chat(server, "echo", echo)
+    bind_chat(server, "flood", flood)
     bind_chat(server, "endless", endless)
     bind_completion(server, "same", lambda prompt, **p: prompt[:50])
     bind_embedding(server, "embed", lambda texts: np.ones((len(texts), 3), np.float32))
@@ -211,6 +223,27 @@ def test_a_body_stalled_mid_way_gets_408_while_others_are_served(served):
         assert head.startswith(b"HTTP/1.1 408"), head
         assert_openai_error(408, json.loads(body), 408)
         s.close()
+
+
+def test_a_stream_whose_client_reads_nothing_is_let_go(served):
+    port, flags = served
+    body = json.dumps({"model": "flood", "messages": [{"role": "user", "content": "a"}], "stream": True}).encode()
+    socks = []
+    for _ in range(4):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        socks.append(s)
+    deadline = time.monotonic() + 5
+    while flags.flooding < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    deadline = time.monotonic() + 20  # the buffers fill, then request_timeout_s (0.5 s) passes
+    while flags.flooding and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert flags.flooding == 0, "a stream nobody reads kept its generator running"
+    for s in socks:
+        s.close()
+    healthy(port)
 
 
 def test_a_flood_of_streams_that_read_nothing(served):

@@ -51,9 +51,12 @@ class Binary:
 
 @dataclass
 class EventStream:
-    """An answer sent as Server-Sent Events (chunked): one ``data: {json}`` event per item."""
+    """An answer sent as Server-Sent Events (chunked): one ``data: {json}`` event per item.
+    ``stall_timeout_s``: a client that reads nothing for this long (our buffer stays full) is
+    disconnected, which closes the events (cancelling the request); None waits for it."""
 
     events: AsyncIterator[Any]
+    stall_timeout_s: float | None = None
 
 
 @dataclass
@@ -332,7 +335,7 @@ class Connection(asyncio.Protocol):
             try:
                 status, payload = await self.endpoint.answer(method, url, headers, body, forwarded)
                 if isinstance(payload, EventStream):
-                    await self._stream(payload.events, keep_alive)
+                    await self._stream(payload.events, keep_alive, payload.stall_timeout_s)
                 else:
                     self._send(status, payload, keep_alive, headers.get(b"accept-encoding"))
             finally:
@@ -341,7 +344,7 @@ class Connection(asyncio.Protocol):
             if not keep_alive:
                 return
 
-    async def _stream(self, events: AsyncIterator[Any], keep_alive: bool) -> None:
+    async def _stream(self, events: AsyncIterator[Any], keep_alive: bool, stall_timeout_s: float | None = None) -> None:
         """Server-Sent Events in HTTP/1.1 chunks, written no faster than the client reads (a
         slow reader holds back the model's responses instead of growing our buffer)."""
         close = "" if keep_alive else "Connection: close\r\n"
@@ -357,7 +360,12 @@ class Connection(asyncio.Protocol):
             async for event in events:
                 data = sse_event(event)
                 transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-                await self.writable.wait()
+                if not self.writable.is_set():
+                    try:
+                        await asyncio.wait_for(self.writable.wait(), stall_timeout_s)
+                    except asyncio.TimeoutError:  # it reads nothing: let the request go
+                        transport.abort()
+                        return
                 if transport.is_closing():
                     return  # the client left: closing the events cancels the request
         finally:

@@ -83,7 +83,7 @@ class OpenAIRoutes:
             model = self._model(request, kind)
             if kind == bound.EMBEDDING:
                 return 200, await _embeddings(model, request)
-            return 200, await _generate(model, request, kind)
+            return 200, await _generate(model, request, kind, self.api.options.request_timeout_s)
         except OpenAIError as exc:
             return exc.status, error_body(exc.status, str(exc), exc.param, exc.code)
         except TritonError as exc:
@@ -140,7 +140,9 @@ _OWN_KEYS = {bound.CHAT: ("model", "messages", "stream", "stream_options"),
              bound.COMPLETION: ("model", "prompt", "stream", "stream_options")}  # fmt: skip
 
 
-async def _generate(model: Any, request: dict[str, Any], kind: str) -> Any:
+async def _generate(model: Any, request: dict[str, Any], kind: str, stall_timeout_s: float) -> Any:
+    """A chat or completion answer: whole, or as an :class:`EventStream` whose client is let go
+    after ``stall_timeout_s`` without reading (its requests cancelled)."""
     main = check_generate(request, kind)
     params = {k: v for k, v in request.items() if k not in _OWN_KEYS[kind]}
     n = request.get("n") or 1
@@ -186,7 +188,7 @@ async def _generate(model: Any, request: dict[str, Any], kind: str) -> Any:
     except BaseException:
         await merged.aclose()
         raise
-    return EventStream(_events(answer, first, merged, include_usage))
+    return EventStream(_events(answer, first, merged, include_usage), stall_timeout_s)
 
 
 def _callable_error(exc: TritonError) -> OpenAIError:
