@@ -11,9 +11,9 @@ The models' tensors:
   ``parameters`` (BYTES ``[1]``: a JSON object of keyword arguments for the callable); outputs,
   one response per chunk: ``text`` (BYTES ``[1]``), ``finish_reason`` (BYTES ``[1]``, empty
   until the callable says), ``prompt_tokens`` and ``completion_tokens`` (INT64 ``[1]``, -1 when
-  the callable did not report them). The model is decoupled, with an iterative sequence batcher
-  (continuous batching: every request in flight advances one chunk per iteration, and a new one
-  joins at the next iteration).
+  the callable did not report them). The model is decoupled; by default each of its 8 instances
+  runs one request's generator at a time (``max_batch_size=1``), so 8 requests stream at once
+  and later ones wait in Triton's queue.
 - completion (``bind_completion``): the same with input ``prompt`` (BYTES ``[1]``, UTF-8 text).
 - embedding (``bind_embedding``): input ``text`` (BYTES ``[1]``), output ``embedding`` (FP32
   ``[-1]``); a batching model: Triton's dynamic batcher gathers requests from many clients into
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .config import DynamicBatcher, ModelConfig, SequenceBatcher, Tensor
+from .config import DynamicBatcher, InstanceGroup, ModelConfig, Tensor
 from .core import Model, openai_models
 from .core.openai_models import CHAT, COMPLETION, EMBEDDING
 from .errors import InvalidArgumentError
@@ -71,24 +71,26 @@ TEXT_OUTPUTS = [
 ]
 
 
+INSTANCES = 8  # a chat/completion model's default instances: requests streamed at once
+
+
 def _generator_config(name: str, config: ModelConfig | None) -> ModelConfig:
-    """The config of a chat or completion model: decoupled, iterative (continuous batching)."""
+    """The config of a chat or completion model: decoupled; by default one request per call and
+    INSTANCES instances (each a thread running one request's generator)."""
     if config is None:
-        return ModelConfig(max_batch_size=64, decoupled=True, sequence_batcher=SequenceBatcher(iterative=True))
+        return ModelConfig(max_batch_size=1, decoupled=True, instance_group=[InstanceGroup(count=INSTANCES)])
     if not isinstance(config, ModelConfig):
         raise InvalidArgumentError(f"model '{name}': config must be a ModelConfig, not {type(config).__name__}")
-    sequence = config.sequence_batcher
-    if sequence is not None and not sequence.iterative:
+    if config.sequence_batcher is not None:
         raise InvalidArgumentError(
-            f"model '{name}': an OpenAI chat/completion model runs with SequenceBatcher(iterative=True) "
-            "(one generator per request, continuous batching); leave sequence_batcher out or make it iterative"
+            f"model '{name}': an OpenAI chat/completion model is not a sequence model: leave sequence_batcher out"
         )
     if not config.batching:
         raise InvalidArgumentError(
-            f"model '{name}': an OpenAI chat/completion model batches (max_batch_size is how many requests run "
-            "at once); leave batching=True"
+            f"model '{name}': an OpenAI chat/completion model keeps the batch dimension: leave batching=True "
+            "(max_batch_size=1 runs one request per call)"
         )
-    return dataclasses.replace(config, decoupled=True, sequence_batcher=sequence or SequenceBatcher(iterative=True))
+    return dataclasses.replace(config, decoupled=True)
 
 
 def _text(array: Any, what: str) -> str:
@@ -168,7 +170,8 @@ def _bind_generator(
         raise InvalidArgumentError(f"model '{name}': fn must be callable, not {type(fn).__name__}")
     config = _generator_config(name, config)
 
-    def generate(request: Any) -> Iterator[dict[str, np.ndarray]]:
+    def one(request: Any) -> Generator[dict[str, np.ndarray], None, None]:
+        """One request's responses."""
         raw = _text(request[main_input], main_input)
         first = json.loads(raw) if kind == CHAT else raw
         if kind == CHAT and not isinstance(first, list):
@@ -180,12 +183,31 @@ def _bind_generator(
         finally:
             chunks.close()
 
+    def generate(requests: list[Any]) -> Iterator[list[dict[str, np.ndarray] | None]]:
+        """A batch's responses, a step of each request's generator at a time (with
+        max_batch_size > 1 the batch's streams all end when the last one does)."""
+        streams = [one(r) for r in requests]
+        live = set(range(len(streams)))
+        try:
+            while live:
+                step: list[dict[str, np.ndarray] | None] = [None] * len(streams)
+                for i in sorted(live):
+                    try:
+                        step[i] = next(streams[i])
+                    except StopIteration:
+                        live.discard(i)
+                if any(out is not None for out in step):
+                    yield step
+        finally:
+            for stream in streams:
+                stream.close()
+
     generate.__name__ = getattr(fn, "__name__", "generate")
     inputs = [
         Tensor(name=main_input, dtype=np.bytes_, shape=(1,)),
         Tensor(name="parameters", dtype=np.bytes_, shape=(1,), optional=True),
     ]
-    model = server.bind(name, generate, inputs, TEXT_OUTPUTS, config)  # type: ignore[arg-type]  # (iterative: one request)
+    model = server.bind(name, generate, inputs, TEXT_OUTPUTS, config)
     openai_models.register(server, name, kind)
     return model
 
@@ -197,9 +219,11 @@ def bind_chat(server: Server, name: str, fn: ChatFunc, config: ModelConfig | Non
     client gave them). ``fn`` returns a ``str``, or yields ``str`` chunks (or :class:`Chunk`
     objects to report token counts), as a plain or an async generator.
 
-    ``config`` (a :class:`ModelConfig`) defaults to 64 requests in flight with continuous batching
-    (``max_batch_size=64, decoupled=True, sequence_batcher=SequenceBatcher(iterative=True)``);
-    a config given is made decoupled and iterative. Returns the bound :class:`Model`.
+    ``config`` (a :class:`ModelConfig`) defaults to 8 requests streamed at once, each on an
+    instance of its own (``max_batch_size=1, decoupled=True, instance_group=[InstanceGroup(count=8)]``);
+    a config given is made decoupled. With ``max_batch_size > 1`` a call gets a batch of requests
+    and steps their generators in turn; their streams then end together. Returns the bound
+    :class:`Model`.
     """
     return _bind_generator(server, name, fn, config, CHAT, "messages")
 

@@ -2,8 +2,8 @@
 
 A toy "model" (no weights to download) answers by echoing the user's words back, one chunk per
 word, honouring `max_tokens`. It is bound with `embedtriton.openai.bind_chat` as an ordinary
-Triton model (continuous batching: every request in flight advances one chunk per iteration),
-and `serve_http(..., openai=True)` answers OpenAI's routes for it. A toy embedding function is
+Triton model (decoupled: one response per chunk; 8 instances stream 8 requests at once), and
+`serve_http(..., openai=True)` answers OpenAI's routes for it. A toy embedding function is
 bound beside it; Triton's dynamic batcher gathers the texts of concurrent clients.
 
     pip install openai

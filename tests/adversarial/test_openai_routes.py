@@ -265,3 +265,21 @@ def test_a_flood_of_streams_that_read_nothing(served):
         time.sleep(0.05)
     assert flags.open == 0, f"{flags.open} generators still open after their clients left"
     healthy(port)
+
+
+def test_leaving_a_stream_of_several_choices_closes_every_generator(served):
+    port, flags = served
+    body = json.dumps({"model": "endless", "messages": [{"role": "user", "content": "a"}], "n": 4, "stream": True})
+    body = body.encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    deadline = time.monotonic() + 10
+    while flags.open < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert flags.open == 4
+    s.close()
+    deadline = time.monotonic() + 10
+    while flags.open and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert flags.open == 0, f"{flags.open} of 4 generators still open after the client left"
+    healthy(port)

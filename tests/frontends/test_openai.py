@@ -319,7 +319,8 @@ def test_bound_models_are_ordinary_triton_models(served):
     params = np.array([[b'{"max_tokens": 2}']], object)
     parts = list(server.model("echo").stream({"messages": messages, "parameters": params}))
     assert [p["text"][0, 0] for p in parts] == [b"hello ", b"big ", b"world "]
-    assert server.model("echo").config()["sequence_batching"]["iterative_sequence"] is True
+    config = server.model("echo").config()
+    assert config["model_transaction_policy"]["decoupled"] is True and config["instance_group"][0]["count"] == 8
     out = server.model("embed").infer({"text": np.array([[b"ab"], [b"c"]], object)})
     assert out["embedding"].shape == (2, DIM)
     # the KServe-v2 routes serve it too
@@ -477,3 +478,45 @@ def test_over_grpc_and_in_an_ensemble():
             words.append(result.as_numpy("text")[0, 0])
         client.stop_stream()
         assert words == [b"hello", b"big", b"world"]
+
+
+def test_streams_run_at_once_and_a_batching_config_steps_a_batch():
+    from embedtriton import DynamicBatcher
+
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def slow(messages, **params):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            for word in messages[-1]["content"].split():
+                time.sleep(0.05)
+                yield word
+        finally:
+            with lock:
+                running[0] -= 1
+
+    server = Server()
+    bind_chat(server, "slow", slow)  # 8 instances
+    config = ModelConfig(max_batch_size=4, batcher=DynamicBatcher(max_queue_delay_microseconds=100_000))
+    bind_chat(server, "batched", lambda messages, **p: iter(messages[-1]["content"].split()), config)
+    with server:
+        port = server.serve_http("127.0.0.1:0", openai=True)
+        answers: dict = {}
+
+        def ask(model: str, i: int) -> None:
+            words = " ".join(f"w{i}" for _ in range(i + 1))
+            answer = client(port).chat.completions.create(model=model, messages=[{"role": "user", "content": words}])
+            answers[model, i] = answer.choices[0].message.content
+
+        threads = [threading.Thread(target=ask, args=(m, i)) for m in ("slow", "batched") for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert most[0] > 1, "the streams of the slow model ran one after another"
+        for m in ("slow", "batched"):
+            assert [answers[m, i] for i in range(4)] == [f"w{i}" * (i + 1) for i in range(4)]
+        assert server.model("batched").statistics()["execution_count"] < 4  # batches of several requests

@@ -354,6 +354,7 @@ class Connection(asyncio.Protocol):
         )
         transport = self.transport
         if transport is None:
+            await events.aclose()  # type: ignore[attr-defined]
             return
         transport.write(head.encode())
         try:

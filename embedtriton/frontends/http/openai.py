@@ -19,7 +19,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from .openai_checks import (
     parse,
     show,
 )
+from .openai_streams import Closing, Once, close_all, merge
 
 
 def _triton_status(exc: TritonError) -> int:
@@ -157,18 +158,19 @@ async def _generate(model: Any, request: dict[str, Any], kind: str, stall_timeou
         "parameters": np.array([[json.dumps(params).encode()]], object),
     }
     loop = asyncio.get_running_loop()
+    handles: list[Once] = []  # each closed exactly once, whatever happens (closing cancels)
     streams = []
     try:
         for _ in range(n):
             arrived = asyncio.Event()
-            handle = model.submit(InferRequest(dict(inputs)), loop, arrived.set, True)
-            streams.append(iterate_async(handle, arrived))
+            handle = Once(model.submit(InferRequest(dict(inputs)), loop, arrived.set, True))
+            handles.append(handle)
+            streams.append(iterate_async(handle, arrived))  # type: ignore[arg-type]
     except BaseException:
-        for s in streams:
-            await s.aclose()
+        close_all(handles)
         raise
     answer = _Answer(kind, request["model"], n, prompt_words)
-    merged = _merge(streams)
+    merged = merge(streams)
     if not stream:
         try:
             async for index, outputs in merged:
@@ -176,65 +178,29 @@ async def _generate(model: Any, request: dict[str, Any], kind: str, stall_timeou
         except TritonError as exc:
             raise _callable_error(exc) from None
         finally:
-            await merged.aclose()
+            try:
+                await merged.aclose()
+            finally:
+                close_all(handles)
         return answer.whole()
     try:  # the first response decides the status: an error before it is a JSON error
         first = await merged.__anext__()
     except StopAsyncIteration:
         first = None
-    except TritonError as exc:
-        await merged.aclose()
-        raise _callable_error(exc) from None
-    except BaseException:
-        await merged.aclose()
+    except BaseException as exc:
+        try:
+            await merged.aclose()
+        finally:
+            close_all(handles)
+        if isinstance(exc, TritonError):
+            raise _callable_error(exc) from None
         raise
-    return EventStream(_events(answer, first, merged, include_usage), stall_timeout_s)
+    return EventStream(Closing(_events(answer, first, merged, include_usage), handles), stall_timeout_s)
 
 
 def _callable_error(exc: TritonError) -> OpenAIError:
     status = _triton_status(exc)
     return OpenAIError(status, str(exc), code="model_error" if status == 500 else None)
-
-
-async def _merge(
-    streams: Sequence[AsyncGenerator[dict[str, Any], None]],
-) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
-    """The responses of several streams as they come, with the index of each one's stream."""
-    if len(streams) == 1:
-        try:
-            async for outputs in streams[0]:
-                yield 0, outputs
-        finally:
-            await streams[0].aclose()
-        return
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-    done = object()
-
-    async def pump(index: int, source: AsyncGenerator[dict[str, Any], None]) -> None:
-        try:
-            async for outputs in source:
-                await queue.put((index, outputs))
-            await queue.put((index, done))
-        except TritonError as exc:
-            await queue.put((index, exc))
-        finally:
-            await source.aclose()
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(tasks)
-        while left:
-            index, item = await queue.get()
-            if item is done:
-                left -= 1
-            elif isinstance(item, TritonError):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _Answer:
@@ -318,7 +284,7 @@ async def _events(
     first: tuple[int, dict[str, Any]] | None,
     rest: AsyncGenerator[tuple[int, dict[str, Any]], None],
     include_usage: bool,
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """The Server-Sent Events of a streamed answer: a chunk per response, each choice's last
     chunk with its finish reason, the usage chunk when asked for, then ``[DONE]``."""
     usage: dict[str, Any] = {"usage": None} if include_usage else {}
