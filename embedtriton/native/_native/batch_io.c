@@ -301,10 +301,13 @@ static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* valu
   TRITONSERVER_DataType got = triton_dtype_of(arr);
   if (got != o->dtype) {
     PyObject* d = PyObject_Str((PyObject*)PyArray_DESCR(arr));
-    *err = new_error(TRITONSERVER_ERROR_INTERNAL,
-                     "model '%s' returned output '%s' with dtype %s for request %zu; "
-                     "its config says %s",
-                     ms->name, o->name, d ? PyUnicode_AsUTF8(d) : "?", index, dtype_name(o->dtype));
+    *err =
+        new_error(TRITONSERVER_ERROR_INTERNAL,
+                  "model '%s' returned output '%s' as %s (%s) for request %zu; its config says %s "
+                  "(%s): return it .astype(np.%s) or declare the output Tensor(dtype=np.%s)",
+                  ms->name, o->name, d ? PyUnicode_AsUTF8(d) : "?", dtype_name(got), index,
+                  dtype_name(o->dtype), numpy_dtype_name(o->dtype), numpy_dtype_name(o->dtype),
+                  numpy_dtype_name(got));
     Py_XDECREF(d);
     Py_DECREF(arr);
     return NULL;
@@ -324,10 +327,13 @@ static TRITONSERVER_Error* check_gpu_output(ModelState* ms, OutputSpec* o, GpuVa
                                             uint64_t batch_size, size_t index)
 {
   if (g->dtype != o->dtype)
-    return new_error(TRITONSERVER_ERROR_INTERNAL,
-                     "model '%s' returned output '%s' with dtype %s for request %zu; "
-                     "its config says %s",
-                     ms->name, o->name, dtype_name(g->dtype), index, dtype_name(o->dtype));
+    return new_error(
+        TRITONSERVER_ERROR_INTERNAL,
+        "model '%s' returned output '%s' as %s (%s) for request %zu; its config says %s "
+        "(%s): convert it to %s or declare the output Tensor(dtype=np.%s)",
+        ms->name, o->name, numpy_dtype_name(g->dtype), dtype_name(g->dtype), index,
+        dtype_name(o->dtype), numpy_dtype_name(o->dtype), numpy_dtype_name(o->dtype),
+        numpy_dtype_name(g->dtype));
   return check_shape(ms, o, g->ndim, g->shape, batch_size, index);
 }
 

@@ -156,6 +156,7 @@ void flush_wakes(void);
 /* ---- convert.c: dtypes and errors --------------------------------------- */
 
 const char* dtype_name(int t);
+const char* numpy_dtype_name(int t);
 TRITONSERVER_DataType triton_dtype_of(PyArrayObject* a);
 int numpy_typenum_of(TRITONSERVER_DataType t);
 uintptr_t dtype_size(TRITONSERVER_DataType t);
