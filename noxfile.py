@@ -120,7 +120,10 @@ def lint(session: nox.Session) -> None:
 
 
 # What `nox -s docs` builds the site with, pinned (a new release may judge links differently).
-DOCS_TOOLS = ("mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11")
+DOCS_TOOLS = (
+    "mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11",
+    "ruff",  # (mkdocstrings formats the signatures with it)
+)  # fmt: skip
 
 
 @nox.session
