@@ -37,17 +37,18 @@ def explain_inputs(
     declared = {t.name: t for t in binding.inputs}
     batched = binding.max_batch_size > 0
     if "inputs but got" in message:  # Triton counts them: "expected 2 inputs but got 3 inputs ..."
-        unexpected = sorted(set(inputs) - declared.keys())
-        missing = sorted(t.name for t in binding.inputs if not t.optional and t.name not in inputs)
+        names = [str(t.name) for t in binding.inputs]  # (named by bind)
+        optional = sorted(str(t.name) for t in binding.inputs if t.optional)
+        unexpected = sorted(str(k) for k in set(inputs) - set(names))
+        missing = sorted(set(names) - set(optional) - set(inputs))
         said = []
         if unexpected:
             said.append(f"unexpected input{'s' if len(unexpected) > 1 else ''} {unexpected}")
         if missing:
             said.append(f"missing input{'s' if len(missing) > 1 else ''} {missing}")
-        optional = sorted(t.name for t in binding.inputs if t.optional)
         if said:
             return InvalidArgumentError(
-                f"model '{model}': {' and '.join(said)}; its inputs are {sorted(declared)}"
+                f"model '{model}': {' and '.join(said)}; its inputs are {sorted(names)}"
                 + (f" (optional: {optional})" if optional else "")
             )
     not_arrays = []
