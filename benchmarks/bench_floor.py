@@ -41,6 +41,7 @@ import numpy as np
 from bench_inprocess import sequential_latencies  # (benchmarks/ is the script's folder)
 
 from embedtriton import DynamicBatcher, ModelConfig, Server, ServerConfig, Tensor, batch
+from embedtriton.backend.request import Request
 from embedtriton.triton import runtime
 
 HERE = Path(__file__).parent
@@ -178,6 +179,33 @@ def python_threads_rps(threads: int, seconds: float) -> float:
     return through_worker(lambda call: threads_rps(call, threads, seconds))
 
 
+STAGES = ("queue", "compute_input", "compute_infer", "compute_output", "success")
+
+
+def stage_totals(model) -> dict[str, tuple[int, int]]:
+    """Triton's cumulative (ns, count) per stage of one model's statistics."""
+    stats = model.statistics()["inference_stats"]
+    return {k: (int(stats[k]["ns"]), int(stats[k]["count"])) for k in STAGES}
+
+
+def stage_means(before: dict, after: dict, latencies: list[float]) -> dict[str, float]:
+    """Per-request means (µs) of each stage between two snapshots, with what Triton's stages
+    leave out: InferAsync to enqueued (and the last bookkeeping) inside Triton's request time,
+    and the time outside Triton (the request built, the caller woken, outputs read)."""
+    mean = {k: (after[k][0] - before[k][0]) / max(1, after[k][1] - before[k][1]) / 1000 for k in STAGES}
+    inside = sum(mean[k] for k in STAGES[:-1])
+    return {
+        "InferAsync → enqueued": mean["success"] - inside,
+        "queue: hand-off to the model thread": mean["queue"],
+        "compute_input": mean["compute_input"],
+        "compute_infer": mean["compute_infer"],
+        "compute_output": mean["compute_output"],
+        "outside Triton": statistics.fmean(latencies) - mean["success"],
+        "mean round trip": statistics.fmean(latencies),
+        "p50 round trip": statistics.median(latencies),
+    }
+
+
 def handoff_us(n: int) -> float:
     """A Python thread hands each call to a worker thread and waits for its answer."""
     return through_worker(lambda call: statistics.median(sequential_latencies(call, n)))
@@ -205,6 +233,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
     batched_in = {"a": np.ones((1, 1), F32), "b": np.ones((1, 1), F32)}
     plain_in = {"a": np.ones((1,), F32), "b": np.ones((1,), F32)}
     rows: dict[str, dict[str, list[float]]] = {}
+    stages: dict[str, dict[str, dict[str, list[float]]]] = {}  # batching label -> stage -> ours/floor
+    one_request = Request(batched_in)
+    one_request.parameters = {}
+    batched_call = batch(add_sub_raw)
 
     def record(row: str, ours: float, floor: float) -> None:
         rows.setdefault(row, {"ours": [], "floor": []})
@@ -227,9 +259,17 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 ("batcher", "AddSub", b"FloorBatched", batched_in, 1),
                 ("batching off", "AddSubPlain", b"FloorPlain", plain_in, 0),
             ):
-                model = server.model(name)
+                model, floor_model = server.model(name), server.model(floor_name.decode())
+                before = stage_totals(model)
                 ours = sequential_latencies(lambda m=model, i=inputs: m.infer(i), args.sequential)
+                ours_stages = stage_means(before, stage_totals(model), ours)
+                before = stage_totals(floor_model)
                 floor = floor_seq(floor_name, batched)
+                floor_stages = stage_means(before, stage_totals(floor_model), floor)
+                for stage, value in ours_stages.items():
+                    entry = stages.setdefault(label, {}).setdefault(stage, {"ours": [], "floor": []})
+                    entry["ours"].append(value)
+                    entry["floor"].append(floor_stages[stage])
                 record(f"sequential p50, {label} (µs)", statistics.median(ours), statistics.median(floor))
                 record(f"sequential p99, {label} (µs)", np.percentile(ours, 99), np.percentile(floor, 99))
                 record(
@@ -244,6 +284,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
                        floor_inflight)  # fmt: skip
             bare = statistics.median(sequential_latencies(lambda: add_sub_raw(batched_in["a"], batched_in["b"]), 20000))
             record("Python: bare call / two-thread hand-off (µs)", bare, handoff_us(5000))
+            record(
+                "Python: the @batch callable on one request (µs)",
+                statistics.median(sequential_latencies(lambda: batched_call([one_request]), 20000)),
+                0,
+            )
             record("Python: 64 threads to one worker thread (req/s)", python_threads_rps(64, args.seconds), 0)
 
     table = {row: {k: statistics.median(v) for k, v in values.items()} for row, values in rows.items()}
@@ -255,12 +300,33 @@ def run(args: argparse.Namespace, work: Path) -> None:
             continue
         ratio = m["ours"] / m["floor"] if m["floor"] > 0 else float("nan")
         print(f"| {row} | {m['floor']:,.1f} | {m['ours']:,.1f} | {ratio:.2f}x |")
+    callable_us = table["Python: the @batch callable on one request (µs)"]["ours"]
+    stage_table = {
+        label: {stage: {k: statistics.median(v) for k, v in m.items()} for stage, m in by_stage.items()}
+        for label, by_stage in stages.items()
+    }
+    for label, by_stage in stage_table.items():
+        print(f"\n| sequential, µs per call ({label}) | Triton C floor | embedtriton | extra |")
+        print("| --- | --- | --- | --- |")
+        for stage, m in by_stage.items():
+            print(f"| {stage} | {m['floor']:.2f} | {m['ours']:.2f} | {m['ours'] - m['floor']:+.2f} |")
+        extra = by_stage["p50 round trip"]["ours"] - by_stage["p50 round trip"]["floor"]
+        many = table[f"infer_many, 64 in flight, {label} (req/s)"]
+        print(
+            f"\n{label}: extra at p50 {extra:.1f} µs = {extra / callable_us:.1f}x the callable's own "
+            f"{callable_us:.2f} µs (the @batch function on one request; target ≤ 3x); "
+            f"infer_many {many['ours'] / many['floor']:.2f}x the floor's 64 in flight (target ≥ 0.5x)"
+        )
     py = table["Python: bare call / two-thread hand-off (µs)"]
     threads = table["Python: 64 threads to one worker thread (req/s)"]["ours"]
     print(f"\nPython itself: the bare call {py['ours']:.2f} µs; a two-thread hand-off {py['floor']:.1f} µs; "
           f"64 threads handing calls to one worker thread {threads:,.0f} req/s")  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "floor.json").write_text(json.dumps({"rounds": args.rounds, "medians": table, "all": rows}, indent=1))
+    (RESULTS / "floor.json").write_text(
+        json.dumps(
+            {"rounds": args.rounds, "medians": table, "all": rows, "stages": stage_table}, indent=1, ensure_ascii=False
+        )
+    )
     log(f"written: {RESULTS / 'floor.json'}")
 
 

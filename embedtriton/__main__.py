@@ -28,11 +28,20 @@ from .frontends.security import GRPC_HEADER_PREFIX as GRPC_PREFIX
 from .server import Server
 
 
+class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default; an empty address as 'none'."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help = super()._get_help_string(action)
+        return help.replace("%(default)s", "none") if help and action.default == "" else help
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="embedtriton", description=__doc__)
+    defaults = _DefaultsShown
     parser.add_argument("--version", action="version", version=f"embedtriton {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="bind models with module:attr and serve them")
+    serve = commands.add_parser("serve", help="bind models with module:attr and serve them", formatter_class=defaults)
     serve.add_argument(
         "target",
         nargs="?",
@@ -52,12 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         "refuses network load/unload (UNAVAILABLE, HTTP 503); 'explicit' lets gRPC and HTTP clients load and "
         "unload models (repository models load on request only); 'poll' is 'none' and watches the folders",
     )
-    serve.add_argument(
-        "--repository-poll-secs", type=float, default=15.0, help="with --model-control-mode poll (default 15)"
-    )
+    serve.add_argument("--repository-poll-secs", type=float, default=15.0, help="with --model-control-mode poll")
     serve.add_argument("--grpc", default="127.0.0.1:8001", help="gRPC address ('' for none)")
-    serve.add_argument("--metrics", default="127.0.0.1:8002", help="Prometheus /metrics address ('' for none)")
-    serve.add_argument("--http", default="", help="KServe-v2 HTTP/REST address, e.g. 127.0.0.1:8000 (default: none)")
+    serve.add_argument(
+        "--metrics",
+        default="",
+        help="a port of its own for Prometheus /metrics, e.g. 127.0.0.1:8002 ('': none; --http serves /metrics too)",
+    )
+    serve.add_argument("--http", default="", help="KServe-v2 HTTP/REST address, e.g. 127.0.0.1:8000 ('': none)")
     serve.add_argument("--tls-cert", help="PEM certificate: serve gRPC (and HTTP) over TLS (with --tls-key)")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--tls-client-ca", help="PEM CA: require client certificates signed by it")
@@ -121,20 +132,26 @@ def main(argv: list[str] | None = None) -> int:
         "--exit-timeout",
         type=int,
         default=30,
-        help="seconds that requests in flight get to finish after SIGINT/SIGTERM (default 30)",
+        help="seconds that requests in flight get to finish after SIGINT/SIGTERM",
     )
-    tune = commands.add_parser("tune", help="bind models with module:attr and tune one model's batching config")
+    tune = commands.add_parser(
+        "tune", help="bind models with module:attr and tune one model's batching config", formatter_class=defaults
+    )
     tune.add_argument("target", help="module:function that binds models on the Server it is given")
     tune.add_argument("--model", required=True, help="the model to tune")
-    tune.add_argument("--concurrency", default="1,8,32", help="requests in flight to measure at (default 1,8,32)")
+    tune.add_argument("--concurrency", default="1,8,32", help="requests in flight to measure at")
     tune.add_argument("--latency-budget-ms", type=float, help="the p99 latency the chosen config must keep")
-    tune.add_argument("--time-budget-s", type=float, default=120.0, help="when to stop searching (default 120)")
-    tune.add_argument("--window-s", type=float, default=1.0, help="seconds each measurement lasts (default 1)")
+    tune.add_argument("--time-budget-s", type=float, default=120.0, help="when to stop searching")
+    tune.add_argument("--window-s", type=float, default=1.0, help="seconds each measurement lasts")
     tune.add_argument("--shape", action="append", default=[], help="NAME=D1[,D2..]: a variable input's dims")
     tune.add_argument("--samples", help=".npz with one array per input (first axis: samples) instead of random data")
     tune.add_argument("--via", choices=["in-process", "grpc"], default="in-process", help="how load is sent")
     tune.add_argument("--cache-bytes", type=int, default=0, help="give the server a response cache of this size")
-    tune.add_argument("--output", default="tuning", help="folder for report.json, report.png, best_config.py")
+    tune.add_argument(
+        "--output",
+        default="tuning-report",
+        help="folder that report.json, best_config.py and report.png are written to (relative: to the current folder)",
+    )
     args = parser.parse_args(argv)
     if args.command == "serve" and (problem := _security_problem(args)):
         parser.error(problem)  # before anything is imported or bound
@@ -274,7 +291,29 @@ def _bind_problem(bind: object) -> str:
     return ""
 
 
+_FLAGS = {"gRPC": "--grpc", "HTTP": "--http", "metrics": "--metrics"}
+
+
+def _with_hint(exc: TritonError) -> TritonError:
+    """An endpoint that could not open its port, with the flag that picks another."""
+    message = str(exc)
+    for endpoint, flag in _FLAGS.items():
+        if message.startswith(f"cannot serve {endpoint} on ") and ("in use" in message or "in Use" in message):
+            return type(exc)(
+                f"{message} (another process, perhaps another `embedtriton serve`, holds that port: "
+                f"pick another with {flag} HOST:PORT, or {flag} '' for none)"
+            )
+    return exc
+
+
 def _serve(server: Server, args: argparse.Namespace, stop: threading.Event, log: logging.Logger) -> int:
+    try:
+        return _serve_endpoints(server, args, stop, log)
+    except TritonError as exc:
+        raise _with_hint(exc) from None
+
+
+def _serve_endpoints(server: Server, args: argparse.Namespace, stop: threading.Event, log: logging.Logger) -> int:
     with server:
         names = [m.name for m in server.models()]
         if args.grpc and not stop.is_set():

@@ -15,34 +15,53 @@ class TritonError(Exception):
 
 
 class UnknownError(TritonError):
+    """An error Triton gives no other code (``UNKNOWN``)."""
+
     code = "UNKNOWN"
 
 
 class InternalError(TritonError):
+    """The model failed (its callable raised, or returned outputs that do not match its
+    declaration), or Triton did (``INTERNAL``)."""
+
     code = "INTERNAL"
 
 
 class NotFoundError(TritonError):
+    """No such model, version or shared-memory region (``NOT_FOUND``)."""
+
     code = "NOT_FOUND"
 
 
 class InvalidArgumentError(TritonError, ValueError):
+    """A request or declaration is wrong: the message says what to change (``INVALID_ARG``;
+    also a :class:`ValueError`)."""
+
     code = "INVALID_ARG"
 
 
 class UnavailableError(TritonError):
+    """The server or model cannot take the request now: stopping, not ready, a full queue, a
+    timeout (``UNAVAILABLE``)."""
+
     code = "UNAVAILABLE"
 
 
 class UnsupportedError(TritonError):
+    """What this runtime or set-up cannot do, e.g. an extra that is not installed (``UNSUPPORTED``)."""
+
     code = "UNSUPPORTED"
 
 
 class AlreadyExistsError(TritonError):
+    """Something of that name exists already (``ALREADY_EXISTS``)."""
+
     code = "ALREADY_EXISTS"
 
 
 class CancelledError(TritonError):
+    """The request was cancelled: its caller left, or the server cancelled it at stop (``CANCELLED``)."""
+
     code = "CANCELLED"
 
 

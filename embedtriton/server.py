@@ -52,6 +52,8 @@ class Server(CoreServer):
         return self
 
     def start(self) -> Server:
+        """Start Triton and load every model bound so far; returns the server (``with server:``
+        calls it, and :meth:`stop` on exit)."""
         super().start()
         return self
 

@@ -61,6 +61,7 @@ class Tracing:
         self.validate()
 
     def validate(self) -> None:
+        """Raise :class:`InvalidArgumentError` for a rate or count Triton would refuse."""
         if not isinstance(self.rate, int) or self.rate < 1:
             raise InvalidArgumentError(f"tracing rate must be an integer >= 1, not {self.rate!r}")
         if not isinstance(self.count, int) or self.count < -1:

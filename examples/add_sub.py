@@ -51,7 +51,8 @@ def main() -> None:
         print("64 concurrent single-row requests: all answers correct")
 
         stats = model.statistics()
-        print(f"requests: {stats['inference_count']}, model executions: {stats['execution_count']}")
+        requests = stats["inference_stats"]["success"]["count"]  # (inference_count counts rows)
+        print(f"requests: {requests} ({stats['inference_count']} rows), model executions: {stats['execution_count']}")
         for entry in sorted(stats["batch_stats"], key=lambda e: e["batch_size"]):
             print(f"  batch size {entry['batch_size']}: {entry['compute_infer']['count']} executions")
 

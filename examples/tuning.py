@@ -8,8 +8,9 @@ stays within 10 ms. The same from a shell::
 
     cd examples && embedtriton tune tuning:bind --model Costly --concurrency 1,32 --latency-budget-ms 10
 
-Writes ``tuning-report/`` (or the folder given as the first argument): ``report.json``,
-``best_config.py`` and, with matplotlib installed, ``report.png``.
+Both write ``tuning-report/`` in the current folder (this script: or the folder given as its
+first argument; the command: ``--output DIR``): ``report.json``, ``best_config.py`` and, with
+matplotlib installed, ``report.png``.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ def test_add_sub_example(tmp_path):
     out = run_example("add_sub.py", tmp_path)
     assert "add = [11. 22.], sub = [ -9. -18.]" in out
     assert "all answers correct" in out and "model executions" in out
+    assert "requests: 65 (66 rows), model executions: " in out  # 1 call of 2 rows + 64 of 1 (it said 66)
 
 
 def test_response_cache_example(tmp_path):

@@ -2,9 +2,11 @@
  * FP32 inputs "a" and "b" (any shape, one buffer each) and answers "add" = a + b and
  * "sub" = a - b. Built by benchmarks/bench_floor.py, never shipped. Triton finds it as
  * libtriton_floor.so in the model's folder. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct TRITONSERVER_Error TRITONSERVER_Error;
 typedef struct TRITONBACKEND_ModelInstance TRITONBACKEND_ModelInstance;
@@ -35,6 +37,20 @@ extern TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output*, voi
 extern TRITONSERVER_Error* TRITONBACKEND_ResponseSend(TRITONBACKEND_Response*, uint32_t,
                                                       TRITONSERVER_Error*);
 extern TRITONSERVER_Error* TRITONBACKEND_RequestRelease(TRITONBACKEND_Request*, uint32_t);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(TRITONBACKEND_ModelInstance*,
+                                                                       TRITONBACKEND_Request*, bool,
+                                                                       uint64_t, uint64_t, uint64_t,
+                                                                       uint64_t);
+extern TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
+    TRITONBACKEND_ModelInstance*, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
+
+/* Triton's statistics clock (steady_clock: CLOCK_MONOTONIC) */
+static uint64_t now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, TRITONBACKEND_Response* response)
 {
@@ -75,18 +91,34 @@ static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, TRITONBACKEND_
   return NULL;
 }
 
+/* Reports statistics as a real backend does (the stage table of bench_floor.py reads them):
+ * compute_input = the responses made, compute_infer = inputs read, added, outputs written,
+ * compute_output = the responses sent. */
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
                                                        TRITONBACKEND_Request** requests,
                                                        const uint32_t count)
 {
-  (void)instance;
-  for (uint32_t r = 0; r < count; r++) {
-    TRITONBACKEND_Response* response;
-    if (TRITONBACKEND_ResponseNew(&response, requests[r]) == NULL) {
-      TRITONSERVER_Error* err = answer(requests[r], response);
-      TRITONBACKEND_ResponseSend(response, RESPONSE_COMPLETE_FINAL, err);
-    }
+  enum { MOST = 64 };
+  TRITONBACKEND_Response* responses[MOST];
+  TRITONSERVER_Error* errors[MOST];
+  uint64_t exec_start = now_ns();
+  uint32_t n = count < MOST ? count : MOST; /* (the floor's models batch at most 8) */
+  for (uint32_t r = 0; r < n; r++)
+    if (TRITONBACKEND_ResponseNew(&responses[r], requests[r]) != NULL) responses[r] = NULL;
+  uint64_t compute_start = now_ns();
+  for (uint32_t r = 0; r < n; r++)
+    errors[r] = responses[r] ? answer(requests[r], responses[r]) : NULL;
+  uint64_t compute_end = now_ns();
+  for (uint32_t r = 0; r < n; r++)
+    if (responses[r] != NULL)
+      TRITONBACKEND_ResponseSend(responses[r], RESPONSE_COMPLETE_FINAL, errors[r]);
+  uint64_t exec_end = now_ns();
+  for (uint32_t r = 0; r < n; r++) {
+    TRITONBACKEND_ModelInstanceReportStatistics(instance, requests[r], responses[r] && !errors[r],
+                                                exec_start, compute_start, compute_end, exec_end);
     TRITONBACKEND_RequestRelease(requests[r], RELEASE_ALL);
   }
+  TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, n, exec_start, compute_start,
+                                                   compute_end, exec_end);
   return NULL;
 }

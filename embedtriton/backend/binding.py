@@ -15,14 +15,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import tracing
 from ..config import InstanceGroup, ModelConfig, QueuePolicy, Tensor, TimeoutAction
 from ..config.triton_json import model_config_json
 from ..errors import InvalidArgumentError
 from ..tensors import BY_NAME, triton_dtype
 from ..triton.devices import cuda_devices
 from . import aio, runners
-from .batch import InferFunc
-from .request import Request
+from .batch import InferFunc, split_outputs
+from .request import DEADLINE_PARAMETER, Request
 
 log = logging.getLogger("embedtriton")
 
@@ -77,6 +78,7 @@ class Binding:
         self._alive_changed = threading.Condition()
         self.runner = self._runner()
         self.execute = self.runner.execute
+        self.fast_batch = self._fast_batch()
         if isinstance(self.runner, runners.Iterative):
             self._iterate = self.runner.iterate
             self._knows = self.runner.knows
@@ -103,6 +105,18 @@ class Binding:
         if config.decoupled:
             return runners.Decoupled(self.name, func)
         return runners.Plain(self.name, func)
+
+    def _fast_batch(self) -> tuple[Any, ...] | None:
+        """What the backend needs to run a plain ``@batch`` function itself, straight from
+        Triton's buffers (native/_native/fast_batch.c), or None: the function, whether it takes
+        ``parameters``, the runner's error message for an exception, the Python split of outputs
+        that are not numpy arrays, and the parameters that send a request's batch the general
+        way (a traced request's span, a deadline), which reads them."""
+        func = getattr(self.infer_func, "batch_function", None)
+        if func is None or type(self.runner) is not runners.Plain:
+            return None
+        return (func, bool(self.infer_func.batch_parameters), self.runner.failed, split_outputs,
+                (tracing.SPAN_PARAMETER, DEADLINE_PARAMETER))  # fmt: skip
 
     def schedule(self, coroutine: Any, batch: Any) -> None:
         """The backend hands over an async callable's batch: run it on the library's loop."""

@@ -40,6 +40,7 @@ class NativeModel(Protocol):
     sequence: bool
     batch_rule: Any
     queue_gate: tuple[int, int, tuple[tuple[bool, int, bool, int], ...]] | None  # see queues.c
+    fast_batch: tuple[Any, ...] | None  # a plain @batch function the backend calls itself (fast_batch.c)
 
     def execute(self, requests: list[Request]) -> Any: ...  # a batch: outputs per request, steps, or a message
     def _iterate(self, step: list[tuple[int, Request | None]]) -> list[tuple[Any, bool]]: ...  # iterative only

@@ -184,14 +184,17 @@ class VersionPolicy:
 
     @classmethod
     def latest(cls, num_versions: int = 1) -> VersionPolicy:
+        """Serve the ``num_versions`` highest versions (Triton's default: the latest one)."""
         return cls("latest", num_versions)
 
     @classmethod
     def all(cls) -> VersionPolicy:
+        """Serve every bound version."""
         return cls("all")
 
     @classmethod
     def specific(cls, *versions: int) -> VersionPolicy:
+        """Serve these versions only."""
         return cls("specific", versions=tuple(versions))
 
     def serves_one(self) -> bool:

@@ -17,7 +17,13 @@ if TYPE_CHECKING:
     from ..backend.binding import Binding
 
 # What Triton says when it refuses an input for its dtype or shape (our own checks say what to fix already).
-_TRITON_INPUT_ERRORS = ("data-type is", "unexpected shape", "batch dimension", "batch size does not match")
+_TRITON_INPUT_ERRORS = (
+    "inputs but got",
+    "data-type is",
+    "unexpected shape",
+    "batch dimension",
+    "batch size does not match",
+)
 _TRITON_NOTE = " NOTE: "  # Triton's advice on max_batch_size and the model config, for config writers
 
 
@@ -30,6 +36,21 @@ def explain_inputs(
         return error
     declared = {t.name: t for t in binding.inputs}
     batched = binding.max_batch_size > 0
+    if "inputs but got" in message:  # Triton counts them: "expected 2 inputs but got 3 inputs ..."
+        names = [str(t.name) for t in binding.inputs]  # (named by bind)
+        optional = sorted(str(t.name) for t in binding.inputs if t.optional)
+        unexpected = sorted(str(k) for k in set(inputs) - set(names))
+        missing = sorted(set(names) - set(optional) - set(inputs))
+        said = []
+        if unexpected:
+            said.append(f"unexpected input{'s' if len(unexpected) > 1 else ''} {unexpected}")
+        if missing:
+            said.append(f"missing input{'s' if len(missing) > 1 else ''} {missing}")
+        if said:
+            return InvalidArgumentError(
+                f"model '{model}': {' and '.join(said)}; its inputs are {sorted(names)}"
+                + (f" (optional: {optional})" if optional else "")
+            )
     not_arrays = []
     for name, value in inputs.items():
         tensor = declared.get(name)

@@ -258,6 +258,7 @@ class Triton:
         return self._running and self._server.live and not self._server.stopping
 
     def is_connected(self) -> bool:
+        """Whether the server runs (PyTriton's name: its Triton was a process to connect to)."""
         return self._running
 
     def __enter__(self) -> Triton:

@@ -106,6 +106,7 @@ class TritonConfig:
             raise PyTritonValidationError("The `http` or `grpc` endpoint has to be allowed.")
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as a dict (PyTriton's; :meth:`from_dict` reads one back)."""
         return dataclasses.asdict(self)
 
     @classmethod

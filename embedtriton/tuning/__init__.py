@@ -3,7 +3,7 @@ the bound callable in process (``embedtriton tune module:function --model NAME``
 
     report = tune(server, "MyModel", concurrency=(1, 8, 32), latency_budget_ms=20)
     print(report.table())
-    report.save("tuning/")  # report.json, report.png, best_config.py
+    report.save("tuning-report")  # report.json, report.png, best_config.py
     server.load("MyModel", report.best_config)
 """
 

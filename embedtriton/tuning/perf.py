@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -23,8 +24,13 @@ def perf_analyzer() -> tuple[str, dict[str, str]]:
     binary = Path(sysconfig.get_path("scripts")) / "perf_analyzer"
     found = str(binary) if binary.exists() else shutil.which("perf_analyzer")
     if found is None:
+        try:
+            have = f"tritonclient {version('tritonclient')} is installed, whose wheel has no perf_analyzer"
+        except PackageNotFoundError:
+            have = "tritonclient is not installed"
         raise UnavailableError(
-            "perf_analyzer is not installed: pip install tritonclient==2.51.0 (its wheel ships the binary)"
+            f"perf_analyzer is not installed ({have}): pip install tritonclient==2.51.0, the last wheel that "
+            "ships the binary (Debian: also apt-get install libb64-0d)"
         )
     env = dict(os.environ)
     spec = find_spec("pytriton")

@@ -42,6 +42,7 @@ class Candidate:
         )
 
     def label(self) -> str:
+        """The candidate in a few words (batch size, queue delay, preferred sizes, instances, cache)."""
         parts = [f"batch {self.max_batch_size}", f"delay {self.max_queue_delay_microseconds} µs"]
         if self.preferred_batch_size:
             parts.append(f"preferred {list(self.preferred_batch_size)}")
@@ -74,6 +75,7 @@ class Trial:
     measure: Measure
 
     def as_dict(self) -> dict[str, Any]:
+        """The trial as JSON-ready values (its candidate, label and measurements)."""
         return {"config": dataclasses.asdict(self.candidate), "label": self.candidate.label(),
                 **dataclasses.asdict(self.measure)}  # fmt: skip
 
@@ -134,6 +136,7 @@ class TuningReport:
         return "\n".join(out)
 
     def summary(self) -> str:
+        """One line: the best trial, its gain over the config as bound, and the budget it kept."""
         best = self.best
         if best is None:
             return f"model '{self.model}': no trial completed"
@@ -152,6 +155,7 @@ class TuningReport:
                 f"{budget})")  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values (what :meth:`save` writes as ``report.json``)."""
         best = self.best
         return {
             "model": self.model,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -52,8 +54,8 @@ def counted(server, add_sub, add_sub_tensors, counter):
             r"^model 'Guarded': input 'a' is a list: pass a numpy array of dtype float32 and shape \(1, 1\)",
         ),
         ({"a": 1.0, "b": 2}, r"input 'a' is a float: .*; input 'b' is a int: pass a numpy array of dtype float32"),
-        ({"a": ONE}, "expected 2 inputs but got 1"),
-        ({"a": ONE, "b": ONE, "c": ONE}, r"expected 2 inputs but got 3 .*'c'"),
+        ({"a": ONE}, r"^model 'Guarded': missing input \['b'\]; its inputs are \['a', 'b'\]$"),
+        ({"a": ONE, "b": ONE, "c": ONE}, r"^model 'Guarded': unexpected input \['c'\]; its inputs are \['a', 'b'\]$"),
         ({"a": np.ones((9, 1), np.float32), "b": np.ones((9, 1), np.float32)}, "batch-size must be <= 8"),
         ({"a": ONE, 3: ONE}, "input names must be strings"),
         ({"a": np.array([[1 + 2j]]), "b": ONE}, "which Triton cannot carry"),
@@ -129,7 +131,13 @@ BAD_OUTPUTS = {
     ),
     "shape": (lambda r: {"add": r["a"], "sub": np.ones((1, 3), np.float32)}, r"output 'sub' with shape \(1, 3\)"),
     "batch": (lambda r: {"add": r["a"], "sub": np.ones((2, 1), np.float32)}, r"output 'sub' with shape \(2, 1\)"),
-    "dtype": (lambda r: {"add": r["a"], "sub": np.ones((1, 1), np.int64)}, "output 'sub' with dtype int64"),
+    "dtype": (
+        lambda r: {"add": r["a"], "sub": np.ones((1, 1), np.int64)},
+        re.escape(
+            "output 'sub' as int64 (INT64) for request 0; its config says FP32 (float32): "
+            "return it .astype(np.float32) or declare the output Tensor(dtype=np.int64)"
+        ),
+    ),
     "not a dict": (lambda r: [r["a"]], "one dict of outputs per request"),
     "not an array": (lambda r: {"add": r["a"], "sub": object()}, "output"),
 }

@@ -39,7 +39,7 @@ fail:
 }
 
 /* Whether the model asked for input `name` on the GPU (Tensor(..., device="gpu")). */
-static int wants_gpu(ModelState* ms, const char* name)
+int input_wants_gpu(ModelState* ms, const char* name)
 {
   for (Py_ssize_t i = 0; i < ms->n_gpu_inputs; i++)
     if (strcmp(ms->gpu_inputs[i], name) == 0) return 1;
@@ -48,8 +48,8 @@ static int wants_gpu(ModelState* ms, const char* name)
 
 /* Copy an input's buffers, one after the other, into dst (device memory if dst_gpu) of
  * byte_size bytes; Triton's sizes are checked against it. */
-static TRITONSERVER_Error* gather(TRITONBACKEND_Input* input, const char* name, uint32_t n_buffers,
-                                  char* dst, uint64_t byte_size, int dst_gpu)
+TRITONSERVER_Error* gather_input(TRITONBACKEND_Input* input, const char* name, uint32_t n_buffers,
+                                 char* dst, uint64_t byte_size, int dst_gpu)
 {
   uint64_t offset = 0;
   for (uint32_t b = 0; b < n_buffers; b++) {
@@ -96,7 +96,7 @@ static PyObject* gpu_input(TRITONBACKEND_Request* request, ModelState* ms,
     int target = mtype == TRITONSERVER_MEMORY_GPU ? (int)mtype_id : device;
     dev = device_array_alloc(byte_size, (int)ndim, shape, dtype, target);
     if (dev != NULL &&
-        (*err = gather(input, name, n_buffers, device_array_ptr(dev), byte_size, 1))) {
+        (*err = gather_input(input, name, n_buffers, device_array_ptr(dev), byte_size, 1))) {
       Py_DECREF(dev);
       return NULL;
     }
@@ -170,7 +170,7 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int devi
     PyObject* arr;
     int typenum = numpy_typenum_of(dtype);
     int gpu = dtype != TRITONSERVER_TYPE_BYTES &&
-              (mtype == TRITONSERVER_MEMORY_GPU || wants_gpu(ms, name));
+              (mtype == TRITONSERVER_MEMORY_GPU || input_wants_gpu(ms, name));
     for (uint32_t b = 0; !gpu && n_buffers > 1 && dtype != TRITONSERVER_TYPE_BYTES && b < n_buffers;
          b++) { /* a batch gathered from several buffers stays on the GPU if any part is there */
       TRITONSERVER_MemoryType m = TRITONSERVER_MEMORY_CPU;
@@ -195,7 +195,7 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int devi
     } else {
       /* several buffers (or BYTES): gather into one contiguous copy */
       char* gathered = malloc(byte_size ? byte_size : 1);
-      if ((*err = gather(input, name, n_buffers, gathered, byte_size, 0))) {
+      if ((*err = gather_input(input, name, n_buffers, gathered, byte_size, 0))) {
         free(gathered);
         goto fail;
       }
@@ -301,10 +301,13 @@ static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* valu
   TRITONSERVER_DataType got = triton_dtype_of(arr);
   if (got != o->dtype) {
     PyObject* d = PyObject_Str((PyObject*)PyArray_DESCR(arr));
-    *err = new_error(TRITONSERVER_ERROR_INTERNAL,
-                     "model '%s' returned output '%s' with dtype %s for request %zu; "
-                     "its config says %s",
-                     ms->name, o->name, d ? PyUnicode_AsUTF8(d) : "?", index, dtype_name(o->dtype));
+    *err =
+        new_error(TRITONSERVER_ERROR_INTERNAL,
+                  "model '%s' returned output '%s' as %s (%s) for request %zu; its config says %s "
+                  "(%s): return it .astype(np.%s) or declare the output Tensor(dtype=np.%s)",
+                  ms->name, o->name, d ? PyUnicode_AsUTF8(d) : "?", dtype_name(got), index,
+                  dtype_name(o->dtype), numpy_dtype_name(o->dtype), numpy_dtype_name(o->dtype),
+                  numpy_dtype_name(got));
     Py_XDECREF(d);
     Py_DECREF(arr);
     return NULL;
@@ -324,10 +327,13 @@ static TRITONSERVER_Error* check_gpu_output(ModelState* ms, OutputSpec* o, GpuVa
                                             uint64_t batch_size, size_t index)
 {
   if (g->dtype != o->dtype)
-    return new_error(TRITONSERVER_ERROR_INTERNAL,
-                     "model '%s' returned output '%s' with dtype %s for request %zu; "
-                     "its config says %s",
-                     ms->name, o->name, dtype_name(g->dtype), index, dtype_name(o->dtype));
+    return new_error(
+        TRITONSERVER_ERROR_INTERNAL,
+        "model '%s' returned output '%s' as %s (%s) for request %zu; its config says %s "
+        "(%s): convert it to %s or declare the output Tensor(dtype=np.%s)",
+        ms->name, o->name, numpy_dtype_name(g->dtype), dtype_name(g->dtype), index,
+        dtype_name(o->dtype), numpy_dtype_name(o->dtype), numpy_dtype_name(o->dtype),
+        numpy_dtype_name(g->dtype));
   return check_shape(ms, o, g->ndim, g->shape, batch_size, index);
 }
 

@@ -14,6 +14,15 @@ const char* dtype_name(int t)
   return (t >= 0 && t <= TRITONSERVER_TYPE_BF16) ? dtype_names[t] : "INVALID";
 }
 
+/* numpy's name for a Triton datatype (np.<name> in a fix-it message). */
+const char* numpy_dtype_name(int t)
+{
+  static const char* const names[] = {"?",       "bool",    "uint8",   "uint16",  "uint32",
+                                      "uint64",  "int8",    "int16",   "int32",   "int64",
+                                      "float16", "float32", "float64", "object_", "bfloat16"};
+  return (t >= 0 && t <= TRITONSERVER_TYPE_BF16) ? names[t] : "?";
+}
+
 /* ---- dtype mapping ----------------------------------------------------- */
 
 /* Triton datatype of a numpy array; BYTES for object/bytes/str arrays. */

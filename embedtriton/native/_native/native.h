@@ -29,6 +29,7 @@
  *   many.c       submit_many(): a window of calls at a time
  *   backend.c    the backend: models, execute
  *   modes.c      batch rules, decoupled models, iterative sequences
+ *   fast_batch.c a plain @batch function called straight from Triton's buffers
  *   batch_io.c   a batch's inputs to Python, its outputs to Triton
  *   inputs.c     inputs (numpy, DLPack) and parameters of a request
  *   complete.c   how a call's end reaches its caller: Triton's callbacks; the call's
@@ -52,7 +53,8 @@
  * at the bottom, is used by most; module.c, at the top, refers to every py_*):
  *
  *   many.c    -> submit.c, cancel.c, outputs.c, calls.c, threads.c, graveyard.c
- *   backend.c -> modes.c, complete.c, queues.c, batch_io.c, threads.c, cuda.c
+ *   backend.c -> modes.c, complete.c, queues.c, fast_batch.c, batch_io.c, threads.c, cuda.c
+ *   fast_batch.c -> batch_io.c
  *   modes.c   -> complete.c, streams.c, batch_io.c, threads.c
  *   submit.c  -> complete.c, cancel.c, queues.c, servers.c, outputs.c, calls.c, trace.c,
  *                threads.c, graveyard.c, inputs.c
@@ -156,6 +158,7 @@ void flush_wakes(void);
 /* ---- convert.c: dtypes and errors --------------------------------------- */
 
 const char* dtype_name(int t);
+const char* numpy_dtype_name(int t);
 TRITONSERVER_DataType triton_dtype_of(PyArrayObject* a);
 int numpy_typenum_of(TRITONSERVER_DataType t);
 uintptr_t dtype_size(TRITONSERVER_DataType t);
@@ -491,12 +494,29 @@ typedef struct {
   atomic_int warmup_left;
   atomic_int warmup_failed;
   struct Gate* gate; /* queue policies and priorities (binding.queue_gate), or NULL */
+  /* A plain @batch function that fast_batch.c calls itself (binding.fast_batch), or NULL: the
+   * function, whether it takes parameters, runner.failed, split_outputs, and the parameters
+   * that send a request's batch the general way (a span key, a deadline). */
+  PyObject* fast_func;
+  int fast_parameters;
+  PyObject *fast_failed, *fast_split;
+  char* fast_declines[2];
 } ModelState;
 
 /* The model whose warm-up this thread is running, or NULL (send_final records its errors). */
 extern __thread ModelState* t_warmup;
 
 PyObject* read_parameters(TRITONBACKEND_Request* request, TRITONSERVER_Error** err);
+int input_wants_gpu(ModelState* ms, const char* name);
+TRITONSERVER_Error* gather_input(TRITONBACKEND_Input* input, const char* name, uint32_t n_buffers,
+                                 char* dst, uint64_t byte_size, int dst_gpu);
+
+/* fast_batch.c */
+int fast_batch_init(ModelState* ms, PyObject* binding);
+void fast_batch_free(ModelState* ms);
+PyObject* fast_batch_run(ModelState* ms, TRITONBACKEND_Request** requests, uint32_t count,
+                         PyObject** views, Py_ssize_t* n_views, uint64_t* sizes,
+                         uint64_t* compute_start, TRITONSERVER_Error** err, int* declined);
 PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int device,
                         PyObject** views, Py_ssize_t* n_views, uint64_t* batch_size,
                         TRITONSERVER_Error** err);

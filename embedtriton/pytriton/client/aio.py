@@ -80,6 +80,8 @@ class AsyncioModelClient(utils.ClientState):
         return cls(**utils.settings_of(existing_client), ensure_model_is_ready=False)
 
     def get_lib(self) -> Any:
+        """The asyncio tritonclient module this client speaks with (``tritonclient.grpc.aio`` or
+        ``tritonclient.http.aio``)."""
         import tritonclient.grpc.aio
         import tritonclient.http.aio
 
@@ -103,6 +105,7 @@ class AsyncioModelClient(utils.ClientState):
         await self.close()
 
     async def close(self) -> None:
+        """Close the connections; the client cannot be used afterwards."""
         clients, self._general_client, self._infer_client = (self._general_client, self._infer_client), None, None
         for client in clients:
             if client is not None:
@@ -174,6 +177,7 @@ class AsyncioModelClient(utils.ClientState):
         headers: dict[str, Any] | None = None,
         **named: Any,
     ) -> Any:
+        """One sample (inputs without the batch axis) -> its outputs (without the batch axis)."""
         utils.check_call(inputs, named, parameters, headers)
         batching = (await self.model_config).max_batch_size > 0
         if batching:
@@ -189,6 +193,7 @@ class AsyncioModelClient(utils.ClientState):
         headers: dict[str, Any] | None = None,
         **named: Any,
     ) -> Any:
+        """A batch (inputs with the batch axis first) -> batched outputs."""
         utils.check_call(inputs, named, parameters, headers)
         config = await self.model_config
         if config.max_batch_size <= 0:
@@ -240,6 +245,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         headers: dict[str, Any] | None = None,
         **named: Any,
     ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One sample -> an async iterator of each response's outputs (without the batch axis)."""
         utils.check_call(inputs, named, parameters, headers)
         batching = (await self.model_config).max_batch_size > 0
         if batching:
@@ -255,6 +261,7 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
         headers: dict[str, Any] | None = None,
         **named: Any,
     ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """A batch -> an async iterator of each response's batched outputs."""
         utils.check_call(inputs, named, parameters, headers)
         config = await self.model_config
         if config.max_batch_size <= 0:

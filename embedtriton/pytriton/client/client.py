@@ -86,6 +86,7 @@ class ModelClient(utils.ClientState):
         return cls(**utils.settings_of(existing_client), ensure_model_is_ready=existing_client._model_config is None)
 
     def get_lib(self) -> Any:
+        """The tritonclient module this client speaks with (``tritonclient.grpc`` or ``tritonclient.http``)."""
         import tritonclient.grpc
         import tritonclient.http
 
@@ -116,6 +117,7 @@ class ModelClient(utils.ClientState):
             raise PyTritonClientClosedError("ModelClient is closed")
 
     def wait_for_server(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the server to be ready (PyTritonClientTimeoutError after)."""
         self._require_open()
         utils.wait_for_server_ready(self._general_client, timeout_s)
 
@@ -126,10 +128,12 @@ class ModelClient(utils.ClientState):
         utils.wait_for_model_ready(self._general_client, self._model_name, self._model_version, timeout_s)
 
     def load_model(self, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Ask the server to load the model (with a config override, as JSON), as PyTriton's client does."""
         self._require_open()
         self._general_client.load_model(self._model_name, config=config, files=files, headers=self._headers)
 
     def unload_model(self) -> None:
+        """Ask the server to unload the model."""
         self._require_open()
         self._general_client.unload_model(self._model_name, headers=self._headers)
 
@@ -258,6 +262,7 @@ class DecoupledModelClient(ModelClient):
         )
 
     def close(self) -> None:
+        """Stop the response stream (cancelling its requests), then close the connections."""
         if self._infer_client is not None and self._streaming:
             self._infer_client.stop_stream(cancel_requests=True)
             self._streaming = False

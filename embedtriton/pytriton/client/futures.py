@@ -74,9 +74,11 @@ class FuturesModelClient:
                 thread.join()
 
     def wait_for_model(self, timeout_s: float) -> Future:
+        """A future of :meth:`ModelClient.wait_for_model`, run on a worker thread."""
         return self._submit("wait_for_model", timeout_s)
 
     def model_config(self) -> Future:
+        """A future of the model's configuration."""
         return self._submit("model_config")
 
     def infer_sample(
@@ -86,6 +88,7 @@ class FuturesModelClient:
         headers: dict[str, Any] | None = None,
         **named: Any,
     ) -> Future:
+        """A future of :meth:`ModelClient.infer_sample`'s outputs."""
         return self._submit("infer_sample", (inputs, parameters, headers, named))
 
     def infer_batch(
@@ -95,6 +98,7 @@ class FuturesModelClient:
         headers: dict[str, Any] | None = None,
         **named: Any,
     ) -> Future:
+        """A future of :meth:`ModelClient.infer_batch`'s outputs."""
         return self._submit("infer_batch", (inputs, parameters, headers, named))
 
     def _submit(self, what: str, args: Any = None) -> Future:
