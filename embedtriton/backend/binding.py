@@ -115,7 +115,7 @@ class Binding:
         func = getattr(self.infer_func, "batch_function", None)
         if func is None or type(self.runner) is not runners.Plain:
             return None
-        return (func, bool(self.infer_func.batch_parameters), self.runner.failed, split_outputs,
+        return (func, bool(getattr(self.infer_func, "batch_parameters", False)), self.runner.failed, split_outputs,
                 (tracing.SPAN_PARAMETER, DEADLINE_PARAMETER))  # fmt: skip
 
     def schedule(self, coroutine: Any, batch: Any) -> None:
