@@ -291,9 +291,14 @@ static TRITONSERVER_Error* check_shape(ModelState* ms, OutputSpec* o, int ndim, 
 static PyArrayObject* check_output(ModelState* ms, OutputSpec* o, PyObject* value,
                                    uint64_t batch_size, size_t index, TRITONSERVER_Error** err)
 {
-  /* NOTSWAPPED: a non-native byte order (x.astype(">i8")) is converted, never reinterpreted */
+  /* NOTSWAPPED: a non-native byte order (x.astype(">i8")) is converted, never reinterpreted.
+   * An array that is already C-contiguous, aligned and native is taken as it is (numpy's
+   * conversion would discover its dtype and shape again: most of an output's cost). */
   PyArrayObject* arr =
-      (PyArrayObject*)PyArray_FROM_OF(value, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_NOTSWAPPED);
+      PyArray_Check(value) && PyArray_ISCARRAY_RO((PyArrayObject*)value) &&
+              PyArray_ISNOTSWAPPED((PyArrayObject*)value)
+          ? (PyArrayObject*)Py_NewRef(value)
+          : (PyArrayObject*)PyArray_FROM_OF(value, NPY_ARRAY_CARRAY_RO | NPY_ARRAY_NOTSWAPPED);
   if (arr == NULL) {
     *err = error_from_python("output is not an array");
     return NULL;

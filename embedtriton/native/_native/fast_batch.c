@@ -18,6 +18,7 @@ typedef struct {
   uint32_t ndim, n_buffers;
   uint64_t byte_size;
   TRITONBACKEND_Input* input;
+  const void* data; /* its first buffer */
 } FastInput;
 
 /* With the GIL: read binding.fast_batch into the model state (0), or -1 with an exception. */
@@ -88,6 +89,7 @@ static int host_buffers(FastInput* in)
       return 0;
     }
     if (mtype == TRITONSERVER_MEMORY_GPU) return 0;
+    if (b == 0) in->data = data;
   }
   return 1;
 }
@@ -96,6 +98,7 @@ static int host_buffers(FastInput* in)
 static int read_input(ModelState* ms, TRITONBACKEND_Input* input, FastInput* in)
 {
   in->input = input;
+  in->data = NULL;
   TRITONSERVER_Error* e = api.TRITONBACKEND_InputProperties(
       input, &in->name, &in->dtype, &in->shape, &in->ndim, &in->byte_size, &in->n_buffers);
   if (e != NULL) {
@@ -169,12 +172,7 @@ static PyObject* one_input(FastInput* in, PyObject** views, Py_ssize_t* n_views,
     }
     return arr;
   }
-  const void* data = NULL;
-  uint64_t size = 0;
-  TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
-  int64_t mtype_id = 0;
-  if ((*err = api.TRITONBACKEND_InputBuffer(in->input, 0, &data, &size, &mtype, &mtype_id)))
-    return NULL;
+  const void* data = in->data; /* (read by host_buffers) */
   int flags = NPY_ARRAY_C_CONTIGUOUS;
   if (((uintptr_t)data % dtype_size(in->dtype)) == 0) flags |= NPY_ARRAY_ALIGNED;
   PyObject* arr = PyArray_New(&PyArray_Type, (int)in->ndim, dims, in->typenum, NULL, (void*)data, 0,
