@@ -153,6 +153,7 @@ void wait_signal(atomic_int* state);
 int wait_for(atomic_int* state, int spin, uint64_t timeout_ns);
 int on_main_thread(void);
 int wait_interruptible(atomic_int* state);
+int wait_released(atomic_int* state, PyThreadState* ts);
 void flush_wakes(void);
 
 /* ---- convert.c: dtypes and errors --------------------------------------- */

@@ -398,20 +398,28 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
     admitted = gate_admit(gate, c, trace, priority, timeout_us, id, &err);
     gate_release_ref(gate);
   }
-  /* The GIL stays held: handing over a request does not block, and releasing
-   * the GIL here would let the model thread in and make this caller queue
-   * for it again (a convoy under load). Callbacks that Triton runs inline
-   * (errors, cache hits) find the GIL already held. */
+  /* A caller that waits for its call lets go of the GIL before the hand-over and takes it back
+   * only once the call is done: the model thread, which Triton may reach before
+   * ServerInferAsync returns here, then never waits for this caller's GIL. (Not on a Triton
+   * thread, a callable calling a model: its callbacks would take the GIL as held.) An
+   * asynchronous caller keeps it: handing over a request does not block, and releasing the GIL
+   * would let the model thread in and make this caller queue for it again (a convoy under
+   * load). Callbacks that Triton runs inline (errors, cache hits) take the GIL if it is free. */
+  int waits = group == NULL && !c->is_async && !stream && t_gil_depth == 0;
+  PyThreadState* released = NULL;
   if (admitted != GATE_GO) {
     /* held by the gate (err NULL), or refused (err: Triton's wording) */
-  } else if (release_gil) { /* a batch rule: see TRITONBACKEND_ModelBatchIncludeRequest */
-    Py_BEGIN_ALLOW_THREADS
+  } else if (release_gil || waits) { /* a batch rule: see TRITONBACKEND_ModelBatchIncludeRequest */
+    released = PyEval_SaveThread();
     err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
-    Py_END_ALLOW_THREADS
   } else {
     err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
   }
   pthread_rwlock_unlock(&servers_lock);
+  if (released != NULL && (err != NULL || !waits)) {
+    PyEval_RestoreThread(released);
+    released = NULL;
+  }
   if (err != NULL && admitted == GATE_GO && gate != NULL) gate_forget(c);
   if (err != NULL) {        /* Triton did not take the request: no callbacks */
     if (c->trace != NULL) { /* the sink sees no times; Triton drops its side with the request */
@@ -440,7 +448,8 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
   }
   if (stream) return PyCapsule_New(c, "embedtriton.stream", NULL);
 
-  if (wait_interruptible(&c->done) < 0) { /* Ctrl-C: cancel the request and leave */
+  int waited = released != NULL ? wait_released(&c->done, released) : wait_interruptible(&c->done);
+  if (waited < 0) { /* Ctrl-C: cancel the request and leave */
     if (call_claim(c)) {
       call_cancel(c);
     } else { /* it completed meanwhile: its wake-up may still be on its way */

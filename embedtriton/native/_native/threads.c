@@ -92,8 +92,14 @@ int on_main_thread(void)
  * set when a signal handler raised (KeyboardInterrupt) on the main thread. */
 int wait_interruptible(atomic_int* state)
 {
+  return wait_released(state, PyEval_SaveThread());
+}
+
+/* wait_interruptible for a caller that let go of the GIL already (ts: its thread state, from
+ * PyEval_SaveThread); it holds the GIL again on return. */
+int wait_released(atomic_int* state, PyThreadState* ts)
+{
   int main = on_main_thread();
-  PyThreadState* ts = PyEval_SaveThread();
   delete_buried(GRAVE_STEP_WAITING); /* while Triton runs the call, without the GIL */
   int done = wait_for(state, 1, main ? SIGNAL_CHECK_NS : 0);
   while (!done) {
