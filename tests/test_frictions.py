@@ -19,9 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
 
 from embedtriton import InvalidArgumentError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (tests-oldest): pytest's own dependency
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
