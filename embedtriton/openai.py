@@ -22,7 +22,6 @@ The models' tensors:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .backend.runners import sync_iterator
 from .config import DynamicBatcher, InstanceGroup, ModelConfig, Tensor
 from .core import Model, openai_models
 from .core.openai_models import CHAT, COMPLETION, EMBEDDING
@@ -116,7 +116,7 @@ def _chunks(result: Any, name: str) -> Generator[Any, None, None]:
         yield result
         return
     if hasattr(result, "__anext__"):
-        yield from _drive(result)
+        yield from sync_iterator(result)
         return
     if not hasattr(result, "__iter__") or isinstance(result, (bytes, dict)):
         raise TypeError(
@@ -130,22 +130,6 @@ def _chunks(result: Any, name: str) -> Generator[Any, None, None]:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-
-
-def _drive(agen: Any) -> Generator[Any, None, None]:
-    """An async generator as a plain one, on a private event loop (closed when this is)."""
-    loop = asyncio.new_event_loop()
-    try:
-        while True:
-            try:
-                yield loop.run_until_complete(agen.__anext__())
-            except StopAsyncIteration:
-                return
-    finally:
-        try:
-            loop.run_until_complete(agen.aclose())
-        finally:
-            loop.close()
 
 
 def _step(chunk: Any, name: str) -> dict[str, np.ndarray]:

@@ -106,7 +106,7 @@ class Decoupled(Plain):
     def steps(self, result: Any) -> Iterator[Any]:
         """Drive a (sync or async) generator one step at a time, on the model's thread."""
         if hasattr(result, "__anext__"):
-            result = _sync_iterator(result)
+            result = sync_iterator(result)
         if not hasattr(result, "__next__"):
             yield (
                 f"model '{self.name}' is decoupled: its function must be a generator that yields "
@@ -310,8 +310,8 @@ class Async(Plain):
         return self.reply(result, len(requests))
 
 
-def _sync_iterator(agen: Any) -> Iterator[Any]:
-    """An async generator as a plain one, driven by a private event loop."""
+def sync_iterator(agen: Any) -> Iterator[Any]:
+    """An async generator as a plain one, driven by a private event loop (closed with it)."""
     loop = asyncio.new_event_loop()
     try:
         while True:
