@@ -93,6 +93,13 @@ def assert_openai_error(status: int, answer: dict, expected: int | None = None) 
     assert error["message"]
 
 
+def wait_until(condition, seconds: float) -> None:
+    """Poll ``condition()`` until it holds or ``seconds`` pass (the caller asserts it after)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def healthy(port: int) -> None:
     status, answer = post(
         port, "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
@@ -234,12 +241,8 @@ def test_a_stream_whose_client_reads_nothing_is_let_go(served):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         socks.append(s)
-    deadline = time.monotonic() + 5
-    while flags.flooding < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    deadline = time.monotonic() + 20  # the buffers fill, then request_timeout_s (0.5 s) passes
-    while flags.flooding and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: flags.flooding >= 4, 5)
+    wait_until(lambda: not flags.flooding, 20)  # the buffers fill, then request_timeout_s (0.5 s) passes
     assert flags.flooding == 0, "a stream nobody reads kept its generator running"
     for s in socks:
         s.close()
@@ -260,9 +263,7 @@ def test_a_flood_of_streams_that_read_nothing(served):
     healthy(port)  # the others are served while 40 streams sit unread
     for s in socks:
         s.close()
-    deadline = time.monotonic() + 15
-    while flags.open and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not flags.open, 15)
     assert flags.open == 0, f"{flags.open} generators still open after their clients left"
     healthy(port)
 
@@ -273,13 +274,9 @@ def test_leaving_a_stream_of_several_choices_closes_every_generator(served):
     body = body.encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    deadline = time.monotonic() + 10
-    while flags.open < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: flags.open >= 4, 10)
     assert flags.open == 4
     s.close()
-    deadline = time.monotonic() + 10
-    while flags.open and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: not flags.open, 10)
     assert flags.open == 0, f"{flags.open} of 4 generators still open after the client left"
     healthy(port)
