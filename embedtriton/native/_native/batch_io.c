@@ -73,6 +73,27 @@ TRITONSERVER_Error* gather_input(TRITONBACKEND_Input* input, const char* name, u
   return NULL;
 }
 
+/* With the GIL: a read-only view of one host buffer holding an input (no copy). */
+PyObject* host_view(const void* data, TRITONSERVER_DataType dtype, int typenum, int ndim,
+                    npy_intp* dims)
+{
+  int flags = NPY_ARRAY_C_CONTIGUOUS;
+  if (((uintptr_t)data % dtype_size(dtype)) == 0) flags |= NPY_ARRAY_ALIGNED;
+  return PyArray_New(&PyArray_Type, ndim, dims, typenum, NULL, (void*)data, 0, flags, NULL);
+}
+
+/* With the GIL: an input's buffers copied into a new array (NULL with *err or an exception). */
+PyObject* host_copy(TRITONBACKEND_Input* input, const char* name, uint32_t n_buffers, int typenum,
+                    int ndim, npy_intp* dims, TRITONSERVER_Error** err)
+{
+  PyObject* arr = PyArray_SimpleNew(ndim, dims, typenum);
+  if (arr != NULL &&
+      (*err = gather_input(input, name, n_buffers, PyArray_DATA((PyArrayObject*)arr),
+                           (uint64_t)PyArray_NBYTES((PyArrayObject*)arr), 0)) != NULL)
+    Py_CLEAR(arr);
+  return arr;
+}
+
 /* With the GIL: an input for the callable in GPU memory, as the model's gpu_arrays asks
  * (cupy, torch or the DeviceArray itself). A single GPU buffer is handed over as it is (for
  * a one-request batch, the caller's own memory), its request held while the callable keeps a
@@ -187,13 +208,16 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int devi
     } else if (n_buffers == 1 && mtype != TRITONSERVER_MEMORY_GPU &&
                dtype != TRITONSERVER_TYPE_BYTES && typenum >= 0) {
       /* one host buffer: a read-only view, no copy */
-      int flags = NPY_ARRAY_C_CONTIGUOUS;
-      if (((uintptr_t)data % dtype_size(dtype)) == 0) flags |= NPY_ARRAY_ALIGNED;
-      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, (void*)data, 0, flags, NULL);
-      if (arr == NULL) goto py_fail;
+      if ((arr = host_view(data, dtype, typenum, (int)ndim, dims)) == NULL) goto py_fail;
       views[(*n_views)++] = Py_NewRef(arr);
+    } else if (dtype != TRITONSERVER_TYPE_BYTES && typenum >= 0) {
+      /* several buffers: one contiguous copy */
+      if ((arr = host_copy(input, name, n_buffers, typenum, (int)ndim, dims, err)) == NULL) {
+        if (*err != NULL) goto fail;
+        goto py_fail;
+      }
     } else {
-      /* several buffers (or BYTES): gather into one contiguous copy */
+      /* BYTES (or a datatype numpy cannot hold): gathered, then decoded */
       char* gathered = malloc(byte_size ? byte_size : 1);
       if ((*err = gather_input(input, name, n_buffers, gathered, byte_size, 0))) {
         free(gathered);
@@ -210,16 +234,12 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int devi
         Py_XDECREF(raw);
         Py_XDECREF(shape_t);
         free(gathered);
-      } else if (typenum < 0) {
+      } else {
         free(gathered);
         *err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
                          "input '%s' has datatype %s, which numpy cannot hold", name,
                          dtype_name(dtype));
         goto fail;
-      } else {
-        arr = PyArray_SimpleNew((int)ndim, dims, typenum);
-        if (arr) memcpy(PyArray_DATA((PyArrayObject*)arr), gathered, offset);
-        free(gathered);
       }
       if (arr == NULL) goto py_fail;
     }

@@ -164,19 +164,10 @@ static PyObject* one_input(FastInput* in, PyObject** views, Py_ssize_t* n_views,
 {
   npy_intp dims[MAX_DIMS];
   for (uint32_t d = 0; d < in->ndim; d++) dims[d] = (npy_intp)in->shape[d];
-  if (in->n_buffers != 1) {
-    PyObject* arr = PyArray_SimpleNew((int)in->ndim, dims, in->typenum);
-    if (arr != NULL && (*err = gather_input(in->input, in->name, in->n_buffers,
-                                            PyArray_DATA((PyArrayObject*)arr), in->byte_size, 0))) {
-      Py_CLEAR(arr);
-    }
-    return arr;
-  }
-  const void* data = in->data; /* (read by host_buffers) */
-  int flags = NPY_ARRAY_C_CONTIGUOUS;
-  if (((uintptr_t)data % dtype_size(in->dtype)) == 0) flags |= NPY_ARRAY_ALIGNED;
-  PyObject* arr = PyArray_New(&PyArray_Type, (int)in->ndim, dims, in->typenum, NULL, (void*)data, 0,
-                              flags, NULL);
+  if (in->n_buffers != 1)
+    return host_copy(in->input, in->name, in->n_buffers, in->typenum, (int)in->ndim, dims, err);
+  /* (its buffer, read by host_buffers) */
+  PyObject* arr = host_view(in->data, in->dtype, in->typenum, (int)in->ndim, dims);
   if (arr != NULL) views[(*n_views)++] = Py_NewRef(arr);
   return arr;
 }

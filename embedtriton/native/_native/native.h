@@ -511,6 +511,10 @@ PyObject* read_parameters(TRITONBACKEND_Request* request, TRITONSERVER_Error** e
 int input_wants_gpu(ModelState* ms, const char* name);
 TRITONSERVER_Error* gather_input(TRITONBACKEND_Input* input, const char* name, uint32_t n_buffers,
                                  char* dst, uint64_t byte_size, int dst_gpu);
+PyObject* host_view(const void* data, TRITONSERVER_DataType dtype, int typenum, int ndim,
+                    npy_intp* dims);
+PyObject* host_copy(TRITONBACKEND_Input* input, const char* name, uint32_t n_buffers, int typenum,
+                    int ndim, npy_intp* dims, TRITONSERVER_Error** err);
 
 /* fast_batch.c */
 int fast_batch_init(ModelState* ms, PyObject* binding);

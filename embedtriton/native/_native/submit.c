@@ -409,7 +409,8 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
   PyThreadState* released = NULL;
   if (admitted != GATE_GO) {
     /* held by the gate (err NULL), or refused (err: Triton's wording) */
-  } else if (release_gil || waits) { /* a batch rule: see TRITONBACKEND_ModelBatchIncludeRequest */
+  } else if (release_gil || waits) { /* (release_gil: a batch rule, see
+                                      * TRITONBACKEND_ModelBatchIncludeRequest) */
     released = PyEval_SaveThread();
     err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
   } else {
