@@ -46,7 +46,7 @@ def submit(
     server: _ServerHandle | None,
     model: str,
     version: int,
-    request: InferRequest,
+    request: InferRequest | dict[str, Any],
     loop: asyncio.AbstractEventLoop | None,
     future: asyncio.Future[_Outputs] | Callable[[], object] | None,
     stream: bool,
@@ -59,7 +59,8 @@ def submit(
     The request's fields are read once, as they are: ``inputs`` (_Inputs), ``outputs``
     (_OutputsRequested), ``request_id``, ``priority``, ``timeout_us``, ``parameters``,
     ``sequence`` ((correlation id, Triton sequence flags) or None), ``output_device`` (a GPU
-    index; -1: host memory) and ``trace_sink`` (_TraceSink or None).
+    index; -1: host memory) and ``trace_sink`` (_TraceSink or None). A dict is the inputs of a
+    request with no options (``Model.infer``'s without them).
 
     Without a loop: blocks (GIL released) and returns the outputs. With a loop: returns None,
     or a handle for cancel() when cancellable; the future is resolved on the loop. With

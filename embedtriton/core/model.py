@@ -70,9 +70,28 @@ class Model:
         ``outputs`` limits which outputs come back (all by default).
         """
         try:
-            return self.submit(InferRequest.from_options(inputs, options))
+            if options or type(inputs) is not dict or self._server._tracer is not None or deadlines.used:
+                return self.submit(InferRequest.from_options(inputs, options))
+            return self._submit_inputs(inputs)
         except InvalidArgumentError as exc:
             raise self._explained(inputs, exc) from None
+
+    def _submit_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`submit` of a blocking request without options (and no tracing, no deadline
+        anywhere): its inputs dict goes to the native submit as it is, with no
+        :class:`InferRequest` (the native submit reads a dict as one with only inputs)."""
+        binding = self._admit(None, False)
+        self._check_required(binding, inputs)
+        server, native = self._server, library._native or library.native()
+        try:
+            return native.submit(  # type: ignore[no-any-return]
+                server._handle, self.name, self.version, inputs, None, None, False, False,
+                binding is not None and binding.batch_rule is not None,
+            )  # fmt: skip
+        except (NotFoundError, UnavailableError) as exc:
+            if not hasattr(binding, "step_models"):
+                raise
+            raise self._ensemble_error(binding, exc) from None  # an ensemble: name the step that is down
 
     def infer_async(
         self, inputs: Mapping[str, Any], **options: Unpack[RequestOptions]
@@ -223,15 +242,16 @@ class Model:
             raise first
         return results
 
-    def _admit(self, request: InferRequest, stream: bool) -> Binding | None:
-        """The checks every request passes before the native path; the model's binding."""
+    def _admit(self, request: InferRequest | None, stream: bool) -> Binding | None:
+        """The checks every request passes before the native path; the model's binding.
+        (request None: one without options, while no request has carried a deadline.)"""
         server = self._server
         if server._stopping and not (library._native or library.native()).in_model():  # see CoreServer.stop
             raise UnavailableError(SERVER_STOPPING)
         binding = server._bound.get(self.name)
         if not stream and (binding.decoupled if binding is not None else self.decoupled):
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
-        if request.timeout_us is not None or deadlines.used:
+        if request is not None and (request.timeout_us is not None or deadlines.used):
             self._with_deadline(request)
         return binding
 

@@ -138,8 +138,9 @@ def test_parameters_of_any_mapping_reach_every_request():
 
 
 def test_the_native_calls_take_one_request_object(server):
-    """submit() and submit_many() read an InferRequest's fields themselves: submit_many's
-    template carries the shared options; its per-request parameters replace the shared ones."""
+    """submit() and submit_many() read an InferRequest's fields themselves (submit() takes a
+    dict as the inputs of a request without options): submit_many's template carries the
+    shared options; its per-request parameters replace the shared ones."""
     from embedtriton.backend import library
     from embedtriton.core.request import InferRequest
 
@@ -151,7 +152,9 @@ def test_the_native_calls_take_one_request_object(server):
     template = InferRequest({}, outputs=("sub",), parameters={"k": 1})
     got = native.submit_many(handle, "AddSub", -1, template, [pair(1), pair(3)], [None, {"j": 2}], None, 4, False)
     assert [list(r) for r in got] == [["sub"], ["sub"]]
-    with pytest.raises(TypeError, match="the request must be an InferRequest, not dict"):
-        native.submit(handle, "AddSub", -1, pair(1), None, None, False, False, False)
+    out = native.submit(handle, "AddSub", -1, pair(1), None, None, False, False, False)  # inputs alone
+    assert sorted(out) == ["add", "sub"] and float(out["add"][0, 0]) == 2.0
+    with pytest.raises(TypeError, match="the request must be an InferRequest, not list"):
+        native.submit(handle, "AddSub", -1, [pair(1)], None, None, False, False, False)
     with pytest.raises(TypeError, match="bad arguments"):  # (one entry of parameters per request)
         native.submit_many(handle, "AddSub", -1, template, [pair(1), pair(3)], [None], None, 4, False)

@@ -118,6 +118,15 @@ int request_spec_read(PyObject* request, RequestSpec* s)
   s->inputs = s->outputs = s->request_id = s->parameters = s->sequence = s->trace_sink = NULL;
   s->priority = s->timeout_us = 0;
   s->out_device = -1;
+  if (PyDict_CheckExact(request)) { /* Model.infer without options: its inputs as they are */
+    s->inputs = Py_NewRef(request);
+    s->outputs = Py_NewRef(Py_None);
+    s->request_id = Py_NewRef(Py_None);
+    s->parameters = Py_NewRef(Py_None);
+    s->sequence = Py_NewRef(Py_None);
+    s->trace_sink = Py_NewRef(Py_None);
+    return 0;
+  }
   PyObject* v[N_FIELDS] = {NULL};
   for (int i = 0; i < N_FIELDS; i++) {
     if (fields[i] == NULL && (fields[i] = PyUnicode_InternFromString(field_names[i])) == NULL)
@@ -184,7 +193,8 @@ int lock_open_server(TRITONSERVER_Server* server)
 }
 
 /* submit(server, model, version, request, loop, future, stream, cancellable, release_gil)
- * request: an InferRequest (its fields: request_spec_read).
+ * request: an InferRequest (its fields: request_spec_read), or a dict: the inputs of a
+ * request with no options (Model.infer's, when nothing else is to be read).
  * Without a loop: blocks (GIL released) and returns the outputs dict.
  * With a loop: returns None (a handle for cancel() when cancellable); the
  * future is resolved on the loop. A stream: returns its handle; with a loop,
