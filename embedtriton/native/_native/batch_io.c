@@ -243,7 +243,7 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int devi
       }
       if (arr == NULL) goto py_fail;
     }
-    int rc = PyDict_SetItemString(req, name, arr);
+    int rc = dict_set_name(req, name, arr);
     Py_DECREF(arr);
     if (rc < 0) goto py_fail;
   }

@@ -23,6 +23,44 @@ const char* numpy_dtype_name(int t)
   return (t >= 0 && t <= TRITONSERVER_TYPE_BF16) ? names[t] : "?";
 }
 
+/* ---- tensor names as str ---------------------------------------------- */
+
+/* With the GIL: a tensor name as an interned str (a new reference), from a small cache:
+ * the same input and output names come back on every call, and making the str each time
+ * (PyDict_SetItemString's way: a new str, then interned) cost several hundred instructions
+ * a name. A slot holds the last name that hashed to it. NULL with an exception. */
+#define NAME_SLOTS 64
+static struct {
+  char* text;
+  PyObject* str;
+} name_slots[NAME_SLOTS];
+
+PyObject* name_str(const char* name)
+{
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (const unsigned char* p = (const unsigned char*)name; *p; p++) h = (h ^ *p) * 16777619u;
+  __typeof__(name_slots[0])* slot = &name_slots[h % NAME_SLOTS];
+  if (slot->text != NULL && strcmp(slot->text, name) == 0) return Py_NewRef(slot->str);
+  PyObject* str = PyUnicode_FromString(name);
+  if (str == NULL) return NULL;
+  PyUnicode_InternInPlace(&str);
+  char* text = strdup(name);
+  if (text == NULL) return str; /* (not kept) */
+  free(slot->text);
+  Py_XSETREF(slot->str, Py_NewRef(str));
+  slot->text = text;
+  return str;
+}
+
+/* With the GIL: d[name] = value, with name from name_str. */
+int dict_set_name(PyObject* d, const char* name, PyObject* value)
+{
+  PyObject* key = name_str(name);
+  int rc = key != NULL ? PyDict_SetItem(d, key, value) : -1;
+  Py_XDECREF(key);
+  return rc;
+}
+
 /* ---- dtype mapping ----------------------------------------------------- */
 
 /* Triton datatype of a numpy array; BYTES for object/bytes/str arrays. */

@@ -297,7 +297,7 @@ PyObject* fast_batch_run(ModelState* ms, TRITONBACKEND_Request** requests, uint3
   for (uint32_t i = 0; kwargs != NULL && i < n_in; i++) {
     PyObject* arr = count == 1 ? one_input(&first[i], views, n_views, err)
                                : joined_input(first, other, count, i, err);
-    int rc = arr ? PyDict_SetItemString(kwargs, first[i].name, arr) : -1;
+    int rc = arr ? dict_set_name(kwargs, first[i].name, arr) : -1;
     Py_XDECREF(arr);
     if (rc < 0) Py_CLEAR(kwargs);
   }

@@ -162,6 +162,8 @@ const char* dtype_name(int t);
 const char* numpy_dtype_name(int t);
 TRITONSERVER_DataType triton_dtype_of(PyArrayObject* a);
 int numpy_typenum_of(TRITONSERVER_DataType t);
+PyObject* name_str(const char* name);
+int dict_set_name(PyObject* d, const char* name, PyObject* value);
 uintptr_t dtype_size(TRITONSERVER_DataType t);
 PyObject* raise_triton(int code, const char* message);
 PyObject* raise_from(TRITONSERVER_Error* err, int owned);

@@ -169,7 +169,7 @@ PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
       if (arr) memcpy(PyArray_DATA((PyArrayObject*)arr), base, size);
     }
   have:
-    if (arr == NULL || PyDict_SetItemString(result, name, arr) < 0) {
+    if (arr == NULL || dict_set_name(result, name, arr) < 0) {
       Py_XDECREF(arr);
       Py_DECREF(result);
       return NULL;
