@@ -80,9 +80,13 @@ class Model:
         """:meth:`submit` of a blocking request without options (and no tracing, no deadline
         anywhere): its inputs dict goes to the native submit as it is, with no
         :class:`InferRequest` (the native submit reads a dict as one with only inputs)."""
-        binding = self._admit(None, False)
-        self._check_required(binding, inputs)
-        server, native = self._server, library._native or library.native()
+        server = self._server
+        binding = server._bound.get(self.name)
+        # (the checks of _admit and _check_required, taken in full when any could refuse)
+        if server._stopping or binding is None or binding.decoupled or getattr(binding, "required_inputs", None):
+            binding = self._admit(None, False)
+            self._check_required(binding, inputs)
+        native = library._native or library.native()
         try:
             return native.submit(  # type: ignore[no-any-return]
                 server._handle, self.name, self.version, inputs, None, None, False, False,
