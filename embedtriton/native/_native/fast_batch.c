@@ -285,6 +285,9 @@ PyObject* fast_batch_run(ModelState* ms, TRITONBACKEND_Request** requests, uint3
   FastInput* other = count > 1 ? malloc(sizeof(FastInput) * FAST_MAX_INPUTS * count) : NULL;
   if (count > 1 && other == NULL) return NULL;
   uint32_t n_in = read_inputs(ms, requests, count, first, other);
+  /* (an input named "parameters" beside the parameters: the general path, where they replace it) */
+  for (uint32_t i = 0; n_in > 0 && ms->fast_parameters && i < n_in; i++)
+    if (strcmp(first[i].name, "parameters") == 0) n_in = 0;
   if (n_in == 0) {
     free(other);
     return NULL;
@@ -292,33 +295,50 @@ PyObject* fast_batch_run(ModelState* ms, TRITONBACKEND_Request** requests, uint3
   *declined = 0;
   for (uint32_t r = 0; r < count; r++)
     sizes[r] = rows_of(ms, r == 0 ? first : &other[r * FAST_MAX_INPUTS], n_in);
+  /* The function's keyword arguments, in the inputs' order (then parameters): a vectorcall
+   * with their names, no dict to build and unpack. */
   PyObject* result = NULL;
-  PyObject* kwargs = PyDict_New();
-  for (uint32_t i = 0; kwargs != NULL && i < n_in; i++) {
+  PyObject* args[FAST_MAX_INPUTS + 1];
+  uint32_t n_args = 0, n_names = n_in + (ms->fast_parameters ? 1 : 0);
+  PyObject* names = PyTuple_New(n_names);
+  for (uint32_t i = 0; names != NULL && i < n_in; i++, n_args++) {
     PyObject* arr = count == 1 ? one_input(&first[i], views, n_views, err)
                                : joined_input(first, other, count, i, err);
-    int rc = arr ? dict_set_name(kwargs, first[i].name, arr) : -1;
-    Py_XDECREF(arr);
-    if (rc < 0) Py_CLEAR(kwargs);
+    PyObject* name = arr ? name_str(first[i].name) : NULL;
+    if (name == NULL) {
+      Py_XDECREF(arr);
+      Py_CLEAR(names);
+      break;
+    }
+    args[i] = arr;
+    PyTuple_SET_ITEM(names, i, name);
   }
   free(other);
-  if (kwargs != NULL && ms->fast_parameters) { /* (after the inputs, as @batch does) */
+  if (names != NULL && ms->fast_parameters) { /* (after the inputs, as @batch does) */
     PyObject* all = PyList_New(count);
     for (uint32_t r = 0; all != NULL && r < count; r++) {
       PyObject* p = read_parameters(requests[r], err);
       if (p == NULL) Py_CLEAR(all);
       else PyList_SET_ITEM(all, r, p);
     }
-    if (all == NULL || PyDict_SetItem(kwargs, s_parameters, all) < 0) Py_CLEAR(kwargs);
-    Py_XDECREF(all);
+    if (all == NULL) {
+      Py_CLEAR(names);
+    } else {
+      args[n_args++] = all;
+      PyTuple_SET_ITEM(names, n_in, Py_NewRef(s_parameters));
+    }
   }
-  if (kwargs == NULL) {
+  PyObject* outputs = NULL;
+  if (names != NULL) {
+    *compute_start = now_ns();
+    outputs = PyObject_Vectorcall(ms->fast_func, args, 0, names);
+  }
+  for (uint32_t a = 0; a < n_args; a++) Py_DECREF(args[a]);
+  if (names == NULL) {
     if (*err == NULL && !PyErr_Occurred()) PyErr_NoMemory();
     return NULL;
   }
-  *compute_start = now_ns();
-  PyObject* outputs = PyObject_VectorcallDict(ms->fast_func, NULL, 0, kwargs);
-  Py_DECREF(kwargs);
+  Py_DECREF(names);
   if (outputs != NULL) {
     result = split(ms, outputs, count, sizes);
     Py_DECREF(outputs);
