@@ -313,8 +313,9 @@ typedef struct {
   TRITONBACKEND_ModelInstance* instance;
   TRITONBACKEND_Request** requests;
   uint32_t count;
-  uint64_t* sizes;
+  uint64_t* sizes; /* (the start of one block that holds errors, responses and views too) */
   TRITONSERVER_Error** errors;
+  TRITONBACKEND_Response** responses;
   PyObject** views; /* the input views handed to the callable, detached at the end */
   Py_ssize_t n_views;
   PyObject* list; /* the Request objects */
@@ -340,7 +341,7 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
   uint64_t compute_start = b->compute_start;
   if (compute_start == 0) compute_start = compute_end = now_ns();
   /* Build every response (outputs copied into Triton's buffers) ... */
-  TRITONBACKEND_Response** responses = calloc(count, sizeof(TRITONBACKEND_Response*));
+  TRITONBACKEND_Response** responses = b->responses;
   for (uint32_t i = 0; i < count; i++) {
     if (batch_err != NULL) {
       if (api.TRITONBACKEND_ResponseNew(&responses[i], requests[i]) != NULL) responses[i] = NULL;
@@ -370,7 +371,6 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
     if (r != NULL && kept == NULL) kept = calloc(count, sizeof(*kept));
     if (r != NULL && kept != NULL) kept[n_kept++] = r;
   }
-  free(b->views);
   if (batch_err != NULL) api.TRITONSERVER_ErrorDelete(batch_err);
   /* ... and only then send: a response lets its caller go on and reuse its
    * inputs. Still holding the GIL: async completions are collected and handed
@@ -389,7 +389,6 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
   if (gate_current() != NULL && gate_current() == ms->gate) gate_end();
   for (uint32_t i = 0; i < count; i++)
     if (responses[i] != NULL) send_final(responses[i], errors[i]);
-  free(responses);
 
   uint64_t exec_end = now_ns();
   for (uint32_t i = 0; i < count; i++) {
@@ -410,8 +409,7 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
     t_gil_depth = depth;
   }
   flush_deferred();
-  free(b->errors);
-  free(b->sizes);
+  free(b->sizes); /* (the block) */
 }
 
 static void batch_capsule_free(PyObject* capsule)
@@ -449,19 +447,28 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
                                          TRITONBACKEND_Request** requests, const uint32_t count,
                                          uint64_t exec_start)
 {
-  Batch local = {ms,
-                 instance,
-                 requests,
-                 count,
-                 calloc(count, sizeof(uint64_t)),
-                 calloc(count, sizeof(TRITONSERVER_Error*)),
-                 NULL,
-                 0,
-                 NULL,
-                 exec_start,
-                 0,
-                 0,
-                 {NULL}};
+  size_t view_cap = 0; /* (each request's inputs, and its hold of GPU inputs) */
+  for (uint32_t i = 0; i < count; i++) {
+    uint32_t n_inputs = 0;
+    api.TRITONBACKEND_RequestInputCount(requests[i], &n_inputs);
+    view_cap += n_inputs + 1;
+  }
+  /* One block for the batch's arrays: per request its rows, error and response; the views. */
+  uint64_t* block = calloc(1, count * (sizeof(uint64_t) + sizeof(TRITONSERVER_Error*) +
+                                       sizeof(TRITONBACKEND_Response*)) +
+                                  (view_cap + 1) * sizeof(PyObject*));
+  TRITONSERVER_Error** errors = block != NULL ? (TRITONSERVER_Error**)(block + count) : NULL;
+  TRITONBACKEND_Response** responses =
+      block != NULL ? (TRITONBACKEND_Response**)(errors + count) : NULL;
+  Batch local = {.ms = ms,
+                 .instance = instance,
+                 .requests = requests,
+                 .count = count,
+                 .sizes = block,
+                 .errors = errors,
+                 .responses = responses,
+                 .views = block != NULL ? (PyObject**)(responses + count) : NULL,
+                 .exec_start = exec_start};
   Batch* b = &local;
   uint64_t compute_end = 0;
 
@@ -473,29 +480,21 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
   t_model_name = ms->name;
   int entered = gil_enter();
   b->list = PyList_New(count);
-  if (b->list == NULL || b->sizes == NULL || b->errors == NULL) {
+  if (b->list == NULL || block == NULL) {
     PyErr_Clear();
     Py_CLEAR(b->list);
     gil_leave(entered);
     t_in_execute = 0;
-    free(b->errors);
-    free(b->sizes);
+    free(block);
     return new_error(TRITONSERVER_ERROR_UNAVAILABLE, "out of memory");
-  }
-  size_t view_cap = 0; /* (each request's inputs, and its hold of GPU inputs) */
-  for (uint32_t i = 0; i < count; i++) {
-    uint32_t n_inputs = 0;
-    api.TRITONBACKEND_RequestInputCount(requests[i], &n_inputs);
-    view_cap += n_inputs + 1;
   }
   int32_t device = 0; /* where Tensor(device="gpu") inputs go: this instance's GPU */
   TRITONSERVER_Error* no_id = api.TRITONBACKEND_ModelInstanceDeviceId(instance, &device);
   if (no_id != NULL) api.TRITONSERVER_ErrorDelete(no_id), device = 0;
-  b->views = calloc(view_cap + 1, sizeof(PyObject*));
   TRITONSERVER_Error* batch_err = NULL;
   PyObject* result = NULL;
   int declined = 1; /* a plain @batch function: called from here when the batch allows it */
-  if (ms->fast_func != NULL && b->views != NULL) {
+  if (ms->fast_func != NULL) {
     result = fast_batch_run(ms, requests, count, b->views, &b->n_views, b->sizes, &b->compute_start,
                             &batch_err, &declined);
     if (!declined) {
