@@ -69,31 +69,25 @@ class Model:
         ``inputs`` maps input names to arrays (with the batch axis when the model batches).
         ``outputs`` limits which outputs come back (all by default).
         """
+        server, binding = self._server, None
         try:
-            if options or type(inputs) is not dict or self._server._tracer is not None or deadlines.used:
+            if options or type(inputs) is not dict or server._tracer is not None or deadlines.used:
                 return self.submit(InferRequest.from_options(inputs, options))
-            return self._submit_inputs(inputs)
-        except InvalidArgumentError as exc:
-            raise self._explained(inputs, exc) from None
-
-    def _submit_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """:meth:`submit` of a blocking request without options (and no tracing, no deadline
-        anywhere): its inputs dict goes to the native submit as it is, with no
-        :class:`InferRequest` (the native submit reads a dict as one with only inputs)."""
-        server = self._server
-        binding = server._bound.get(self.name)
-        # (the checks of _admit and _check_required, taken in full when any could refuse)
-        if server._stopping or binding is None or binding.decoupled or getattr(binding, "required_inputs", None):
-            binding = self._admit(None, False)
-            self._check_required(binding, inputs)
-        native = library._native or library.native()
-        try:
-            return native.submit(  # type: ignore[no-any-return]
+            # No options, no tracing, no deadline anywhere: the inputs dict goes to the native
+            # submit as it is (read as a request with only inputs: no InferRequest), past the
+            # checks of _admit and _check_required, taken in full when any of them could refuse.
+            binding = server._bound.get(self.name)
+            if server._stopping or binding is None or binding.decoupled or getattr(binding, "required_inputs", None):
+                binding = self._admit(None, False)
+                self._check_required(binding, inputs)
+            return (library._native or library.native()).submit(  # type: ignore[no-any-return]
                 server._handle, self.name, self.version, inputs, None, None, False, False,
                 binding is not None and binding.batch_rule is not None,
             )  # fmt: skip
+        except InvalidArgumentError as exc:
+            raise self._explained(inputs, exc) from None
         except (NotFoundError, UnavailableError) as exc:
-            if not hasattr(binding, "step_models"):
+            if not hasattr(binding, "step_models"):  # (submit() named an ensemble's step already)
                 raise
             raise self._ensemble_error(binding, exc) from None  # an ensemble: name the step that is down
 
