@@ -80,7 +80,7 @@ class Model:
             if server._stopping or binding is None or binding.decoupled or getattr(binding, "required_inputs", None):
                 binding = self._admit(None, False)
                 self._check_required(binding, inputs)
-            return (library._native or library.native()).submit(  # type: ignore[no-any-return]
+            return (library._native or library.native()).submit(
                 server._handle, self.name, self.version, inputs, None, None, False, False,
                 binding is not None and binding.batch_rule is not None,
             )  # fmt: skip
