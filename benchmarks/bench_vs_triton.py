@@ -31,12 +31,16 @@ Needs:
 
 - ``wrk`` for the HTTP columns (Debian/Ubuntu: ``sudo apt-get install -y wrk``); without it the
   gRPC columns still run and the HTTP ones print n/a;
-- for Triton's python backend, a Python of the same minor version as this one with numpy < 2
-  (the wheel's stub is built against numpy 1; with numpy 2 Triton answers garbage sizes):
-  ``python3 -m venv /tmp/tritonpy && /tmp/tritonpy/bin/pip install 'numpy<2'`` and
-  ``--stub-python /tmp/tritonpy/bin/python`` (not needed when this Python has numpy < 2).
+- ``perf_analyzer``: ``pip install 'tritonclient[grpc,http]==2.51.0'`` (the last wheel that ships it;
+  Debian: also ``apt-get install libb64-0d``), as ``nox -s bench-vs-triton`` does;
+- for Triton's python backend, a Python of this one's minor version with numpy < 2 (the wheel's
+  stub is built against numpy 1: with numpy 2 Triton's answers have wrong sizes, which the
+  answer check catches). tritonclient 2.51 pins numpy < 2, so this Python does; elsewhere make
+  one (``python3 -m venv /tmp/tritonpy && /tmp/tritonpy/bin/pip install 'numpy<2'``) and pass
+  ``--stub-python /tmp/tritonpy/bin/python``.
 
-    python benchmarks/bench_vs_triton.py --stub-python /tmp/tritonpy/bin/python [--rounds 3] [--seconds 3]
+    nox -s bench-vs-triton -- [--rounds 3] [--seconds 3]
+    python benchmarks/bench_vs_triton.py [--rounds 3] [--seconds 3] [--stub-python PATH]
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -350,35 +355,84 @@ def batch_counts(running: Running) -> tuple[int, int]:
     return sum(int(s.get("inference_count", 0)) for s in stats), sum(int(s.get("execution_count", 0)) for s in stats)
 
 
-def tree_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """pid -> (command, utime + stime in s) for a process and its descendants."""
-    table: dict[int, tuple[int, str, float]] = {}
+def tree_pids(pid: int) -> dict[int, str]:
+    """pid -> command of a process and its descendants (Triton: tritonserver and its python stub)."""
+    parents: dict[int, tuple[int, str]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        comm = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / TICK)
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            parents[int(entry)] = (
+                int(text[text.rindex(")") + 2 :].split()[1]),
+                text[text.index("(") + 1 : text.rindex(")")],
+            )
     tree, frontier = {}, [pid]
     while frontier:
         p = frontier.pop()
-        if p in table:
-            tree[p] = (table[p][1], table[p][2])
-            frontier.extend(c for c, (ppid, _, _) in table.items() if ppid == p)
+        if p in parents:
+            tree[p] = parents[p][1]
+            frontier.extend(c for c, (ppid, _) in parents.items() if ppid == p)
     return tree
 
 
-def cpu_percent(before: dict, after: dict, wall: float) -> dict[str, float]:
-    """% of one core per command over a run (processes born during it count in full)."""
-    used: dict[str, float] = {}
-    for pid, (comm, seconds) in after.items():
-        used[comm] = used.get(comm, 0.0) + seconds - before.get(pid, (comm, 0.0))[1]
-    return {comm: 100 * s / wall for comm, s in used.items()}
+class CpuSampler:
+    """The CPU time (utime + stime, all threads) of a server's process tree, read from /proc
+    every ``period`` s while a load generator runs: % of one core over the whole run, and the
+    median of the slices (what the server uses under load, without the load generator's
+    start-up and its pauses between measurement windows)."""
+
+    def __init__(self, pid: int, period: float = 0.5) -> None:
+        self.pids = tree_pids(pid)
+        self.period = period
+        self.snaps: list[tuple[float, dict[int, float]]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _read(self) -> dict[int, float]:
+        used = {}
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                used[pid] = (int(fields[11]) + int(fields[12])) / TICK
+            except OSError:
+                pass
+        return used
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.period):
+            self.snaps.append((time.perf_counter(), self._read()))
+
+    def __enter__(self) -> CpuSampler:
+        self.snaps.append((time.perf_counter(), self._read()))
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        self.thread.join()
+        self.snaps.append((time.perf_counter(), self._read()))
+
+    def _percent(self, first: int, last: int) -> dict[str, float]:
+        (t0, a), (t1, b) = self.snaps[first], self.snaps[last]
+        used: dict[str, float] = {}
+        for pid, comm in self.pids.items():
+            used[comm] = used.get(comm, 0.0) + 100 * (b.get(pid, 0.0) - a.get(pid, 0.0)) / (t1 - t0)
+        return used
+
+    def result(self) -> dict[str, Any]:
+        whole = self._percent(0, len(self.snaps) - 1)
+        slices = [self._percent(i, i + 1) for i in range(len(self.snaps) - 2)]  # (the last one is partial)
+        return {
+            "mean_pct": whole,
+            "slice_median_pct": {c: statistics.median(s[c] for s in slices) for c in whole} if slices else whole,
+            "slice_median_total_pct": statistics.median(sum(s.values()) for s in slices)
+            if slices
+            else sum(whole.values()),
+        }
 
 
 # -- load generators ----------------------------------------------------------------------------
@@ -422,25 +476,29 @@ def session(running: Running, tools: dict[str, Any], seconds: float, samples: di
     for protocol, concurrency in COLUMNS:
         if protocol == "http" and tools["wrk"] is None:
             continue
-        before_cpu, before_counts, client_before = tree_cpu(running.proc.pid), batch_counts(running), children_cpu()
+        before_counts, client_before = batch_counts(running), children_cpu()
         started = time.perf_counter()
-        if protocol == "grpc":
-            rate, p50 = measure(tools["pa"], tools["pa_env"], running.grpc_port, concurrency, seconds)
-        else:
-            rate, p50 = wrk_measure(tools["wrk"], tools["script"], running.http_port, concurrency, seconds)
-        wall = time.perf_counter() - started
-        client = 100 * (children_cpu() - client_before) / wall
+        with CpuSampler(running.proc.pid) as sampler:
+            if protocol == "grpc":
+                rate, p50 = measure(tools["pa"], tools["pa_env"], running.grpc_port, concurrency, seconds)
+            else:
+                rate, p50 = wrk_measure(tools["wrk"], tools["script"], running.http_port, concurrency, seconds)
+        client = 100 * (children_cpu() - client_before) / (time.perf_counter() - started)
         running.check_alive()
-        cpu = cpu_percent(before_cpu, tree_cpu(running.proc.pid), wall)
+        cpu = sampler.result()
         after_counts = batch_counts(running)
         inferences, executions = after_counts[0] - before_counts[0], after_counts[1] - before_counts[1]
         avg_batch = inferences / executions if executions and running.name != "floor" else None
-        sample = {"column": f"{protocol} c{concurrency}", "req_s": rate, "p50_us": p50, "server_cpu_pct": cpu,
-                  "client_cpu_pct": client, "avg_batch": avg_batch}  # fmt: skip
+        sample = {
+            "column": f"{protocol} c{concurrency}", "req_s": rate, "p50_us": p50,
+            "server_cpu_pct": cpu["slice_median_total_pct"], "server_cpu_by_process_pct": cpu["slice_median_pct"],
+            "server_cpu_mean_pct": sum(cpu["mean_pct"].values()), "client_cpu_pct": client, "avg_batch": avg_batch,
+        }  # fmt: skip
         samples.setdefault(running.name, []).append(sample)
         batch_text = f"  batch {avg_batch:4.2f}" if avg_batch else ""
         log(f"    {running.name:11} {protocol:4} c{concurrency:<2}: {rate:8,.0f} req/s  p50 {p50:7,.0f} µs  "
-            f"server CPU {sum(cpu.values()):4.0f}%  client CPU {client:4.0f}%{batch_text}")  # fmt: skip
+            f"server CPU {sample['server_cpu_pct']:4.0f}% (mean {sample['server_cpu_mean_pct']:3.0f}%)  "
+            f"load generator CPU {client:4.0f}%{batch_text}")  # fmt: skip
 
 
 def median_of(samples: list[dict], column: str, key: str) -> Any:
@@ -485,20 +543,22 @@ def report(args: argparse.Namespace, samples: dict[str, list[dict]], meta: dict[
     for name in SERVERS:
         print(f"| {name} | {' | '.join(cell(median_of(samples.get(name, []), c, 'p50_us')) for c in columns)} |")
 
-    print("\nAt concurrency 16: CPU of the server's processes (% of one core, 200% = both cores, from /proc "
-          "utime+stime over the run), the load generator's, and the average batch size "
-          "(inference_count / execution_count)\n")  # fmt: skip
-    print("| server, column | server CPU % (per process) | load generator CPU % | avg batch |")
-    print("|---|---|---|---|")
+    print("\nAt concurrency 16: CPU of the server's process tree in % of one core (200% = both cores; utime+stime "
+          "from /proc, median of 0.5 s slices during the run, per process, and the mean over the whole run), "
+          "the load generator's (mean), and the average batch size (inference_count / execution_count)\n")  # fmt: skip
+    print("| server, column | server CPU % (per process) | server CPU %, run mean | load generator CPU % | avg batch |")
+    print("|---|---|---|---|---|")
     for name in SERVERS:
         for col in (c for c in columns if c.endswith("c16")):
-            cpu = median_of(samples.get(name, []), col, "server_cpu_pct")
-            if cpu is None:
+            total = median_of(samples.get(name, []), col, "server_cpu_pct")
+            if total is None:
                 continue
-            parts = ", ".join(f"{n} {v:.0f}" for n, v in cpu.items() if v >= 0.5)
+            by_process = median_of(samples[name], col, "server_cpu_by_process_pct")
+            parts = ", ".join(f"{n} {v:.0f}" for n, v in by_process.items())
+            mean = median_of(samples[name], col, "server_cpu_mean_pct")
             client = median_of(samples[name], col, "client_cpu_pct")
             avg = median_of(samples[name], col, "avg_batch")
-            print(f"| {name}, {col} | {sum(cpu.values()):.0f} ({parts}) | {client:.0f} | "
+            print(f"| {name}, {col} | {total:.0f} ({parts}) | {mean:.0f} | {client:.0f} | "
                   f"{'n/a' if avg is None else f'{avg:.2f}'} |")  # fmt: skip
 
     RESULTS.mkdir(exist_ok=True)
