@@ -382,12 +382,14 @@ class CpuSampler:
     """The CPU time (utime + stime, all threads) of a server's process tree, read from /proc
     every ``period`` s while a load generator runs: % of one core over the whole run, and the
     median of the slices (what the server uses under load, without the load generator's
-    start-up and its pauses between measurement windows)."""
+    start-up and its pauses between measurement windows); and the busiest threads over the
+    whole run (one at ~100% while the total stays under 200%: a single thread bounds it)."""
 
     def __init__(self, pid: int, period: float = 0.5) -> None:
         self.pids = tree_pids(pid)
         self.period = period
         self.snaps: list[tuple[float, dict[int, float]]] = []
+        self.threads: list[dict[int, float]] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -402,11 +404,28 @@ class CpuSampler:
                 pass
         return used
 
+    def _read_threads(self) -> dict[int, float]:
+        used = {}
+        for pid in self.pids:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    used[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
+                except OSError:
+                    pass
+        return used
+
     def _loop(self) -> None:
         while not self.done.wait(self.period):
             self.snaps.append((time.perf_counter(), self._read()))
 
     def __enter__(self) -> CpuSampler:
+        self.threads.append(self._read_threads())
         self.snaps.append((time.perf_counter(), self._read()))
         self.thread.start()
         return self
@@ -415,6 +434,7 @@ class CpuSampler:
         self.done.set()
         self.thread.join()
         self.snaps.append((time.perf_counter(), self._read()))
+        self.threads.append(self._read_threads())
 
     def _percent(self, first: int, last: int) -> dict[str, float]:
         (t0, a), (t1, b) = self.snaps[first], self.snaps[last]
@@ -426,7 +446,11 @@ class CpuSampler:
     def result(self) -> dict[str, Any]:
         whole = self._percent(0, len(self.snaps) - 1)
         slices = [self._percent(i, i + 1) for i in range(len(self.snaps) - 2)]  # (the last one is partial)
+        wall = self.snaps[-1][0] - self.snaps[0][0]
+        before, after = self.threads
+        busiest = sorted((100 * (t - before.get(tid, 0.0)) / wall for tid, t in after.items()), reverse=True)
         return {
+            "busiest_threads_pct": (busiest + [0.0, 0.0, 0.0])[:3],
             "mean_pct": whole,
             "slice_median_pct": {c: statistics.median(s[c] for s in slices) for c in whole} if slices else whole,
             "slice_median_total_pct": statistics.median(sum(s.values()) for s in slices)
@@ -492,13 +516,15 @@ def session(running: Running, tools: dict[str, Any], seconds: float, samples: di
         sample = {
             "column": f"{protocol} c{concurrency}", "req_s": rate, "p50_us": p50,
             "server_cpu_pct": cpu["slice_median_total_pct"], "server_cpu_by_process_pct": cpu["slice_median_pct"],
-            "server_cpu_mean_pct": sum(cpu["mean_pct"].values()), "client_cpu_pct": client, "avg_batch": avg_batch,
+            "server_cpu_mean_pct": sum(cpu["mean_pct"].values()),
+            "busiest_threads_pct": cpu["busiest_threads_pct"], "client_cpu_pct": client, "avg_batch": avg_batch,
         }  # fmt: skip
         samples.setdefault(running.name, []).append(sample)
         batch_text = f"  batch {avg_batch:4.2f}" if avg_batch else ""
         log(f"    {running.name:11} {protocol:4} c{concurrency:<2}: {rate:8,.0f} req/s  p50 {p50:7,.0f} µs  "
             f"server CPU {sample['server_cpu_pct']:4.0f}% (mean {sample['server_cpu_mean_pct']:3.0f}%)  "
-            f"load generator CPU {client:4.0f}%{batch_text}")  # fmt: skip
+            f"load generator CPU {client:4.0f}%{batch_text}  busiest threads "
+            f"{', '.join(f'{t:.0f}%' for t in sample['busiest_threads_pct'])}")  # fmt: skip
 
 
 def median_of(samples: list[dict], column: str, key: str) -> Any:
@@ -508,6 +534,8 @@ def median_of(samples: list[dict], column: str, key: str) -> Any:
     if isinstance(values[0], dict):
         names = {n for v in values for n in v}
         return {n: statistics.median(v.get(n, 0.0) for v in values) for n in sorted(names)}
+    if isinstance(values[0], list):
+        return [statistics.median(v[i] for v in values) for i in range(len(values[0]))]
     return statistics.median(values)
 
 
@@ -545,9 +573,11 @@ def report(args: argparse.Namespace, samples: dict[str, list[dict]], meta: dict[
 
     print("\nAt concurrency 16: CPU of the server's process tree in % of one core (200% = both cores; utime+stime "
           "from /proc, median of 0.5 s slices during the run, per process, and the mean over the whole run), "
-          "the load generator's (mean), and the average batch size (inference_count / execution_count)\n")  # fmt: skip
-    print("| server, column | server CPU % (per process) | server CPU %, run mean | load generator CPU % | avg batch |")
-    print("|---|---|---|---|---|")
+          "its three busiest threads over the run, the load generator's (mean), and the average batch size "
+          "(inference_count / execution_count)\n")  # fmt: skip
+    print("| server, column | server CPU % (per process) | run mean | busiest threads % | load generator CPU % "
+          "| avg batch |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for name in SERVERS:
         for col in (c for c in columns if c.endswith("c16")):
             total = median_of(samples.get(name, []), col, "server_cpu_pct")
@@ -556,9 +586,10 @@ def report(args: argparse.Namespace, samples: dict[str, list[dict]], meta: dict[
             by_process = median_of(samples[name], col, "server_cpu_by_process_pct")
             parts = ", ".join(f"{n} {v:.0f}" for n, v in by_process.items())
             mean = median_of(samples[name], col, "server_cpu_mean_pct")
+            threads = ", ".join(f"{t:.0f}" for t in median_of(samples[name], col, "busiest_threads_pct"))
             client = median_of(samples[name], col, "client_cpu_pct")
             avg = median_of(samples[name], col, "avg_batch")
-            print(f"| {name}, {col} | {total:.0f} ({parts}) | {mean:.0f} | {client:.0f} | "
+            print(f"| {name}, {col} | {total:.0f} ({parts}) | {mean:.0f} | {threads} | {client:.0f} | "
                   f"{'n/a' if avg is None else f'{avg:.2f}'} |")  # fmt: skip
 
     RESULTS.mkdir(exist_ok=True)
