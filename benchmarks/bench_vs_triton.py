@@ -554,7 +554,8 @@ def report(args: argparse.Namespace, samples: dict[str, list[dict]], meta: dict[
     version = meta.get("triton_version", "?")
     heads = " | ".join(c.replace("grpc", "gRPC").replace("http", "HTTP") for c in columns)
     print(f"\nAddSub FP32 [1,{N}] x2, max batch 8, one instance; medians of {args.rounds} interleaved rounds, "
-          f"{args.seconds:g} s windows; {os.cpu_count()} CPUs\n")  # fmt: skip
+          f"{args.seconds:g} s windows; {os.cpu_count()} CPUs, 1-min load average {meta['load_average_before'][0]:.1f} "
+          f"before, {meta['load_average_after'][0]:.1f} after (before the run: other work on this machine)\n")  # fmt: skip
     print(f"| req/s | {heads} |")
     print("|---" * (len(columns) + 1) + "|")
     print(f"| embedtriton | {' | '.join(cell(med['embedtriton'][c]) for c in columns)} |")
@@ -636,7 +637,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     tools = {"pa": pa, "pa_env": pa_env, "wrk": wrk, "script": wrk_script(work)}
     install, triton_env = triton_install(args.stub_python, work)
     samples: dict[str, list[dict]] = {}
-    meta: dict[str, Any] = {}
+    meta: dict[str, Any] = {"load_average_before": os.getloadavg()}
     for r in range(args.rounds):
         order = SERVERS[r % len(SERVERS) :] + SERVERS[: r % len(SERVERS)]
         log(f"round {r + 1}/{args.rounds}: {', '.join(order)}")
@@ -651,6 +652,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 session(running, tools, args.seconds, samples)
             finally:
                 running.stop()
+    meta["load_average_after"] = os.getloadavg()
     log(f"model configs as served: {meta['configs']}")
     report(args, samples, meta)
 
