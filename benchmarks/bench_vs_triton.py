@@ -63,7 +63,7 @@ import urllib.error
 import urllib.request
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from bench_grpc import _answer_canned, free_port, measure, perf_analyzer_binary
@@ -128,8 +128,6 @@ def json_body(a: np.ndarray, b: np.ndarray) -> str:
 
 def serve(mode: str, http_port: int, grpc_port: int) -> None:
     """The embedtriton process: AddSub on HTTP and gRPC until SIGTERM (``floor``: canned answers)."""
-    import threading
-
     from embedtriton import DynamicBatcher, ModelConfig, Server, Tensor, batch
 
     @batch
@@ -194,7 +192,7 @@ class Running:
             return ""
         return self.log_path.read_text(errors="replace")[-3000:]
 
-    def fail(self, what: str) -> None:
+    def fail(self, what: str) -> NoReturn:
         self.stop()
         sys.exit(f"bench_vs_triton: {self.name} {what}\n{self.log_tail()}")
 
@@ -301,7 +299,6 @@ def start_triton(install: Path, env: dict[str, str], work: Path) -> Running:
             pass
         time.sleep(0.2)
     running.fail(f"tritonserver was not ready within {STARTUP_S:.0f} s")
-    raise AssertionError("unreachable")
 
 
 # -- checks, counters ---------------------------------------------------------------------------
