@@ -166,3 +166,11 @@ def bench_http(session: nox.Session) -> None:
     """The HTTP endpoint against the gRPC one under perf_analyzer, side by side (needs libb64-0d)."""
     install(session, "tritonclient[grpc,http]==2.51.0", "grpcio-health-checking<1.63", extras="http")
     session.run("python", "benchmarks/bench_http.py", *session.posargs)
+
+
+@nox.session(name="bench-vs-triton")
+def bench_vs_triton(session: nox.Session) -> None:
+    """Our gRPC and HTTP endpoints against standalone tritonserver (python backend) and our transport
+    floor, one server at a time (perf_analyzer for gRPC, needs libb64-0d; wrk for HTTP JSON)."""
+    install(session, "tritonclient[grpc,http]==2.51.0", "grpcio-health-checking<1.63", extras="http")
+    session.run("python", "benchmarks/bench_vs_triton.py", *session.posargs)
