@@ -308,5 +308,11 @@ void sweep(ServerObject* srv);
 
 void* io_main(void* arg);
 PyObject* stop_all_servers(PyObject* mod, PyObject* unused);
+SSL_CTX* tls_context(PyObject* tls, const char* libpath, int h2);
+int listen_on(const char* host, int port, int* fd_out, int* bound);
+
+/* ---- http1_*.c: the HTTP/1.1 server (http1.h) ---------------------------- */
+
+int http1_add_types(PyObject* mod); /* HttpServer, HttpCall and their atexit stop */
 
 #endif

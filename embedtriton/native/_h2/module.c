@@ -30,7 +30,7 @@ PyMODINIT_FUNC PyInit__h2(void)
   Py_INCREF(&ServerType);
   Py_INCREF(&CallType);
   if (PyModule_AddObject(m, "Server", (PyObject*)&ServerType) < 0 ||
-      PyModule_AddObject(m, "Call", (PyObject*)&CallType) < 0) {
+      PyModule_AddObject(m, "Call", (PyObject*)&CallType) < 0 || http1_add_types(m) < 0) {
     Py_DECREF(m);
     return NULL;
   }

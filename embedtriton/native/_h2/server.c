@@ -47,13 +47,15 @@ static int ssl_fail(SSL_CTX* ctx, const char* what, const char* path)
   return -1;
 }
 
-static int setup_tls(ServerObject* self, PyObject* tls, const char* libpath)
+/* The TLS context of a server (also HttpServer's): tls is (certificate chain, private key[, client
+ * CA]); h2: negotiate "h2" by ALPN (refusing clients that offer no h2). NULL with an exception. */
+SSL_CTX* tls_context(PyObject* tls, const char* libpath, int h2)
 {
   PyObject *cert_o, *key_o, *ca_o = Py_None;
   if (!PyArg_ParseTuple(tls, "O&O&|O:tls", PyUnicode_FSConverter, &cert_o, PyUnicode_FSConverter,
                         &key_o, &ca_o))
-    return -1;
-  int rc = -1;
+    return NULL;
+  SSL_CTX* rc = NULL;
   PyObject* ca_b = NULL;
   if (ca_o != Py_None && !PyUnicode_FSConverter(ca_o, &ca_b)) goto out;
   if (load_openssl(libpath) < 0) goto out;
@@ -84,9 +86,8 @@ static int setup_tls(ServerObject* self, PyObject* tls, const char* libpath)
     }
     ossl.SSL_CTX_set_verify(ctx, ET_SSL_VERIFY_PEER | ET_SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
   }
-  ossl.SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
-  self->ssl_ctx = ctx;
-  rc = 0;
+  if (h2) ossl.SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
+  rc = ctx;
 out:
   Py_DECREF(cert_o);
   Py_DECREF(key_o);
@@ -94,7 +95,9 @@ out:
   return rc;
 }
 
-static int bind_listener(ServerObject* self, const char* host, int port)
+/* A listening socket on host:port (the first address it resolves to): *fd, and the port bound in
+ * *bound; -1 with an exception. */
+int listen_on(const char* host, int port, int* fd_out, int* bound)
 {
   char hostbuf[256];
   size_t hl = strlen(host);
@@ -137,9 +140,9 @@ static int bind_listener(ServerObject* self, const char* host, int port)
   struct sockaddr_storage sa;
   socklen_t sl = sizeof sa;
   getsockname(fd, (struct sockaddr*)&sa, &sl);
-  self->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6*)&sa)->sin6_port
-                                              : ((struct sockaddr_in*)&sa)->sin_port);
-  self->listen_fd = fd;
+  *bound = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6*)&sa)->sin6_port
+                                          : ((struct sockaddr_in*)&sa)->sin_port);
+  *fd_out = fd;
   return 0;
 }
 
@@ -219,8 +222,8 @@ static int Server_init(ServerObject* self, PyObject* args, PyObject* kw)
   if (!(self->on_message = PyObject_GetAttrString(handler, "on_message"))) return -1;
   if (!(self->on_half_close = PyObject_GetAttrString(handler, "on_half_close"))) return -1;
   if (!(self->on_cancel = PyObject_GetAttrString(handler, "on_cancel"))) return -1;
-  if (tls != Py_None && setup_tls(self, tls, libpath) < 0) return -1;
-  if (bind_listener(self, host, port) < 0) return -1;
+  if (tls != Py_None && !(self->ssl_ctx = tls_context(tls, libpath, 1))) return -1;
+  if (listen_on(host, port, &self->listen_fd, &self->port) < 0) return -1;
   self->epfd = epoll_create1(EPOLL_CLOEXEC);
   self->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   self->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);

@@ -1,0 +1,570 @@
+/* HTTP/1.1 connections (IO thread): reading (plaintext or TLS) and parsing into requests, kept in
+ * order; writing the oldest request's answer; accepting within max_connections (an idle connection
+ * makes room); the timers (request, idle and TLS handshake timeouts, accept pauses). */
+#include "http1.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* epoll interest and the read-again list                                    */
+
+static int reading(HConn* c)
+{
+  return !c->dead && !c->eof && !c->stopped && !c->paused;
+}
+
+void h1_update_events(HConn* c)
+{
+  if (c->dead) return;
+  int ev = 0;
+  if (c->handshaking || reading(c)) ev |= EPOLLIN | EPOLLRDHUP;
+  if (c->wh) ev |= EPOLLOUT;
+  if (ev == c->events) return;
+  struct epoll_event e = {.events = (uint32_t)ev, .data.ptr = c};
+  epoll_ctl(c->srv->epfd, EPOLL_CTL_MOD, c->fd, &e);
+  c->events = ev;
+}
+
+static void pending_set(HConn* c, int on)
+{
+  HttpServerObject* srv = c->srv;
+  if (c->pending_in == on) return;
+  c->pending_in = on;
+  if (on) {
+    c->pprev = NULL;
+    c->pnext = srv->pend;
+    if (srv->pend) srv->pend->pprev = c;
+    srv->pend = c;
+  } else {
+    if (c->pprev) c->pprev->pnext = c->pnext;
+    else srv->pend = c->pnext;
+    if (c->pnext) c->pnext->pprev = c->pprev;
+    c->pprev = c->pnext = NULL;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* requests                                                                  */
+
+void h1_req_free(HttpServerObject* srv, HReq* r)
+{
+  pthread_mutex_lock(&srv->mu);
+  HttpCallObject* call = r->call;
+  if (call) call->req = NULL;
+  OutBuf* q = r->qh;
+  r->qh = r->qt = NULL;
+  r->conn = NULL;
+  pthread_mutex_unlock(&srv->mu);
+  free_outbufs(q);
+  if (r->dispatched && !call) /* still to be handed over: not any more */
+    for (size_t i = 0; i < srv->ntodo; i++)
+      if (srv->todo[i] == r) srv->todo[i] = NULL;
+  if (call) { /* released with the GIL, in the next dispatch */
+    if (srv->ndone == srv->capdone) {
+      srv->capdone = srv->capdone ? srv->capdone * 2 : 64;
+      srv->done = xrealloc(srv->done, srv->capdone * sizeof *srv->done);
+    }
+    srv->done[srv->ndone++] = call;
+  }
+  free(r->blob);
+  free(r->head.fields);
+  free(r->refusal);
+  free(r);
+}
+
+static HReq* req_new(HConn* c)
+{
+  HReq* r = calloc(1, sizeof *r);
+  if (!r) abort();
+  r->conn = c;
+  if (c->qtail) c->qtail->next = r;
+  else c->qhead = r;
+  c->qtail = r;
+  c->nreq++;
+  return r;
+}
+
+/* Hand the waiting requests over (in the next dispatch), MAX_INFLIGHT at most, none while the
+ * connection's answers are over BUF_HIGH. */
+void h1_schedule(HConn* c)
+{
+  HttpServerObject* srv = c->srv;
+  if (c->dead || __atomic_load_n(&c->buffered, __ATOMIC_RELAXED) >= BUF_HIGH) return;
+  for (HReq* r = c->qhead; r && c->ninflight < MAX_INFLIGHT; r = r->next) {
+    if (r->dispatched) continue;
+    r->dispatched = 1;
+    c->ninflight++;
+    if (srv->ntodo == srv->captodo) {
+      srv->captodo = srv->captodo ? srv->captodo * 2 : 64;
+      srv->todo = xrealloc(srv->todo, srv->captodo * sizeof *srv->todo);
+    }
+    srv->todo[srv->ntodo++] = r;
+  }
+}
+
+/* Read no further: answer `status` after the requests before, then close. */
+void h1_refuse(HConn* c, int status, const char* message)
+{
+  HReq* r = req_new(c);
+  r->refused = status;
+  r->refusal = strdup(message);
+  if (c->head.have_line) { /* the URL (the OpenAI routes' refusals are in OpenAI's shape) */
+    r->blob = malloc(c->head.url.len + 1);
+    if (!r->blob || !r->refusal) abort();
+    memcpy(r->blob, c->in + c->inoff + c->head.url.off, c->head.url.len);
+    r->head_len = c->head.url.len;
+  }
+  c->stopped = 1;
+  c->in_request = c->in_body = 0;
+  c->inoff = c->inlen = 0;
+  h1_update_events(c);
+  h1_schedule(c);
+}
+
+/* Parse what arrived into requests, as long as the connection may queue more. */
+void h1_parse(HConn* c)
+{
+  HttpServerObject* srv = c->srv;
+  char err[200];
+  while (!c->stopped && !c->dead) {
+    if (c->nreq >= MAX_PIPELINED || c->held >= HELD_BYTES ||
+        __atomic_load_n(&c->buffered, __ATOMIC_RELAXED) >= BUF_HIGH) {
+      if (!c->paused) STAT_ADD(srv->n_paused, 1);
+      c->paused = 1;
+      break;
+    }
+    if (!c->in_request) {
+      while (c->inoff < c->inlen && (c->in[c->inoff] == '\r' || c->in[c->inoff] == '\n'))
+        c->inoff++;
+      if (c->inoff == c->inlen) {
+        c->inoff = c->inlen = 0;
+        break;
+      }
+      c->in_request = 1;
+      head_reset(&c->head);
+      c->req_deadline = srv->now + srv->request_timeout;
+    }
+    const uint8_t* buf = c->in + c->inoff;
+    size_t have = c->inlen - c->inoff;
+    if (!c->in_body) {
+      int rc = head_parse(&c->head, buf, have, srv->max_hdr, srv->max_body, err, sizeof err);
+      if (rc == 0) break;
+      if (rc > 1) {
+        h1_refuse(c, rc, err);
+        break;
+      }
+      c->in_body = 1;
+      c->body_want = c->head.length > 0 ? (size_t)c->head.length : 0;
+    }
+    size_t head_len = c->head.scan;
+    if (have - head_len < c->body_want) break;
+    HReq* r = req_new(c);
+    size_t total = head_len + c->body_want;
+    r->blob = malloc(total ? total : 1);
+    if (!r->blob) abort();
+    memcpy(r->blob, buf, total);
+    r->head_len = head_len;
+    r->body_len = c->body_want;
+    r->head = c->head; /* its own copy of the field spans */
+    r->head.fields = malloc((c->head.nfields ? c->head.nfields : 1) * sizeof(Span));
+    if (!r->head.fields) abort();
+    memcpy(r->head.fields, c->head.fields, c->head.nfields * sizeof(Span));
+    r->head.capfields = c->head.nfields;
+    r->keep_alive = c->head.minor == 1 ? !c->head.conn_close : c->head.conn_keep_alive;
+    c->held += total;
+    STAT_ADD(srv->n_requests, 1);
+    c->inoff += total;
+    c->in_request = c->in_body = 0;
+    if (!r->keep_alive) c->stopped = 1; /* what follows is not read */
+  }
+  if (c->inoff == c->inlen) c->inoff = c->inlen = 0;
+  h1_schedule(c);
+  h1_update_events(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* reading and writing                                                       */
+
+/* > 0 bytes, 0 end of stream, -1 would block, -2 error */
+static ssize_t h1_recv(HConn* c, uint8_t* buf, size_t len)
+{
+  if (c->ssl) {
+    int n = ossl.SSL_read(c->ssl, buf, (int)len);
+    if (n > 0) return n;
+    int e = ossl.SSL_get_error(c->ssl, n);
+    if (e == ET_SSL_ERROR_WANT_READ || e == ET_SSL_ERROR_WANT_WRITE) return -1;
+    ossl.ERR_clear_error();
+    return e == ET_SSL_ERROR_ZERO_RETURN ? 0 : -2;
+  }
+  for (;;) {
+    ssize_t n = recv(c->fd, buf, len, 0);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? -1 : -2;
+  }
+}
+
+static void tls_handshake(HConn* c)
+{
+  ossl.ERR_clear_error();
+  int r = ossl.SSL_do_handshake(c->ssl);
+  if (r == 1) {
+    c->handshaking = 0;
+  } else {
+    int e = ossl.SSL_get_error(c->ssl, r);
+    if (e != ET_SSL_ERROR_WANT_READ && e != ET_SSL_ERROR_WANT_WRITE) c->dead = 1;
+    ossl.ERR_clear_error();
+  }
+  h1_update_events(c);
+}
+
+/* Read what one connection has, up to READ_BUDGET bytes in READ_CALLS reads; what is left waits on
+ * srv->pend for the next iteration. */
+void h1_readable(HConn* c)
+{
+  c->served = c->srv->iter;
+  int more = 0;
+  if (c->dead) goto out;
+  if (c->handshaking) {
+    tls_handshake(c);
+    if (c->handshaking || c->dead) goto out;
+  }
+  size_t got = 0;
+  int calls = 0;
+  while (reading(c) && got < READ_BUDGET && calls < READ_CALLS) {
+    calls++;
+    if (c->incap - c->inlen < H1_READ) {
+      if (c->inoff > 0 && c->inoff >= c->inlen / 2) { /* compact first */
+        memmove(c->in, c->in + c->inoff, c->inlen - c->inoff);
+        c->inlen -= c->inoff;
+        c->inoff = 0;
+      }
+      if (c->incap - c->inlen < H1_READ) {
+        size_t cap = c->incap ? c->incap : H1_READ;
+        while (cap - c->inlen < H1_READ) cap *= 2;
+        c->in = xrealloc(c->in, cap);
+        c->incap = cap;
+      }
+    }
+    size_t ask = c->incap - c->inlen;
+    ssize_t n = h1_recv(c, c->in + c->inlen, ask);
+    if (n == -1) break;
+    if (n == -2) {
+      c->dead = 1;
+      goto out;
+    }
+    if (n == 0) { /* the client is done sending: answer what it sent, then close */
+      c->eof = 1;
+      c->in_request = 0;
+      h1_update_events(c);
+      break;
+    }
+    got += (size_t)n;
+    c->spoke = 1;
+    c->inlen += (size_t)n;
+    h1_parse(c);
+    if (!c->ssl && (size_t)n < ask) break; /* a short read: the socket is empty for now */
+    if (c->ssl && ossl.SSL_pending(c->ssl) <= 0 && (size_t)n < ask) break;
+    more = 1;
+  }
+  more = more && reading(c) && (got >= READ_BUDGET || calls >= READ_CALLS);
+  if (c->incap > 4 * H1_READ && c->inlen == 0) { /* give back what a large body grew */
+    free(c->in);
+    c->in = NULL;
+    c->incap = 0;
+  }
+out:
+  pending_set(c, more);
+}
+
+/* Write what the connection holds; take the oldest request's answer as it comes, and move on to
+ * the next request once an answer is complete and written. */
+void h1_flush(HConn* c)
+{
+  HttpServerObject* srv = c->srv;
+  if (c->dead || c->handshaking) return;
+  for (;;) {
+    size_t wrote = 0;
+    int blocked = 0;
+    while (c->wh) {
+      ssize_t w;
+      if (c->ssl) {
+        OutBuf* b = c->wh;
+        size_t n = b->len - b->off;
+        int k = ossl.SSL_write(c->ssl, b->data + b->off, n > INT32_MAX ? INT32_MAX : (int)n);
+        if (k > 0) w = k;
+        else {
+          int e = ossl.SSL_get_error(c->ssl, k);
+          ossl.ERR_clear_error();
+          w = (e == ET_SSL_ERROR_WANT_READ || e == ET_SSL_ERROR_WANT_WRITE) ? -1 : -2;
+        }
+      } else {
+        struct iovec iov[64];
+        int n = 0;
+        for (OutBuf* b = c->wh; b && n < 64; b = b->next, n++) {
+          iov[n].iov_base = b->data + b->off;
+          iov[n].iov_len = b->len - b->off;
+        }
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        do w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        while (w < 0 && errno == EINTR);
+        if (w < 0) w = (errno == EAGAIN || errno == EWOULDBLOCK) ? -1 : -2;
+      }
+      if (w == -1) {
+        blocked = 1;
+        break;
+      }
+      if (w < 0) {
+        c->dead = 1;
+        break;
+      }
+      wrote += (size_t)w;
+      size_t left = (size_t)w;
+      while (left && c->wh) {
+        OutBuf* b = c->wh;
+        size_t n = b->len - b->off;
+        if (left < n) {
+          b->off += left;
+          left = 0;
+        } else {
+          left -= n;
+          c->wh = b->next;
+          free(b);
+        }
+      }
+      if (!c->wh) c->wt = NULL;
+    }
+    HReq* r = c->qhead;
+    int popped = 0;
+    OutBuf* got = NULL;
+    pthread_mutex_lock(&srv->mu);
+    c->buffered -= wrote;
+    if (r && !blocked && !c->dead) {
+      got = r->qh;
+      r->qh = r->qt = NULL;
+      if (r->done) popped = 1;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    if (c->dead) break;
+    if (got) {
+      OutBuf* t = got;
+      while (t->next) t = t->next;
+      if (c->wt) c->wt->next = got;
+      else c->wh = got;
+      c->wt = t;
+    }
+    if (popped) {
+      c->qhead = r->next;
+      if (!c->qhead) c->qtail = NULL;
+      c->nreq--;
+      c->ninflight--;
+      if (!r->keep_alive || r->refused) c->close_after = 1;
+      h1_req_free(srv, r);
+      c->idle_since = srv->now;
+      if (c->close_after) { /* nothing after it is answered */
+        while (c->qhead) {
+          HReq* n = c->qhead->next;
+          h1_req_free(srv, c->qhead);
+          c->qhead = n;
+        }
+        c->qtail = NULL;
+        c->nreq = c->ninflight = 0;
+      }
+    }
+    if (blocked || (!got && !popped)) break;
+  }
+  if (c->dead) return;
+  if (c->close_after && !c->wh) {
+    c->dead = 1; /* closed at the end of this iteration */
+    return;
+  }
+  if (c->eof && !c->qhead && !c->wh && !c->in_request) {
+    c->dead = 1;
+    return;
+  }
+  if (c->paused && c->nreq < MAX_PIPELINED / 2 && c->held < HELD_BYTES / 2 &&
+      __atomic_load_n(&c->buffered, __ATOMIC_RELAXED) < BUF_HIGH / 2) {
+    c->paused = 0;
+    h1_parse(c); /* what it read before pausing, then its socket again */
+    if (reading(c)) pending_set(c, 1);
+  }
+  h1_schedule(c);
+  h1_update_events(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* accepting, closing, timers                                                */
+
+static void conn_new(HttpServerObject* srv, int fd)
+{
+  HConn* c = calloc(1, sizeof *c);
+  if (!c) {
+    close(fd);
+    return;
+  }
+  c->srv = srv;
+  c->fd = fd;
+  c->accepted_at = c->idle_since = srv->now;
+  head_reset(&c->head);
+  if (srv->ssl_ctx) {
+    c->ssl = ossl.SSL_new(srv->ssl_ctx);
+    if (!c->ssl || ossl.SSL_set_fd(c->ssl, fd) != 1) {
+      if (c->ssl) ossl.SSL_free(c->ssl);
+      free(c);
+      close(fd);
+      return;
+    }
+    ossl.SSL_set_accept_state(c->ssl);
+    c->handshaking = 1;
+  }
+  c->events = EPOLLIN | EPOLLRDHUP;
+  struct epoll_event e = {.events = (uint32_t)c->events, .data.ptr = c};
+  epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &e);
+  c->next = srv->conns;
+  if (srv->conns) srv->conns->prev = c;
+  srv->conns = c;
+  srv->nconns++;
+  STAT_ADD(srv->n_open, 1);
+}
+
+void h1_close(HConn* c)
+{
+  HttpServerObject* srv = c->srv;
+  pending_set(c, 0);
+  pthread_mutex_lock(&srv->mu);
+  if (c->dirty) { /* off the dirty list */
+    for (HConn** p = &srv->dirty_head; *p; p = &(*p)->dnext)
+      if (*p == c) {
+        *p = c->dnext;
+        break;
+      }
+    c->dirty = 0;
+  }
+  pthread_mutex_unlock(&srv->mu);
+  while (c->qhead) {
+    HReq* n = c->qhead->next;
+    h1_req_free(srv, c->qhead);
+    c->qhead = n;
+  }
+  free_outbufs(c->wh);
+  if (c->ssl) ossl.SSL_free(c->ssl);
+  epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  close(c->fd);
+  free(c->in);
+  free(c->head.fields);
+  if (c->prev) c->prev->next = c->next;
+  else srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  srv->nconns--;
+  STAT_ADD(srv->n_open, -1);
+  free(c);
+}
+
+/* Nothing in flight: no request arriving, queued or being answered, nothing left to write. */
+int h1_idle(HConn* c)
+{
+  return !c->dead && !c->in_request && !c->qhead && !c->wh && c->inoff == c->inlen;
+}
+
+#define ACCEPT_BATCH 64  /* connections accepted per iteration */
+#define ACCEPT_PAUSE 0.1 /* seconds without accepting after an error that would repeat at once */
+
+static void listen_watch(HttpServerObject* srv, int on)
+{
+  struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.ptr = &srv->listen_fd};
+  epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &e);
+}
+
+/* At the cap, or out of descriptors: close an idle connection to admit the newcomer, one that
+ * never sent anything first (the cheapest attack: connect and send nothing), then the longest
+ * idle; none accepted this iteration (not read yet). While silent connections arrive, one that
+ * spoke is not closed for them (the newcomer is refused instead). It is closed at the end of this
+ * iteration. 0 when none is a candidate. */
+static int evict_idle(HttpServerObject* srv)
+{
+  HConn* victim = NULL;
+  int silent = 0;
+  for (HConn* c = srv->conns; c; c = c->next) {
+    if (c->dead) continue;
+    if (!c->spoke) silent = 1;
+    if (!h1_idle(c) || c->accepted_at >= srv->now) continue;
+    if (!victim || c->spoke < victim->spoke ||
+        (c->spoke == victim->spoke && c->idle_since < victim->idle_since))
+      victim = c;
+  }
+  if (!victim || (victim->spoke && silent)) return 0;
+  victim->dead = 1;
+  STAT_ADD(srv->n_evicted, 1);
+  return 1;
+}
+
+void h1_accept(HttpServerObject* srv)
+{
+  for (int i = 0; i < ACCEPT_BATCH; i++) {
+    int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EMFILE || errno == ENFILE) {
+        STAT_ADD(srv->n_emfile, 1);
+        if (evict_idle(srv)) return; /* the newcomer is accepted next iteration */
+        if (srv->reserve_fd >= 0) {  /* refuse it: take it off the queue with the reserve */
+          close(srv->reserve_fd);
+          fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+          if (fd >= 0) {
+            close(fd);
+            STAT_ADD(srv->n_refused, 1);
+          }
+          srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+          if (fd >= 0 && srv->reserve_fd >= 0) continue;
+        }
+      }
+      if (srv->reserve_fd < 0) srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      listen_watch(srv, 0);
+      srv->accept_at = srv->now + ACCEPT_PAUSE;
+      return;
+    }
+    if (srv->nconns >= srv->max_conns && !evict_idle(srv)) {
+      close(fd);
+      STAT_ADD(srv->n_refused, 1);
+      continue;
+    }
+    STAT_ADD(srv->n_accepted, 1);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    conn_new(srv, fd);
+  }
+}
+
+/* Every sweep_every seconds: a TLS handshake or a request not done within request_timeout (the
+ * request gets 408 after the answers before it), a connection idle for idle_timeout, the end of an
+ * accept pause. */
+void h1_sweep(HttpServerObject* srv)
+{
+  double now = srv->now;
+  srv->next_sweep = now + srv->sweep_every;
+  if (srv->accept_at > 0 && now >= srv->accept_at && srv->listen_fd >= 0) {
+    srv->accept_at = 0;
+    listen_watch(srv, 1);
+  }
+  for (HConn* c = srv->conns; c; c = c->next) {
+    if (c->dead) continue;
+    if (c->handshaking) {
+      if (now - c->accepted_at >= srv->request_timeout) c->dead = 1;
+    } else if (c->in_request && !c->stopped && now >= c->req_deadline) {
+      STAT_ADD(srv->n_timeouts, 1);
+      h1_refuse(c, 408, "the request did not arrive within request_timeout_s");
+    } else if (h1_idle(c) && now - c->idle_since >= srv->idle_timeout && !srv->stopping) {
+      c->dead = 1;
+      STAT_ADD(srv->n_idle_closed, 1);
+    }
+  }
+}
