@@ -17,7 +17,7 @@ from ...core import CoreServer
 from ...errors import SERVER_STOPPING, InvalidArgumentError, NotFoundError, UnavailableError
 from .. import kserve_extensions
 from ..shared_memory import CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, SharedMemory, refuse_cuda_without_gpu
-from .connection import Refused
+from .answers import Refused
 
 
 def json_object(body: bytes, what: str = "request") -> dict[str, Any]:

@@ -26,7 +26,7 @@ from ...core.streams import iterate_async
 from ...errors import SERVER_STOPPING, InternalError, InvalidArgumentError, TritonError, UnavailableError
 from ...tensors import triton_dtype
 from .. import kserve
-from .connection import EventStream
+from .answers import EventStream
 
 ONE_RESPONSE = (
     "generate expects model to produce exactly 1 response, use generate stream for model that generates "

@@ -28,7 +28,7 @@ from ...core import openai_models as bound
 from ...core.request import InferRequest
 from ...core.streams import iterate_async
 from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
-from .connection import EventStream
+from .answers import EventStream
 from .openai_checks import (
     DONE,
     MAX_INPUTS,

@@ -1,6 +1,10 @@
-"""The KServe-v2 HTTP/REST endpoint: routes and inference, on an asyncio loop of its own.
-Connections (parsing, limits, keep-alive, pipelining) are :mod:`.connection`'s; the extensions
-besides inference (repository, shared memory, logging, trace) are :mod:`.extensions`'.
+"""The KServe-v2 HTTP/REST endpoint: routes and inference. Connections (parsing, limits,
+keep-alive, pipelining, timeouts) are served in C by ``embedtriton._h2.HttpServer``, which hands
+each request to :meth:`RestEndpoint.on_request` on its IO thread; inference is decoded there and
+submitted with a target that encodes and answers on the thread that completes it (no event-loop
+hop); the other routes run as coroutines on the endpoint's asyncio loop. The answers' kinds and
+encoding are :mod:`.answers`'; the extensions besides inference (repository, shared memory,
+logging, trace) are :mod:`.extensions`'.
 
 Inference takes JSON tensors and Triton's binary tensor data extension, and inputs and outputs
 in registered system or CUDA shared memory; it goes through the same :mod:`..kserve` checks as
@@ -16,6 +20,7 @@ import logging
 import math
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -27,9 +32,8 @@ from .. import kserve, security
 from ..descriptors import connection_cap
 from ..shared_memory import regions_of
 from . import extensions, openai
-from .connection import Binary, Connection, Refused, Text, decompress, httptools_module, status_of
+from .answers import Binary, EventStream, Refused, Text, decompress, encode, sse_event, status_of
 from .generate import generate
-from .listener import Listener
 from .options import HttpOptions
 
 # A route's handler: (lower-cased headers, body, forwarded headers) -> (status, answer)
@@ -41,6 +45,20 @@ _MODEL_GROUPS = {
     "": "metadata", "ready": "health", "config": "model-config", "stats": "statistics", "infer": "inference",
     "generate": "inference", "generate_stream": "inference", "trace/setting": "trace",
 }  # fmt: skip
+
+
+@dataclass(slots=True)
+class PendingInfer:
+    """An inference request decoded (:meth:`RestApi.decode_infer`), what its answer needs."""
+
+    decoded: kserve.Decoded
+    name: str
+    version: str
+    request_id: Any
+    in_binary: set[str]
+    binary_default: bool
+    outputs: bool  # the request named its outputs
+    shm_params: dict[str, dict[str, Any]]
 
 
 class RestApi:
@@ -76,15 +94,20 @@ class RestApi:
             if b"content-encoding" in headers:
                 body = await decompress(headers[b"content-encoding"], body, self.options.max_body_bytes)
             return await handle(headers, body, forwarded)
-        except Refused as exc:
+        except Exception as exc:
+            return self.failed(exc, group, method, url)
+
+    def failed(self, exc: Exception, group: str | None, method: str, url: str) -> tuple[int, Any]:
+        """The status and answer of a request that raised ``exc`` (Triton's status for its errors,
+        400 for malformed values, 500 with the traceback logged for a bug of ours)."""
+        if isinstance(exc, Refused):
             return exc.status, self.refusal(url.encode("latin-1", "replace"), exc)
-        except TritonError as exc:
+        if isinstance(exc, TritonError):
             return status_of(exc), self._error(group, status_of(exc), str(exc))
-        except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:  # malformed values
+        if isinstance(exc, (ValueError, TypeError, OverflowError, KeyError, AttributeError)):  # malformed values
             return 400, self._error(group, 400, f"malformed request: {exc}")
-        except Exception as exc:  # a bug of ours: the client still gets an answer, the log the traceback
-            log.exception("HTTP %s %s failed", method, url[:200])
-            return 500, self._error(group, 500, f"internal error: {type(exc).__name__}: {exc}")
+        log.error("HTTP %s %s failed", method, url[:200], exc_info=exc)  # the client still gets an answer
+        return 500, self._error(group, 500, f"internal error: {type(exc).__name__}: {exc}")
 
     def _error(self, group: str | None, status: int, message: str) -> dict[str, Any]:
         """An error answer: OpenAI's shape on its routes, Triton's elsewhere."""
@@ -239,6 +262,23 @@ class RestApi:
         body: bytes,
         forwarded: dict[str, str] | None = None,
     ) -> Any:
+        pending = self.decode_infer(model, name, version, headers, body, forwarded)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        pending.decoded.model.submit(pending.decoded.request, loop, future)
+        return self.encode_infer(pending, await future)
+
+    def decode_infer(
+        self,
+        model: Any,
+        name: str,
+        version: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        forwarded: dict[str, str] | None = None,
+    ) -> PendingInfer:
+        """An inference request's JSON (and binary tensors) decoded into the core's request, ready
+        for ``Model.submit``; its answer is :meth:`encode_infer`'s."""
         if self.draining:
             raise UnavailableError(SERVER_STOPPING)
         if model.decoupled:  # Triton's check and words (http_server.cc, CheckTransactionPolicy)
@@ -322,10 +362,15 @@ class RestApi:
         kserve.apply_parameters(decoded, params, request_id if isinstance(request_id, str) else "")
         if forwarded:  # forwarded headers: after (over) the request's own parameters, as Triton sets them
             decoded.request.parameters = {**(decoded.request.parameters or {}), **forwarded}
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        decoded.model.submit(decoded.request, loop, future)
-        results = await future
+        return PendingInfer(decoded, name, version, request_id, in_binary, binary_default, bool(outputs), shm_params)
+
+    @staticmethod
+    def encode_infer(pending: PendingInfer, results: dict[str, Any]) -> Any:
+        """The answer (JSON, or :class:`Binary`) to a decoded inference request with its outputs."""
+        decoded, name, version, request_id = pending.decoded, pending.name, pending.version, pending.request_id
+        in_binary, binary_default, outputs, shm_params = (
+            pending.in_binary, pending.binary_default, pending.outputs, pending.shm_params)  # fmt: skip
+        model = decoded.model
         decoded.check_regions()  # a region shrunk under the request: its data is lost
         answer: dict[str, Any] = {"model_name": name, "model_version": version or "1", "outputs": []}
         if request_id:
@@ -351,57 +396,203 @@ class RestApi:
         return Binary(answer, blobs) if blobs else answer
 
 
+_EVENTS = [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")]
+_WATCH_S = 0.05  # how often a stream checks that its client is still there (while it waits on its events)
+_WRITABLE_S = 0.005  # how often a stream whose client does not read checks again
+
+
+class _InferReply:
+    """The target of one inference request submitted from the IO thread: called once with
+    ``(outputs, None)`` or ``(None, error)`` on the thread that completes it, where it encodes the
+    answer and hands it to the connection."""
+
+    __slots__ = ("api", "call", "pending", "accept", "url")
+
+    def __init__(self, api: RestApi, call: Any, pending: PendingInfer, accept: bytes | None, url: str) -> None:
+        self.api, self.call, self.pending, self.accept, self.url = api, call, pending, accept, url
+
+    def __call__(self, outputs: dict[str, Any] | None, error: BaseException | None) -> None:
+        try:
+            if error is not None:
+                raise error
+            status, payload = 200, self.api.encode_infer(self.pending, outputs)  # type: ignore[arg-type]
+        except Exception as exc:
+            status, payload = self.api.failed(exc, "inference", "POST", self.url)
+        _respond(self.call, status, payload, self.accept)
+
+
+def _respond(call: Any, status: int, payload: Any, accept: bytes | None) -> None:
+    try:
+        fields, parts = encode(status, payload, accept)
+    except Exception as exc:  # (an answer that does not encode: a bug of ours)
+        log.error("HTTP answer failed to encode", exc_info=exc)
+        fields, parts = encode(500, {"error": f"internal error: {type(exc).__name__}: {exc}"}, None)
+        status = 500
+    call.respond(status, fields, parts)
+
+
 class RestEndpoint(RestApi):
     """A KServe-v2 HTTP/REST server for a server's models (see the module's docstring)."""
 
+    direct_infer = True  # /infer decoded on the IO thread (False: every route through answer())
+
     def __init__(self, server: CoreServer, options: HttpOptions) -> None:
-        self.httptools = httptools_module()  # before anything starts: without it, say what to install
+        from ... import _h2  # type: ignore[attr-defined]
+
         super().__init__(server, options)
-        self.connections: set[Connection] = set()
         # options.max_connections, or fewer when the process's descriptor limit leaves less room
         self.max_connections = connection_cap(options.max_connections, "HTTP")
-        context = options.ssl_context()
+        options.ssl_context()  # the TLS files are checked here (InvalidArgumentError), served in C
+        tls = (options.tls_cert, options.tls_key, options.tls_client_ca) if options.tls_cert else None
         host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
+        self._loop = asyncio.new_event_loop()  # the routes besides inference, and streams
+        self._streams: set[asyncio.Task[None]] = set()
         try:
-            self._listener = Listener(self, host.strip("[]"), int(port), context, options.request_timeout_s)
+            self._http = _h2.HttpServer(
+                host.strip("[]"), int(port), self.on_request, self.on_refused,
+                max_connections=self.max_connections, max_body_bytes=options.max_body_bytes,
+                max_header_bytes=options.max_header_bytes, idle_timeout=float(options.idle_timeout_s),
+                request_timeout=float(options.request_timeout_s), tls=tls, names=options.forward is not None,
+            )  # fmt: skip
         except OSError as exc:
+            self._loop.close()
             raise UnavailableError(f"cannot serve HTTP on {options.address}: {exc}") from None
-        self.port: int = self._listener.port
-        self._loop = asyncio.new_event_loop()
-        self.now = self._loop.time
-        self._sweep_every = min(1.0, options.request_timeout_s / 4, options.idle_timeout_s / 4)
-        self._loop.call_soon(self._sweep)
-        self._listener.start(self._loop)
+        except ValueError as exc:
+            self._loop.close()
+            raise InvalidArgumentError(f"cannot load the TLS files: {exc}") from None
+        self.port: int = self._http.port
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
         self._thread.start()
 
-    def _sweep(self) -> None:
-        """Every so often: connections past their deadline (stalled or idle) are dealt with."""
-        now = self._loop.time()
-        for connection in [c for c in self.connections if c.deadline <= now]:
-            connection._expired()
-        self._loop.call_later(self._sweep_every, self._sweep)
+    def stats(self) -> dict[str, int]:
+        """The transport's counters: connections (open now), accepted, refused, evicted,
+        idle_closed, requests, request_timeouts, paused (times a client was read no further until
+        it read its answers)..."""
+        return dict(self._http.stats())
+
+    # -- called by the HttpServer on its IO thread, with the GIL
+    def on_request(
+        self, call: Any, method: str, url: str, headers: dict[bytes, bytes], body: bytes, names: Any
+    ) -> None:
+        forwarded = None
+        if names is not None and self.options.forward is not None:  # the names as sent, for the pattern
+            forwarded = [(n, v) for n, v in names if self.options.forward.search(n)]
+        if (
+            self.direct_infer
+            and method == "POST"
+            and b"content-encoding" not in headers
+            and self._infer_now(call, url, headers, body, forwarded)
+        ):
+            return
+        asyncio.run_coroutine_threadsafe(self._answer(call, method, url, headers, body, forwarded), self._loop)
+
+    def on_refused(self, call: Any, status: int, message: str, url: bytes) -> None:
+        """A request refused before its route (size, time, HTTP): answered, then the connection closes."""
+        _respond(call, status, self.refusal(url, Refused(status, message)), None)
+
+    def _infer_now(self, call: Any, url: str, headers: dict[bytes, bytes], body: bytes, forwarded: Any) -> bool:
+        """/v2/models/<m>[/versions/<v>]/infer: decoded here, submitted with a target that answers
+        from the completing thread. False for any other route."""
+        path = url.split("?", 1)[0]
+        parts = path.strip("/").split("/")
+        if len(parts) == 4 and parts[3] == "infer" and parts[1] == "models" and parts[0] == "v2":
+            version = ""
+        elif len(parts) == 6 and parts[5] == "infer" and parts[3] == "versions" and parts[:2] == ["v2", "models"]:
+            version = parts[4]
+        else:
+            return False
+        if "%" in path:
+            parts = [unquote(p) for p in parts]
+            version = parts[4] if len(parts) == 6 else ""
+        name = parts[2]
+        accept = headers.get(b"accept-encoding")
+        try:
+            restriction = self.options.restrictions.get("inference")
+            if restriction is not None and not restriction.admits(headers.get(restriction.header.encode())):
+                _respond(call, 403, self._error("inference", 403, restriction.message), None)
+                return True
+            model = kserve.model_of(self.server, name, version)
+            found = None
+            if self.options.forward is not None:
+                pairs = forwarded if forwarded is not None else [(k.decode("latin-1"), v) for k, v in headers.items()]
+                found = security.forwarded(self.options.forward, pairs)
+            pending = self.decode_infer(model, name, version, headers, body, found)
+            pending.decoded.model.submit(pending.decoded.request, None, _InferReply(self, call, pending, accept, url))
+        except Exception as exc:
+            status, payload = self.failed(exc, "inference", "POST", url)
+            _respond(call, status, payload, accept if status == 200 else None)
+        return True
+
+    async def _answer(
+        self, call: Any, method: str, url: str, headers: dict[bytes, bytes], body: bytes, forwarded: Any
+    ) -> None:
+        status, payload = await self.answer(method, url, headers, body, forwarded)
+        if isinstance(payload, EventStream):
+            task = asyncio.current_task()
+            assert task is not None
+            self._streams.add(task)
+            try:
+                await self._stream(call, payload)
+            finally:
+                self._streams.discard(task)
+        else:
+            _respond(call, status, payload, headers.get(b"accept-encoding"))
+
+    async def _stream(self, call: Any, stream: EventStream) -> None:
+        """Server-Sent Events in HTTP/1.1 chunks, written no faster than the client reads (a slow
+        reader holds back the model's responses instead of growing our buffer); a client that reads
+        nothing for ``stall_timeout_s`` is disconnected, and one that leaves closes the events
+        (cancelling the request) even while they wait for the model."""
+        events = stream.events
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.ensure_future(_watch(call, task))
+        try:
+            if not call.begin(200, _EVENTS):
+                return
+            async for event in events:
+                if not call.send(sse_event(event)):
+                    return  # the client left
+                if not call.writable():
+                    deadline = None if stream.stall_timeout_s is None else self._loop.time() + stream.stall_timeout_s
+                    while not call.writable():
+                        if not call.open:
+                            return
+                        if deadline is not None and self._loop.time() >= deadline:
+                            call.abort()  # it reads nothing: let the request go
+                            return
+                        await asyncio.sleep(_WRITABLE_S)
+            call.end()
+        except asyncio.CancelledError:
+            if call.open:  # not the watcher's doing: the endpoint stops
+                raise
+        finally:
+            watcher.cancel()
+            await events.aclose()  # type: ignore[attr-defined]
 
     def stop(self, grace: float = 1.0) -> None:
-        async def close() -> None:
-            self._listener.close()
-            until = self._loop.time() + grace  # answers in progress (not idle keep-alives) get the grace period
-            while self._loop.time() < until and any(c.busy or c.queue for c in self.connections):
-                await asyncio.sleep(0.005)
-            for connection in list(self.connections):
-                if connection.transport is not None:
-                    connection.transport.close()
-                if connection.worker is not None:
-                    connection.worker.cancel()
+        """Stop accepting; requests in progress get ``grace`` seconds; then every connection closes."""
+        self._http.stop(grace)
+        for task in list(self._streams):
+            self._loop.call_soon_threadsafe(task.cancel)
+
+        async def settle() -> None:
             await asyncio.sleep(0)
 
         try:
-            asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=grace + 5)
+            asyncio.run_coroutine_threadsafe(settle(), self._loop).result(timeout=5)
         except Exception:  # already closed, or the wait ran out: stop the loop anyway
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self.shm.clear()
+
+
+async def _watch(call: Any, task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` once ``call``'s client is gone."""
+    while call.open:
+        await asyncio.sleep(_WATCH_S)
+    task.cancel()
 
 
 def _flatten(data: Any, expected: int, name: str) -> list[Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 from ...core import CoreServer
 from ...errors import InvalidArgumentError
-from .connection import Refused
+from .answers import Refused
 from .options import HttpOptions
 from .rest import Handler, RestApi, RestEndpoint
 
@@ -69,6 +69,8 @@ def _route(pattern: str, variable: str) -> re.Pattern[str]:
 class VertexAiEndpoint(RestEndpoint):
     """Triton's Vertex AI endpoint for ``server`` (see the module's docstring), listening on
     ``options.address``; ``model`` is the default model (see :func:`default_model`)."""
+
+    direct_infer = False  # its routes are its own (resolve)
 
     def __init__(
         self, server: CoreServer, options: HttpOptions, predict_route: str, health_route: str, model: str

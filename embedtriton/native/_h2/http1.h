@@ -131,6 +131,7 @@ struct HConn {
   int close_after; /* an answer without keep-alive was taken: close once it is written */
   size_t buffered; /* answer bytes queued (in its requests' queues and out): under mu */
   int dirty;       /* under mu */
+  int aborted;     /* under mu: HttpCall.abort() asked to close it now */
   HConn* dnext;
   double accepted_at, idle_since;
   char peer[PEER_LEN];

@@ -347,6 +347,7 @@ void h1_flush(HConn* c)
     OutBuf* got = NULL;
     pthread_mutex_lock(&srv->mu);
     c->buffered -= wrote;
+    if (c->aborted) c->dead = 1;
     if (r && !blocked && !c->dead) {
       got = r->qh;
       r->qh = r->qt = NULL;

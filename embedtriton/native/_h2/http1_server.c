@@ -219,6 +219,22 @@ static PyObject* HttpCall_writable(HttpCallObject* self, PyObject* unused)
   return PyBool_FromLong(ok);
 }
 
+static PyObject* HttpCall_abort(HttpCallObject* self, PyObject* unused)
+{
+  (void)unused;
+  HttpServerObject* srv = self->srv;
+  int w = 0;
+  pthread_mutex_lock(&srv->mu);
+  HReq* r = self->req;
+  if (r && r->conn) {
+    r->conn->aborted = 1;
+    w = h1_mark_dirty_locked(srv, r->conn);
+  }
+  pthread_mutex_unlock(&srv->mu);
+  if (w) h1_wake(srv);
+  Py_RETURN_NONE;
+}
+
 static PyObject* HttpCall_get_open(HttpCallObject* self, void* closure)
 {
   (void)closure;
@@ -247,6 +263,8 @@ static PyMethodDef HttpCall_methods[] = {
      "begin(status, fields) -> bool: start a chunked answer"},
     {"send", (PyCFunction)HttpCall_send, METH_O, "send(data) -> bool: one chunk"},
     {"end", (PyCFunction)HttpCall_end, METH_NOARGS, "end() -> bool: the last chunk"},
+    {"abort", (PyCFunction)HttpCall_abort, METH_NOARGS,
+     "abort(): close the request's connection now, whatever it still has to send"},
     {"writable", (PyCFunction)HttpCall_writable, METH_NOARGS,
      "writable() -> bool: the connection is open and its client reads its answers"},
     {NULL, NULL, 0, NULL}};
