@@ -42,13 +42,14 @@
 
 #include "h2.h"
 
-#define MAX_PIPELINED 64         /* requests unanswered on one connection before it is not read */
-#define MAX_INFLIGHT 4           /* of them, handed to Python at once */
-#define HELD_BYTES (1024 * 1024) /* bytes of parsed requests not yet handed over, per connection \
-                                  */
-#define BUF_HIGH (256 * 1024)    /* answer bytes a client has not read before it is not read */
-#define H1_READ (64 * 1024)      /* bytes one recv() asks for */
-#define MAX_FIELDS 4096          /* header fields of one request */
+#define MAX_PIPELINED 64 /* requests unanswered on one connection before it is not read */
+#define MAX_INFLIGHT 4   /* of them, handed to Python at once */
+#define HELD_BYTES                                                                            \
+  (1024 * 1024)               /* bytes of parsed requests not yet handed over, per connection \
+                               */
+#define BUF_HIGH (256 * 1024) /* answer bytes a client has not read before it is not read */
+#define H1_READ (64 * 1024)   /* bytes one recv() asks for */
+#define MAX_FIELDS 4096       /* header fields of one request */
 
 /* ---- http1_parse.c -------------------------------------------------------- */
 
@@ -173,7 +174,7 @@ struct HttpServerObject {
   /* counters (relaxed atomics) */
   uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_evicted, n_requests, n_timeouts,
       n_paused;
-  int64_t n_open;
+  int64_t n_open, g_paused, g_held, g_buffered; /* gauges: now paused, bytes held and buffered */
 };
 
 struct HttpCallObject {

@@ -60,6 +60,10 @@ void h1_req_free(HttpServerObject* srv, HReq* r)
   HttpCallObject* call = r->call;
   if (call) call->req = NULL;
   OutBuf* q = r->qh;
+  size_t queued = 0;
+  for (OutBuf* b = q; b; b = b->next) queued += b->len - b->off;
+  if (r->conn) r->conn->buffered -= queued;
+  STAT_ADD(srv->g_buffered, -(int64_t)queued);
   r->qh = r->qt = NULL;
   r->conn = NULL;
   pthread_mutex_unlock(&srv->mu);
@@ -137,7 +141,10 @@ void h1_parse(HConn* c)
   while (!c->stopped && !c->dead) {
     if (c->nreq >= MAX_PIPELINED || c->held >= HELD_BYTES ||
         __atomic_load_n(&c->buffered, __ATOMIC_RELAXED) >= BUF_HIGH) {
-      if (!c->paused) STAT_ADD(srv->n_paused, 1);
+      if (!c->paused) {
+        STAT_ADD(srv->n_paused, 1);
+        STAT_ADD(srv->g_paused, 1);
+      }
       c->paused = 1;
       break;
     }
@@ -180,6 +187,7 @@ void h1_parse(HConn* c)
     r->head.capfields = c->head.nfields;
     r->keep_alive = c->head.minor == 1 ? !c->head.conn_close : c->head.conn_keep_alive;
     c->held += total;
+    STAT_ADD(srv->g_held, (int64_t)total);
     STAT_ADD(srv->n_requests, 1);
     c->inoff += total;
     c->in_request = c->in_body = 0;
@@ -347,6 +355,7 @@ void h1_flush(HConn* c)
     OutBuf* got = NULL;
     pthread_mutex_lock(&srv->mu);
     c->buffered -= wrote;
+    STAT_ADD(srv->g_buffered, -(int64_t)wrote);
     if (c->aborted) c->dead = 1;
     if (r && !blocked && !c->dead) {
       got = r->qh;
@@ -394,6 +403,7 @@ void h1_flush(HConn* c)
   if (c->paused && c->nreq < MAX_PIPELINED / 2 && c->held < HELD_BYTES / 2 &&
       __atomic_load_n(&c->buffered, __ATOMIC_RELAXED) < BUF_HIGH / 2) {
     c->paused = 0;
+    STAT_ADD(srv->g_paused, -1);
     h1_parse(c); /* what it read before pausing, then its socket again */
     if (reading(c)) pending_set(c, 1);
   }
@@ -456,7 +466,18 @@ void h1_close(HConn* c)
     c->qhead = n;
   }
   free_outbufs(c->wh);
+  pthread_mutex_lock(&srv->mu);
+  STAT_ADD(srv->g_buffered, -(int64_t)c->buffered);
+  pthread_mutex_unlock(&srv->mu);
+  STAT_ADD(srv->g_held, -(int64_t)c->held);
+  if (c->paused) STAT_ADD(srv->g_paused, -1);
   if (c->ssl) ossl.SSL_free(c->ssl);
+  /* What the client sent that was not read (a refused body, plaintext on a TLS port) would make
+   * the close a reset, which can destroy the answer before the client reads it: a little of it is
+   * read first. */
+  uint8_t scrap[16384];
+  for (int i = 0; i < 16 && recv(c->fd, scrap, sizeof scrap, MSG_DONTWAIT) > 0; i++) {
+  }
   epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close(c->fd);
   free(c->in);

@@ -120,6 +120,7 @@ static void fallback(HttpServerObject* srv, HReq* r)
     r->keep_alive = 0;
     r->qh = r->qt = ob;
     r->conn->buffered += ob->len;
+    STAT_ADD(srv->g_buffered, (int64_t)ob->len);
     w = h1_mark_dirty_locked(srv, r->conn);
     ob = NULL;
   }
@@ -142,6 +143,7 @@ static void dispatch(HttpServerObject* srv)
     HConn* c = r ? r->conn : NULL;
     if (!c || c->dead) continue; /* nobody is left to answer */
     c->held -= r->head_len + r->body_len;
+    STAT_ADD(srv->g_held, -(int64_t)(r->head_len + r->body_len));
     if (!make_call(srv, r)) {
       PyErr_WriteUnraisable(NULL);
       fallback(srv, r);

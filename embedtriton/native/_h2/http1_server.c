@@ -108,6 +108,7 @@ static int enqueue(HttpCallObject* self, OutBuf* ob, int first, int final)
       else r->qh = ob;
       r->qt = ob;
       r->conn->buffered += ob->len;
+      STAT_ADD(srv->g_buffered, (int64_t)ob->len);
       ob = NULL;
     }
     w = h1_mark_dirty_locked(srv, r->conn);
@@ -452,16 +453,18 @@ static void HttpServer_dealloc(HttpServerObject* self)
 static PyObject* HttpServer_stats(HttpServerObject* self, PyObject* unused)
 {
   (void)unused;
-  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "connections",
-                       (long long)STAT_GET(self->n_open), "accepted",
-                       (unsigned long long)STAT_GET(self->n_accepted), "refused",
-                       (unsigned long long)STAT_GET(self->n_refused), "emfile",
-                       (unsigned long long)STAT_GET(self->n_emfile), "evicted",
-                       (unsigned long long)STAT_GET(self->n_evicted), "idle_closed",
-                       (unsigned long long)STAT_GET(self->n_idle_closed), "requests",
-                       (unsigned long long)STAT_GET(self->n_requests), "request_timeouts",
-                       (unsigned long long)STAT_GET(self->n_timeouts), "paused",
-                       (unsigned long long)STAT_GET(self->n_paused));
+  return Py_BuildValue(
+      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:L,s:L}", "connections",
+      (long long)STAT_GET(self->n_open), "accepted", (unsigned long long)STAT_GET(self->n_accepted),
+      "refused", (unsigned long long)STAT_GET(self->n_refused), "emfile",
+      (unsigned long long)STAT_GET(self->n_emfile), "evicted",
+      (unsigned long long)STAT_GET(self->n_evicted), "idle_closed",
+      (unsigned long long)STAT_GET(self->n_idle_closed), "requests",
+      (unsigned long long)STAT_GET(self->n_requests), "request_timeouts",
+      (unsigned long long)STAT_GET(self->n_timeouts), "paused",
+      (unsigned long long)STAT_GET(self->n_paused), "paused_now",
+      (long long)STAT_GET(self->g_paused), "held_bytes", (long long)STAT_GET(self->g_held),
+      "buffered_bytes", (long long)STAT_GET(self->g_buffered));
 }
 
 static PyMethodDef HttpServer_methods[] = {
@@ -471,7 +474,8 @@ static PyMethodDef HttpServer_methods[] = {
     {"stats", (PyCFunction)HttpServer_stats, METH_NOARGS,
      "stats() -> dict of counters: connections (open now), accepted, refused, emfile, evicted, "
      "idle_closed, requests, request_timeouts, paused (times a connection was read no further "
-     "for backpressure)"},
+     "for backpressure); gauges: paused_now (connections not read now), held_bytes (requests read, "
+     "not yet handed over), buffered_bytes (answers not yet written)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef HttpServer_members[] = {
