@@ -1,6 +1,7 @@
-"""Types of embedtriton._h2, the gRPC-over-HTTP/2 server transport on libnghttp2 (C:
-embedtriton/native/_h2/)."""
+"""Types of embedtriton._h2, the gRPC-over-HTTP/2 server transport on libnghttp2, and the REST
+endpoint's HTTP/1.1 server (C: embedtriton/native/_h2/)."""
 
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeAlias, TypedDict, final
 
 from _typeshed import StrOrBytesPath
@@ -86,3 +87,78 @@ def library(libpath: str | None = None) -> _LibraryInfo:
 
 def _stop_all() -> None:
     """Stop every running server (registered with atexit)."""
+
+def _stop_all_http() -> None:
+    """Stop every running HttpServer (registered with atexit)."""
+
+class _HttpStats(TypedDict):
+    connections: int
+    accepted: int
+    refused: int
+    emfile: int
+    evicted: int
+    idle_closed: int
+    requests: int
+    request_timeouts: int
+    paused: int
+    paused_now: int
+    held_bytes: int
+    buffered_bytes: int
+
+# on_request(call, method, url, headers (lower-cased names: first value), body, names as sent or None)
+_OnRequest: TypeAlias = Callable[
+    [HttpCall, str, str, dict[bytes, bytes], bytes, list[tuple[str, bytes]] | None], object
+]
+# on_refused(call, status, message, url): a request refused before its route; the connection then closes
+_OnRefused: TypeAlias = Callable[[HttpCall, int, str, bytes], object]
+
+@final
+class HttpServer:
+    """HTTP/1.1 on one IO thread, which starts serving when the HttpServer is made; it calls
+    on_request / on_refused on that thread, with the GIL, for each request."""
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        on_request: _OnRequest,
+        on_refused: _OnRefused,
+        *,
+        max_connections: int = 1024,
+        max_body_bytes: int = 67108864,
+        max_header_bytes: int = 16384,
+        idle_timeout: float = 300.0,
+        request_timeout: float = 30.0,
+        tls: _Tls | None = None,
+        libpath: str | None = None,
+        names: bool = False,
+    ) -> None: ...
+    def stop(self, grace: float = 0, /) -> None:
+        """Stop accepting, let requests in progress finish for up to grace seconds, close every
+        connection, join the IO thread."""
+    def stats(self) -> _HttpStats:
+        """Counters, and gauges: paused_now, held_bytes, buffered_bytes."""
+
+@final
+class HttpCall:
+    """One request of an HttpServer; its answer is given from any thread, once."""
+
+    @property
+    def open(self) -> bool:
+        """The request's connection is still open."""
+    def respond(self, status: int, fields: Sequence[tuple[str, str]], parts: Sequence[Buffer], /) -> bool:
+        """The whole answer (Content-Length, and Connection: close when the connection ends with it
+        are added); False if the request is over."""
+    def begin(self, status: int, fields: Sequence[tuple[str, str]], /) -> bool:
+        """Start a chunked answer."""
+    def send(self, data: Buffer, /) -> bool:
+        """One chunk; False if the request is over."""
+    def end(self) -> bool:
+        """The last chunk."""
+    def writable(self) -> bool:
+        """The connection is open and its client reads its answers (under the high-water mark)."""
+    def abort(self) -> None:
+        """Close the request's connection now."""

@@ -38,7 +38,7 @@ from typing import Any
 
 from .config import ServerConfig
 from .errors import UnavailableError
-from .frontends.http.connection import EventStream, encode, sse_event
+from .frontends.http.answers import EventStream, encode, sse_event
 from .frontends.http.options import HttpOptions
 from .frontends.http.rest import RestApi
 from .server import Server

@@ -437,13 +437,15 @@ class RestEndpoint(RestApi):
     direct_infer = True  # /infer decoded on the IO thread (False: every route through answer())
 
     def __init__(self, server: CoreServer, options: HttpOptions) -> None:
-        from ... import _h2  # type: ignore[attr-defined]
+        from ... import _h2
 
         super().__init__(server, options)
         # options.max_connections, or fewer when the process's descriptor limit leaves less room
         self.max_connections = connection_cap(options.max_connections, "HTTP")
         options.ssl_context()  # the TLS files are checked here (InvalidArgumentError), served in C
-        tls = (options.tls_cert, options.tls_key, options.tls_client_ca) if options.tls_cert else None
+        tls = None
+        if options.tls_cert and options.tls_key:
+            tls = (options.tls_cert, options.tls_key, options.tls_client_ca)
         host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
         self._loop = asyncio.new_event_loop()  # the routes besides inference, and streams
         self._streams: set[asyncio.Task[None]] = set()
@@ -464,7 +466,7 @@ class RestEndpoint(RestApi):
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
         self._thread.start()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """The transport's counters: connections (open now), accepted, refused, evicted,
         idle_closed, requests, request_timeouts, paused (times a client was read no further until
         it read its answers)..."""
