@@ -42,8 +42,8 @@ SCRIPT = textwrap.dedent(
             print("served")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-                s.sendall(b"GET /v2/health/live HTTP/1.1\r\nConnection: close\r\n\r\n")
-                print("answer:", s.recv(4096).split(b"\r\n")[0].decode())
+                s.sendall(b"GET /v2/health/live HTTP/1.1\\r\\nConnection: close\\r\\n\\r\\n")
+                print("answer:", s.recv(4096).split(b"\\r\\n")[0].decode())
         except OSError:
             print("port closed")
         print("http endpoint:", type(server.endpoint("http")).__name__)
