@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import time
 
 import numpy as np
@@ -279,3 +280,27 @@ def test_property_based_http_shaped_garbage(port, parts):
     for status, _ in answers(answer) if answer.count(b"Content-Length") else []:
         assert status in (200, 400, 404, 405, 408, 411, 413, 431)
     assert live(port)
+
+
+def test_every_request_lets_go_of_its_call():
+    """Each request's call object (which holds the server) is released once answered: the server's
+    reference count comes back, whatever the route (inference, refusals, the asyncio routes)."""
+    server = Server()
+    server.bind(
+        "Double",
+        batch(lambda x: {"y": x * 2}),
+        [Tensor(name="x", dtype=F32, shape=(1,))],
+        [Tensor(name="y", dtype=F32, shape=(1,))],
+        ModelConfig(max_batch_size=8),
+    )
+    with server:
+        port = server.serve_http("127.0.0.1:0")
+        http = server.endpoint("http")._http
+        before = sys.getrefcount(http)
+        for _ in range(3):
+            data = infer_request() * 20 + b"GET /v2/models/Double/config HTTP/1.1\r\n\r\n" * 5
+            assert len(answers(exchange(port, data + b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"))) == 26
+        deadline = time.monotonic() + 5
+        while sys.getrefcount(http) > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sys.getrefcount(http) <= before

@@ -35,8 +35,8 @@ static PyObject* latin1(const uint8_t* p, size_t n)
   return PyUnicode_DecodeLatin1((const char*)p, (Py_ssize_t)n, NULL);
 }
 
-/* on_request's arguments: method, url, headers (lower-cased names: the first value), body, and
- * the fields with their names as sent (or None) */
+/* on_request's arguments: the call, method, url, headers (lower-cased names: the first value),
+ * body, and the fields with their names as sent (or None) */
 static PyObject* request_args(HttpServerObject* srv, HReq* r)
 {
   const uint8_t* b = r->blob;
@@ -73,7 +73,7 @@ static PyObject* request_args(HttpServerObject* srv, HReq* r)
     Py_DECREF(value);
     if (!got) goto fail;
   }
-  return Py_BuildValue("(NNNNN)", method, url, headers, body, names);
+  return Py_BuildValue("(ONNNNN)", r->call, method, url, headers, body, names);
 fail:
   Py_XDECREF(method);
   Py_XDECREF(url);
@@ -157,9 +157,7 @@ static void dispatch(HttpServerObject* srv)
                         PyBytes_FromStringAndSize((const char*)r->blob, (Py_ssize_t)r->head_len));
     } else {
       fn = srv->on_request;
-      PyObject* rest = request_args(srv, r);
-      args = rest ? PySequence_Concat(Py_BuildValue("(O)", r->call), rest) : NULL;
-      Py_XDECREF(rest);
+      args = request_args(srv, r);
     }
     free(r->blob);
     r->blob = NULL;
