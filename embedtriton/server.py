@@ -98,8 +98,8 @@ class Server(CoreServer):
         ``request_timeout_s``, ``shared_memory``, ``tls_cert``, ``tls_key``, ``tls_client_ca``,
         ``restricted_api`` (Triton's ``--http-restricted-api`` specs), ``header_forward_pattern``,
         ``openai`` (also answer OpenAI's ``/v1/`` routes for the models bound with
-        :mod:`embedtriton.openai`, see ``docs/openai.md``) and ``openai_api_key``. Returns the port. Needs ``pip install "embedtriton[http]"`` (without ``httptools`` it
-        raises :class:`UnsupportedError` saying so, before any port opens).
+        :mod:`embedtriton.openai`, see ``docs/openai.md``) and ``openai_api_key``. Returns the port (HTTP/1.1 is served in C:
+        nothing more to install).
         """
         from .frontends.http.rest import RestEndpoint
 
@@ -132,7 +132,7 @@ class Server(CoreServer):
         address defaults to ``127.0.0.1:$AIP_HTTP_PORT`` (8080 when unset). ``default_model``
         must be ready; left out, exactly one model must be ready now (the server's models are
         looked at once, here, as Triton does when it starts). ``settings`` are the HTTP endpoint's
-        (:class:`HttpOptions`). Returns the port. Needs ``pip install "embedtriton[http]"``.
+        (:class:`HttpOptions`). Returns the port.
         """
         from .frontends.http import vertex_ai
 
