@@ -160,7 +160,7 @@ def serve(mode: str, http_port: int, grpc_port: int) -> None:
 def _answer_canned_http(server: Any) -> None:
     """HTTP floor: an infer request's body is parsed, the answer is one prebuilt JSON body."""
     from embedtriton.frontends.http import rest
-    from embedtriton.frontends.http.connection import Text
+    from embedtriton.frontends.http.answers import Text
 
     out = server.model("AddSub").infer({"a": ONES, "b": ONES})
     outputs = [
@@ -175,7 +175,13 @@ def _answer_canned_http(server: Any) -> None:
         json.loads(body)
         return 200, canned
 
+    def infer_now(self: Any, call: Any, url: str, headers: Any, body: bytes, forwarded: Any) -> bool:
+        json.loads(body)  # on the transport's IO thread, where the endpoint decodes /infer
+        call.respond(200, [("Content-Type", canned.content_type)], [canned.body])
+        return True
+
     rest.RestApi._infer_answer = infer_answer
+    rest.RestEndpoint._infer_now = infer_now
 
 
 # -- starting and stopping servers -------------------------------------------------------------
