@@ -535,6 +535,9 @@ class RestEndpoint(RestApi):
             self._streams.add(task)
             try:
                 await self._stream(call, payload)
+            except Exception as exc:  # the events failed mid-stream: no answer can follow its chunks
+                log.error("HTTP %s %s: the event stream failed", method, url[:200], exc_info=exc)
+                call.abort()
             finally:
                 self._streams.discard(task)
         else:
