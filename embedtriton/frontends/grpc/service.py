@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import model_config_pb2, service_pb2
 
+from ...backend import library
 from ...core import CoreServer
 from ...errors import (
     SERVER_STOPPING,
@@ -36,8 +37,21 @@ from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTE
 
 log = logging.getLogger("embedtriton")
 
+
+_H2_CALL: list[type] = []
+
+
+def _h2_call() -> type:
+    """The native transport's Call type (the C path answers only those)."""
+    if not _H2_CALL:
+        from ... import _h2
+
+        _H2_CALL.append(_h2.Call)
+    return _H2_CALL[0]
+
 _KSERVE = "/inference.GRPCInferenceService/"
 _STREAM_INFER = _KSERVE + "ModelStreamInfer"
+_MODEL_INFER = _KSERVE + "ModelInfer"
 _HEALTH = "/grpc.health.v1.Health/"
 _REFUSED = object()  # call.user of a unary call already answered with an error
 _REFUSED_WHILE_DRAINING = {
@@ -87,6 +101,10 @@ class Service:
             _HEALTH + "Watch": (health_pb2.HealthCheckRequest, self.health_watch),
         }
         self._stream_message = self.inference.stream_message
+        self._choose_compression: Callable[[Call], None] | None = None
+        # ModelInfer's message is kept as bytes for the C path (Inference.model_infer_in_c), which the
+        # native transport's calls can take; parsed here only when it declines.
+        self.infer_in_c = True
         if infer_response_compression_level != "none":
             self._compress_inference(infer_response_compression_level)
         self.draining = False  # stop() began: new requests are refused, those in flight finish
@@ -112,11 +130,21 @@ class Service:
             call.finish(INVALID_ARGUMENT, f"{call.method} takes one request message")
             call.user = _REFUSED
             return
+        if call.method == _MODEL_INFER and self.infer_in_c:
+            call.user = data  # parsed at the half-close, unless the C path takes it
+            return
+        self._parse(call, entry[0], data)
+
+    @staticmethod
+    def _parse(call: Call, cls: Any, data: bytes) -> Any:
+        """A request message, or None when malformed (answered INVALID_ARGUMENT)."""
         try:
-            call.user = entry[0].FromString(data)
+            call.user = cls.FromString(data)
         except DecodeError:
-            call.finish(INVALID_ARGUMENT, f"malformed {entry[0].DESCRIPTOR.name} message")
+            call.finish(INVALID_ARGUMENT, f"malformed {cls.DESCRIPTOR.name} message")
             call.user = _REFUSED
+            return None
+        return call.user
 
     def on_half_close(self, call: Call) -> None:
         """The client sent its last message: run a unary call; end a drained stream."""
@@ -138,6 +166,11 @@ class Service:
             call.finish(UNAVAILABLE, SERVER_STOPPING)
             return
         request = call.user
+        if type(request) is bytes:  # a ModelInfer (see on_message)
+            if self._infer_in_c(call, request):
+                return
+            if (request := self._parse(call, entry[0], request)) is None:
+                return
         if request is None:
             request = entry[0]()  # an empty message is valid protobuf
         try:
@@ -152,6 +185,19 @@ class Service:
         if response is not None:  # None: the call completes later (ModelInfer, Watch)
             call.send(response.SerializeToString())
             call.finish(OK)
+
+    def _infer_in_c(self, call: Call, data: bytes) -> bool:
+        """Whether the C path took a ModelInfer (the native transport's calls only; the
+        response compression is chosen first, as for the Python path)."""
+        if self.draining or type(call) is not _h2_call():
+            return False
+        if self._choose_compression is not None:
+            self._choose_compression(call)
+        try:
+            return self.inference.model_infer_in_c(call, data)
+        except Exception:  # a bug of ours: the Python path answers
+            log.exception("gRPC ModelInfer in C failed")
+            return False
 
     def _restricted(self, call: Call) -> bool:
         """Refuse a call to a restricted group whose metadata lacks the agreed header and value,
@@ -176,6 +222,7 @@ class Service:
             if algorithm != "identity":
                 call.set_compression(algorithm)
 
+        self._choose_compression = choose
         request, model_infer = self._unary[_KSERVE + "ModelInfer"]
 
         def infer(request: Any, call: Call) -> Any:
@@ -225,6 +272,8 @@ class Service:
             )
             call.finish(UNAVAILABLE, "the server is stopping")
         self.shm.clear()
+        if library._native is not None:  # the calls answered in C since the last one it took
+            library._native.grpc_release()
 
     # -- server and model information ---------------------------------------------
 
