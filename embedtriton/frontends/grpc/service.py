@@ -49,6 +49,7 @@ def _h2_call() -> type:
         _H2_CALL.append(_h2.Call)
     return _H2_CALL[0]
 
+
 _KSERVE = "/inference.GRPCInferenceService/"
 _STREAM_INFER = _KSERVE + "ModelStreamInfer"
 _MODEL_INFER = _KSERVE + "ModelInfer"
@@ -61,6 +62,10 @@ _REFUSED_WHILE_DRAINING = {
 
 class Service:
     """KServe-v2 inference service plus ``grpc.health.v1`` for one server (a transport :class:`Handler`)."""
+
+    # ModelInfer's message is kept as bytes for the C path (Inference.model_infer_in_c), which takes
+    # the native transport's plain requests; parsed only when it declines. (False: always parsed.)
+    infer_in_c = True
 
     def __init__(
         self,
@@ -102,9 +107,6 @@ class Service:
         }
         self._stream_message = self.inference.stream_message
         self._choose_compression: Callable[[Call], None] | None = None
-        # ModelInfer's message is kept as bytes for the C path (Inference.model_infer_in_c), which the
-        # native transport's calls can take; parsed here only when it declines.
-        self.infer_in_c = True
         if infer_response_compression_level != "none":
             self._compress_inference(infer_response_compression_level)
         self.draining = False  # stop() began: new requests are refused, those in flight finish
