@@ -162,3 +162,43 @@ def test_memory_stays_flat_over_many_mutated_messages():
     run(50000)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 4096, grown_kib
+
+
+def test_an_endpoint_answers_mutated_messages_as_the_python_path(add_sub, add_sub_tensors, monkeypatch):
+    """Mutated ModelInfer messages to a running endpoint: with the C path and without it, the same
+    status, words and response; the server survives them all."""
+    import grpc
+    import numpy as np
+
+    from embedtriton import ModelConfig, Server
+    from embedtriton.frontends.grpc.service import Service
+
+    m = service_pb2.ModelInferRequest(model_name="AddSub", id="i")
+    for name in ("a", "b"):
+        m.inputs.add(name=name, datatype="FP32", shape=[2, 1])
+        m.raw_input_contents.append(np.ones((2, 1), np.float32).tobytes())
+    m.outputs.add(name="add")
+    seed = m.SerializeToString()
+    rng = random.Random(11)
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
+    with server:
+        port = server.serve_grpc("127.0.0.1:0", transport="native")
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+            def ask(data):
+                try:
+                    return 0, "", infer(data, timeout=30)
+                except grpc.RpcError as exc:
+                    return exc.code(), exc.details(), b""
+
+            taken = _native.grpc_stats()[0]
+            for _ in range(150):
+                data = mutate(seed, rng)
+                in_c = ask(data)
+                with monkeypatch.context() as p:
+                    p.setattr(Service, "infer_in_c", False)
+                    assert ask(data) == in_c, service_pb2.ModelInferRequest.FromString(data) if check(data) else data
+            assert _native.grpc_stats()[0] > taken  # (some mutations leave a plain request)
+            assert ask(seed)[0] == 0

@@ -139,3 +139,87 @@ def test_many_concurrent_calls(served):
     assert all(code == 0 for code, _, _ in outcomes)
     assert [service_pb2.ModelInferResponse.FromString(r).id for _, _, r in outcomes] == [str(i) for i in range(400)]
     assert _native.grpc_stats()[0] - taken == 400
+
+
+@pytest.fixture(scope="module")
+def limited():
+    """A server whose messages are capped at 2 KiB and whose responses are compressed."""
+    import threading
+
+    gate = threading.Event()
+    seen: list[int] = []
+
+    def big(requests):
+        return [{"y": np.zeros((int(r["n"][0]),), np.int32)} for r in requests]
+
+    def slow(requests):
+        seen.extend(int(r["x"][0]) for r in requests)
+        gate.wait(30)
+        return [{"y": r["x"]} for r in requests]
+
+    server = Server()
+    server.bind(
+        "Big",
+        big,
+        [Tensor(name="n", dtype=np.int32, shape=(1,))],
+        [Tensor(name="y", dtype=np.int32, shape=(-1,))],
+        ModelConfig(batching=False),
+    )
+    server.bind(
+        "Slow",
+        slow,
+        [Tensor(name="x", dtype=np.int32, shape=(1,))],
+        [Tensor(name="y", dtype=np.int32, shape=(1,))],
+        ModelConfig(batching=False),
+    )
+    with server:
+        port = server.serve_grpc(
+            "127.0.0.1:0", transport="native", max_message_bytes=2048, infer_response_compression_level="high"
+        )
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel.unary_unary(METHOD), gate, seen
+
+
+def one_int(model: str, name: str, value: int, **fields) -> bytes:
+    return request(model, [(name, "INT32", [1])], raw=[np.int32(value).tobytes()], **fields)
+
+
+def test_message_size_limit_and_compression_as_the_python_path(limited, monkeypatch):
+    infer, gate, _ = limited
+    gate.set()
+    outcomes = []
+    for n in (10, 400, 1000):  # 1000 int32: over 2 KiB (the limit is on the uncompressed message)
+        in_c, in_python, took = both(infer, one_int("Big", "n", n), monkeypatch)
+        assert took and in_c == in_python
+        outcomes.append(in_c[:2])
+    assert outcomes[:2] == [(0, ""), (0, "")]
+    assert outcomes[2] == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+        "response message larger than max (4027 vs. 2048 bytes)",
+    )
+
+
+def test_a_client_that_leaves_cancels_its_request(limited):
+    import threading
+    import time
+
+    infer, gate, seen = limited
+    gate.clear()
+    seen.clear()
+    first = threading.Thread(target=ask, args=(infer, one_int("Slow", "x", 1)))
+    first.start()
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:  # the instance is busy with the first
+        time.sleep(0.01)
+    taken = _native.grpc_stats()[0]
+    code = None
+    try:
+        infer(one_int("Slow", "x", 2), timeout=0.5)  # queued behind it, then the client leaves
+    except grpc.RpcError as exc:
+        code = exc.code()
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED and _native.grpc_stats()[0] == taken + 1
+    time.sleep(0.3)  # (the reset reaches the server, which cancels the request in Triton)
+    gate.set()
+    first.join(30)
+    time.sleep(0.3)
+    assert seen == [1]  # Triton dropped the cancelled request before running it
