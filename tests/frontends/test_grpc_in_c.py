@@ -26,6 +26,9 @@ def served(add_sub, add_sub_tensors):
     def fails(requests):
         raise ValueError("no luck")
 
+    def where(requests):  # how far each input is from its datatype's alignment
+        return [{"off": np.array([r["x"].ctypes.data % 8], np.int64)} for r in requests]
+
     server = Server()
     server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     server.bind(
@@ -39,6 +42,13 @@ def served(add_sub, add_sub_tensors):
         fails,
         [Tensor(name="x", dtype=np.int32, shape=(-1,))],
         [Tensor(name="y", dtype=np.int32, shape=(-1,))],
+    )
+    server.bind(
+        "Where",
+        where,
+        [Tensor(name="x", dtype=np.float64, shape=(-1,))],
+        [Tensor(name="off", dtype=np.int64, shape=(1,))],
+        ModelConfig(batching=False),
     )
     with server:
         port = server.serve_grpc("127.0.0.1:0", transport="native")
@@ -128,6 +138,17 @@ def test_what_it_declines_still_runs_in_python(served, monkeypatch):
     assert not took and _native.grpc_stats()[1] > declined
     assert in_c == in_python and in_c[0] == 0
     assert service_pb2.ModelInferResponse.FromString(in_c[2]).raw_output_contents[0] == b"\5\0\0\0hello"
+
+
+def test_inputs_reach_the_model_aligned(served):
+    """An input is read where it lies in the message when aligned for its datatype, else from
+    an aligned copy: the model's arrays are aligned either way, as on the Python path."""
+    taken = _native.grpc_stats()[0]
+    for n in range(16):  # ids of 0 to 15 characters move the raw contents through every offset
+        data = request("Where", [("x", "FP64", [3])], raw=[b"\0" * 24], id="i" * n)
+        code, _, answer = ask(served, data)
+        assert code == 0 and service_pb2.ModelInferResponse.FromString(answer).raw_output_contents[0] == bytes(8)
+    assert _native.grpc_stats()[0] - taken == 16
 
 
 def test_many_concurrent_calls(served):

@@ -1,8 +1,8 @@
 /* A unary gRPC ModelInfer answered in C: the ModelInferRequest protobuf decoded
  * straight into a Triton request (inputs point into the received message, no
- * copy), handed to Triton without the GIL, and the ModelInferResponse encoded
- * from Triton's output buffers on Triton's thread and handed to the _h2 stream
- * through its C interface (h2_reply.h): no Python on the completion path.
+ * copy, where they are aligned for their datatype), handed to Triton without the GIL, and the
+ * ModelInferResponse encoded from Triton's output buffers on Triton's thread and handed to the _h2
+ * stream through its C interface (h2_reply.h): no Python on the completion path.
  *
  * grpc_model_infer() takes only plain requests and declines the rest (None): the
  * Python path (frontends/grpc/infer.py) then runs as before and words any error.
@@ -423,6 +423,7 @@ typedef struct GrpcCall {
   Call c;                   /* first: the Call is freed as a whole (calls.c) */
   PyObject* call;           /* the _h2 call (c.future holds the reference) */
   Slice model, version, id; /* in the message (c.keep[0]) */
+  void* copies;             /* inputs not aligned in the message, copied */
   struct GrpcCall* answered_next;
 } GrpcCall;
 
@@ -480,10 +481,11 @@ static void grpc_wake(Call* c)
   call_unref(c);
 }
 
-/* With the GIL (call_free_later): the message Triton read from. */
+/* With the GIL (call_free_later): the message Triton read from, and copies of it. */
 static void grpc_destroy(Call* c)
 {
   call_drop_inputs(c);
+  free(((GrpcCall*)c)->copies);
 }
 
 static const CallOps grpc_ops = {.response = call_one_response,
@@ -525,13 +527,32 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
   if (!fine(api.TRITONSERVER_InferenceRequestNew(&req, server, model, version))) return NULL;
   GrpcCall* g = calloc(1, sizeof(GrpcCall));
   int ok = g != NULL;
+  /* Inputs point into the message. One whose bytes are not aligned there for its datatype is
+   * copied (into one block for all of them): the model's arrays are aligned, as they are on the
+   * Python path, where protobuf copies each raw content into a bytes object of its own. */
+  size_t copied = 0;
+  for (int i = 0; i < r->n_inputs; i++)
+    if ((uintptr_t)r->raw[i].p % dtype_size(numeric_type(r->inputs[i].datatype)))
+      copied += (r->raw[i].n + 63) & ~(size_t)63;
+  if (ok && copied && posix_memalign(&g->copies, 64, copied) != 0) {
+    g->copies = NULL;
+    ok = 0;
+  }
+  char* copy = g != NULL ? g->copies : NULL;
   for (int i = 0; ok && i < r->n_inputs; i++) {
     const KsInput* in = &r->inputs[i];
+    TRITONSERVER_DataType t = numeric_type(in->datatype);
+    const void* bytes = r->raw[i].p;
+    if ((uintptr_t)bytes % dtype_size(t)) {
+      memcpy(copy, bytes, r->raw[i].n);
+      bytes = copy;
+      copy += (r->raw[i].n + 63) & ~(size_t)63;
+    }
     const char* name = TEXT(in->name);
     ok = name != NULL &&
-         fine(api.TRITONSERVER_InferenceRequestAddInput(req, name, numeric_type(in->datatype),
-                                                        in->shape, (uint64_t)in->ndim)) &&
-         fine(api.TRITONSERVER_InferenceRequestAppendInputData(req, name, r->raw[i].p, r->raw[i].n,
+         fine(api.TRITONSERVER_InferenceRequestAddInput(req, name, t, in->shape,
+                                                        (uint64_t)in->ndim)) &&
+         fine(api.TRITONSERVER_InferenceRequestAppendInputData(req, name, bytes, r->raw[i].n,
                                                                TRITONSERVER_MEMORY_CPU, 0));
   }
   for (int i = 0; ok && i < r->n_outputs; i++) {
@@ -552,6 +573,7 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
                                                                  c));
   if (!ok) { /* the Python path words what went wrong */
     api.TRITONSERVER_InferenceRequestDelete(req);
+    if (g != NULL) free(g->copies);
     free(g);
     return NULL;
   }
@@ -580,6 +602,7 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
     api.TRITONSERVER_InferenceRequestDelete(req);
     call_drop_inputs(c);
     Py_CLEAR(c->future);
+    free(g->copies);
     free(g);
     return NULL;
   }
