@@ -1,8 +1,9 @@
 /* A unary gRPC ModelInfer answered in C: the ModelInferRequest protobuf decoded
  * straight into a Triton request (inputs point into the received message, no
- * copy, where they are aligned for their datatype), handed to Triton without the GIL, and the
- * ModelInferResponse encoded from Triton's output buffers on Triton's thread and handed to the _h2
- * stream through its C interface (h2_reply.h): no Python on the completion path.
+ * copy, where they are aligned for their datatype) and handed to Triton; the
+ * ModelInferResponse is encoded from Triton's output buffers on Triton's thread
+ * and handed to the _h2 stream through its C interface (h2_reply.h), without
+ * the GIL: no Python on the completion path.
  *
  * grpc_model_infer() takes only plain requests and declines the rest (None): the
  * Python path (frontends/grpc/infer.py) then runs as before and words any error.
@@ -10,8 +11,8 @@
  * request or tensor parameters, raw contents only (no typed contents), numeric
  * datatypes, at most MAX_DIMS non-negative dimensions, no empty batch, distinct
  * input names, each input's raw bytes exactly filling its shape, a model that
- * Python's table admits (a bound model, not decoupled, no optional inputs) with
- * no queue gate, and a request that Triton takes. The decoder is bounded: every
+ * Python's table admits (a bound model, not decoupled, no optional inputs, no
+ * batch rule) with no queue gate, and a request that Triton takes. The decoder is bounded: every
  * length is checked against the bytes present, varints have at most 10 bytes,
  * at most KS_MAX_TENSORS inputs and outputs, nothing is allocated from a
  * declared size.
@@ -592,10 +593,11 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
   atomic_init(&c->refs, 4);
   held_add(c);
   atomic_fetch_add(&in_flight, 1);
-  TRITONSERVER_Error* err;
-  Py_BEGIN_ALLOW_THREADS
-  err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
-  Py_END_ALLOW_THREADS
+  /* With the GIL, as submit() hands over an asynchronous call: letting it go for the hand-over,
+   * which does not block, would let the model thread in and leave the IO thread queueing for
+   * the GIL behind it at each request (a convoy under load). (A model with a batch rule, whose
+   * batcher calls Python, is not taken.) */
+  TRITONSERVER_Error* err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
   if (!fine(err)) { /* not taken: no callbacks; the Python path says why */
     held_release(c);
     call_claim(c);
