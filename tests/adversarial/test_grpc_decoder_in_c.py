@@ -24,6 +24,7 @@ SIZES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "
          "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}  # fmt: skip
 NAMES = st.text(st.characters(min_codepoint=1, max_codepoint=0x7F), min_size=1, max_size=12)
 ANY_TEXT = st.text(max_size=12)
+EMPTY_FINAL = "triton_enable_empty_final_response"  # (ignored by a unary call: perf_analyzer sends it)
 
 
 def parsed_view(data: bytes):
@@ -33,7 +34,7 @@ def parsed_view(data: bytes):
         m = service_pb2.ModelInferRequest.FromString(data)
     except DecodeError:
         return None
-    if m.parameters or any(t.parameters or t.HasField("contents") for t in m.inputs):
+    if set(m.parameters) - {EMPTY_FINAL} or any(t.parameters or t.HasField("contents") for t in m.inputs):
         return None
     if any(o.parameters for o in m.outputs) or len(m.raw_input_contents) < len(m.inputs):
         return None
@@ -69,6 +70,8 @@ def plain_requests(draw):
         m.raw_input_contents.append(draw(st.binary(min_size=count * SIZES[datatype], max_size=count * SIZES[datatype])))
     for name in draw(st.lists(NAMES, max_size=3)):
         m.outputs.add(name=name)
+    if draw(st.booleans()):
+        m.parameters[EMPTY_FINAL].bool_param = draw(st.booleans())
     return m.SerializeToString()
 
 
@@ -90,6 +93,10 @@ def any_requests(draw):
             o.parameters["classification"].int64_param = 2
     if draw(st.booleans()):
         m.parameters["priority"].int64_param = 1
+    if draw(st.booleans()):
+        value = m.parameters[EMPTY_FINAL]
+        kind = draw(st.sampled_from(["bool_param", "int64_param", "string_param", "double_param", "uint64_param"]))
+        setattr(value, kind, {"bool_param": True, "string_param": draw(ANY_TEXT), "double_param": 0.5}.get(kind, 3))
     return m.SerializeToString()
 
 

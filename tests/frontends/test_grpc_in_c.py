@@ -92,6 +92,7 @@ def test_plain_requests_are_taken_and_answered_as_the_python_path_does(served, m
         request(id="my-id"),
         request(model_version="1"),
         request(outputs=["sub"]),
+        request(parameters={"triton_enable_empty_final_response": service_pb2.InferParameter(bool_param=True)}),
         request(outputs=["sub", "add", "sub"]),  # named twice: once, as Triton
         request(inputs=[("a", "FP32", [2, 1]), ("b", "FP32", [2, 1])], raw=[b"\0" * 8, b"\0\0\x80?" * 2]),
     ]

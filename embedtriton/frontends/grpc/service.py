@@ -8,6 +8,7 @@ and ``grpcio-health-checking``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -38,16 +39,12 @@ from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTE
 log = logging.getLogger("embedtriton")
 
 
-_H2_CALL: list[type] = []
-
-
+@functools.cache
 def _h2_call() -> type:
     """The native transport's Call type (the C path answers only those)."""
-    if not _H2_CALL:
-        from ... import _h2
+    from ... import _h2
 
-        _H2_CALL.append(_h2.Call)
-    return _H2_CALL[0]
+    return _h2.Call
 
 
 _KSERVE = "/inference.GRPCInferenceService/"
@@ -132,7 +129,7 @@ class Service:
             call.finish(INVALID_ARGUMENT, f"{call.method} takes one request message")
             call.user = _REFUSED
             return
-        if call.method == _MODEL_INFER and self.infer_in_c:
+        if call.method == _MODEL_INFER and self.infer_in_c and type(call) is _h2_call():
             call.user = data  # parsed at the half-close, unless the C path takes it
             return
         self._parse(call, entry[0], data)
@@ -189,9 +186,9 @@ class Service:
             call.finish(OK)
 
     def _infer_in_c(self, call: Call, data: bytes) -> bool:
-        """Whether the C path took a ModelInfer (the native transport's calls only; the
-        response compression is chosen first, as for the Python path)."""
-        if self.draining or type(call) is not _h2_call():
+        """Whether the C path took a ModelInfer of the native transport (the response
+        compression is chosen first, as for the Python path)."""
+        if self.draining:
             return False
         if self._choose_compression is not None:
             self._choose_compression(call)

@@ -8,14 +8,13 @@
  * grpc_model_infer() takes only plain requests and declines the rest (None): the
  * Python path (frontends/grpc/infer.py) then runs as before and words any error.
  * Plain: well-formed protobuf in the subset below, ASCII strings without NUL, no
- * request or tensor parameters, raw contents only (no typed contents), numeric
- * datatypes, at most MAX_DIMS non-negative dimensions, no empty batch, distinct
- * input names, each input's raw bytes exactly filling its shape, a model that
- * Python's table admits (a bound model, not decoupled, no optional inputs, no
- * batch rule) with no queue gate, and a request that Triton takes. The decoder is bounded: every
- * length is checked against the bytes present, varints have at most 10 bytes,
- * at most KS_MAX_TENSORS inputs and outputs, nothing is allocated from a
- * declared size.
+ * tensor parameters, no request parameters but one that a unary call ignores, raw contents only (no
+ * typed contents), numeric datatypes, at most MAX_DIMS non-negative dimensions, no empty batch,
+ * distinct input names, each input's raw bytes exactly filling its shape, a model that Python's
+ * table admits (a bound model, not decoupled, no optional inputs, no batch rule) with no queue
+ * gate, and a request that Triton takes. The decoder is bounded: every length is checked against
+ * the bytes present, varints have at most 10 bytes, at most KS_MAX_TENSORS inputs and outputs,
+ * nothing is allocated from a declared size.
  *
  * ModelInferRequest: model_name=1 model_version=2 id=3 parameters=4 inputs=5
  *   (name=1 datatype=2 shape=3 parameters=4 contents=5) outputs=6 (name=1
@@ -189,6 +188,48 @@ static TRITONSERVER_DataType numeric_type(Slice name)
   return TRITONSERVER_TYPE_INVALID;
 }
 
+/* A well-formed InferParameter value (any of its kinds): 0, else -1. */
+static int parameter_value(Slice m)
+{
+  const uint8_t *p = m.p, *end = m.p + m.n;
+  while (p < end) {
+    uint32_t field;
+    int wire;
+    Slice s;
+    if (get_tag(&p, end, &field, &wire) < 0) return -1;
+    if (field == 3) {
+      if (get_text(&p, end, wire, &s) < 0) return -1;
+    } else if (field <= 5 && wire != (field == 4 ? WIRE_I64 : WIRE_VARINT)) {
+      return -1;
+    } else if (skip(&p, end, wire) < 0) {
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* A request parameter (a map entry: key=1, value=2) that a unary ModelInfer ignores: 0, else -1.
+ * Only triton_enable_empty_final_response (which perf_analyzer sends) is: it matters to streams
+ * alone (kserve.apply_parameters drops it). */
+static int ignored_parameter(Slice m)
+{
+  const uint8_t *p = m.p, *end = m.p + m.n;
+  Slice key = {m.p, 0}, value;
+  while (p < end) {
+    uint32_t field;
+    int wire;
+    if (get_tag(&p, end, &field, &wire) < 0) return -1;
+    if (field == 1) {
+      if (get_text(&p, end, wire, &key) < 0) return -1;
+    } else if (field == 2) {
+      if (wire != WIRE_LEN || get_len(&p, end, &value) < 0 || parameter_value(value) < 0) return -1;
+    } else if (skip(&p, end, wire) < 0) {
+      return -1;
+    }
+  }
+  return slice_is(key, "triton_enable_empty_final_response") ? 0 : -1;
+}
+
 /* Decode a ModelInferRequest into r: 0 for a plain request, -1 for anything else. */
 static int ks_decode(const uint8_t* data, size_t len, KsRequest* r)
 {
@@ -225,7 +266,9 @@ static int ks_decode(const uint8_t* data, size_t len, KsRequest* r)
         if (r->n_raw < KS_MAX_TENSORS) r->raw[r->n_raw] = s;
         if (r->n_raw < INT_MAX) r->n_raw++;
         break;
-      case 4: return -1; /* request parameters: the Python path interprets them */
+      case 4: /* request parameters: the Python path interprets them, all but one */
+        if (wire != WIRE_LEN || get_len(&p, end, &s) < 0 || ignored_parameter(s) < 0) return -1;
+        break;
       default:
         if (skip(&p, end, wire) < 0) return -1;
     }
