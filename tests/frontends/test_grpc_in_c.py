@@ -26,6 +26,9 @@ def served(add_sub, add_sub_tensors):
     def fails(requests):
         raise ValueError("no luck")
 
+    def spell(requests):  # numbers in, BYTES out: Triton's serialized strings, encoded in C
+        return [{"text": np.array([str(v).encode() * 2 for v in r["x"]], dtype=object)} for r in requests]
+
     def where(requests):  # how far each input is from its datatype's alignment
         return [{"off": np.array([r["x"].ctypes.data % 8], np.int64)} for r in requests]
 
@@ -42,6 +45,13 @@ def served(add_sub, add_sub_tensors):
         fails,
         [Tensor(name="x", dtype=np.int32, shape=(-1,))],
         [Tensor(name="y", dtype=np.int32, shape=(-1,))],
+    )
+    server.bind(
+        "Spell",
+        spell,
+        [Tensor(name="x", dtype=np.int32, shape=(-1,))],
+        [Tensor(name="text", dtype=np.bytes_, shape=(-1,))],
+        ModelConfig(batching=False),
     )
     server.bind(
         "Where",
@@ -94,6 +104,7 @@ def test_plain_requests_are_taken_and_answered_as_the_python_path_does(served, m
         request(outputs=["sub"]),
         request(parameters={"triton_enable_empty_final_response": service_pb2.InferParameter(bool_param=True)}),
         request(outputs=["sub", "add", "sub"]),  # named twice: once, as Triton
+        request("Spell", [("x", "INT32", [3])], raw=[np.array([7, -1, 12345], np.int32).tobytes()]),
         request(inputs=[("a", "FP32", [2, 1]), ("b", "FP32", [2, 1])], raw=[b"\0" * 8, b"\0\0\x80?" * 2]),
     ]
     for data in cases:
@@ -119,6 +130,7 @@ def test_errors_keep_the_python_paths_codes_and_words(served, monkeypatch):
         request(inputs=[("a", "FP32", [1, 4]), ("b", "FP32", [1, 4])]),  # the wrong shape
         request(inputs=[("a", "FP32", [16, 1]), ("b", "FP32", [16, 1])], raw=[b"\0" * 64] * 2),  # over max batch
         request(inputs=[("a", "FP32", [0, 1]), ("b", "FP32", [0, 1])], raw=[b"", b""]),  # empty batch
+        request("Spell", [("x", "INT32", [0])], raw=[b""]),  # empty, no batch axis: fine (declined)
         request(outputs=["nope"]),  # an unknown output
         request(raw=[b"\0" * 16]),  # fewer raw contents than inputs
         request("Fails", inputs=[("x", "INT32", [1])], raw=[b"\1\0\0\0"]),  # the model raises
