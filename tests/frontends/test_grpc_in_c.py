@@ -257,3 +257,48 @@ def test_a_client_that_leaves_cancels_its_request(limited):
     first.join(30)
     time.sleep(0.3)
     assert seen == [1]  # Triton dropped the cancelled request before running it
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+def test_stop_with_calls_in_flight_answers_them_as_the_python_path(in_c, monkeypatch):
+    """Stopping while calls wait on a slow model (exit_timeout_secs=1): stop() fails each one
+    with the same words on either path (UNAVAILABLE); nobody hangs, the server stops."""
+    import threading
+    import time
+
+    from embedtriton import ServerConfig
+
+    monkeypatch.setattr(Service, "infer_in_c", in_c)
+    release = threading.Event()
+
+    def slow(requests):
+        release.wait(5)
+        return [{"y": r["x"]} for r in requests]
+
+    server = Server(ServerConfig(exit_timeout_secs=1))
+    server.bind(
+        "Slow",
+        slow,
+        [Tensor(name="x", dtype=np.int32, shape=(1,))],
+        [Tensor(name="y", dtype=np.int32, shape=(1,))],
+        ModelConfig(batching=False),
+    )
+    outcomes: list[tuple[int, str, bytes]] = []
+    taken = _native.grpc_stats()[0]
+    with server:
+        port = server.serve_grpc("127.0.0.1:0", transport="native")
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        infer = channel.unary_unary(METHOD)
+        data = request("Slow", [("x", "INT32", [1])], raw=[b"\1\0\0\0"])
+        threads = [threading.Thread(target=lambda: outcomes.append(ask(infer, data))) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+    release.set()
+    for t in threads:
+        t.join(30)
+    channel.close()
+    assert time.monotonic() - started < 15
+    assert [o[:2] for o in outcomes] == [(14, "the server stopped before this request completed")] * 3
+    assert (_native.grpc_stats()[0] - taken == 3) == in_c
