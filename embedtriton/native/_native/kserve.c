@@ -7,7 +7,8 @@
  *
  * grpc_model_infer() takes only plain requests and declines the rest (None): the
  * Python path (frontends/grpc/infer.py) then runs as before and words any error.
- * Plain: well-formed protobuf in the subset below, ASCII strings without NUL, no
+ * Plain: well-formed protobuf in the subset below, ASCII strings without NUL
+ * (names and the id at most 255 characters), no
  * tensor parameters, no request parameters but one that a unary call ignores, raw contents only (no
  * typed contents), numeric datatypes, at most MAX_DIMS non-negative dimensions, no empty batch,
  * distinct input names, each input's raw bytes exactly filling its shape, a model that Python's
