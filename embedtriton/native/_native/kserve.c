@@ -5,17 +5,17 @@
  * and handed to the _h2 stream through its C interface (h2_reply.h), without
  * the GIL: no Python on the completion path.
  *
- * grpc_model_infer() takes only plain requests and declines the rest (None): the
- * Python path (frontends/grpc/infer.py) then runs as before and words any error.
- * Plain: well-formed protobuf in the subset below, ASCII strings without NUL
- * (names and the id at most 255 characters), no
- * tensor parameters, no request parameters but one that a unary call ignores, raw contents only (no
- * typed contents), numeric datatypes, at most MAX_DIMS non-negative dimensions, no empty batch,
- * distinct input names, each input's raw bytes exactly filling its shape, a model that Python's
- * table admits (a bound model, not decoupled, no optional inputs, no batch rule) with no queue
- * gate, and a request that Triton takes. The decoder is bounded: every length is checked against
- * the bytes present, varints have at most 10 bytes, at most KS_MAX_TENSORS inputs and outputs,
- * nothing is allocated from a declared size.
+ * grpc_model_infer() takes only plain requests and declines the rest (None): the Python
+ * path (frontends/grpc/infer.py) then runs as before and words any error. Plain:
+ * well-formed protobuf in the subset below; ASCII strings without NUL (names and the id at
+ * most 255 characters); no tensor parameters; no request parameters but one that a unary
+ * call ignores; raw contents only (no typed contents); numeric datatypes; at most MAX_DIMS
+ * non-negative dimensions; no empty batch; distinct input names; each input's raw bytes
+ * exactly filling its shape; a model that Python's table admits (a bound model, not
+ * decoupled, no optional inputs, no batch rule) with no queue gate; and a request that
+ * Triton takes. The decoder is bounded: every length is checked against the bytes present,
+ * varints have at most 10 bytes, at most KS_MAX_TENSORS inputs and outputs, nothing is
+ * allocated from a declared size.
  *
  * ModelInferRequest: model_name=1 model_version=2 id=3 parameters=4 inputs=5
  *   (name=1 datatype=2 shape=3 parameters=4 contents=5) outputs=6 (name=1
