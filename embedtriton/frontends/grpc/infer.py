@@ -16,9 +16,8 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
-from ...backend import library
 from ...core import CoreServer
-from ...core.handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Cancel
+from ...core.handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Cancel, grpc_model_infer
 from ...errors import SERVER_STOPPING, InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from .. import kserve
 from ..security import forwarded
@@ -281,14 +280,13 @@ class Inference:
         server = self.server
         if self.draining or self.forward is not None or server.tracer is not None or server._stopping:
             return False  # (forwarded headers, traces and stopping are the Python path's)
-        native = library._native or library.native()
-        handle = native.grpc_model_infer(call, data, self._in_c, server._bound, server._handle)
+        handle = grpc_model_infer(call, data, self._in_c, server._bound, server._handle)
         if type(handle) is tuple:  # no entry for its model yet, or its binding changed
             self._admit_in_c(*handle)
-            handle = native.grpc_model_infer(call, data, self._in_c, server._bound, server._handle)
-        if handle is None or type(handle) is tuple:
+            handle = grpc_model_infer(call, data, self._in_c, server._bound, server._handle)
+        if type(handle) is not InFlight:
             return False
-        call.user = InFlight(handle)  # on_cancel cancels it in Triton
+        call.user = handle  # on_cancel cancels it in Triton
         return True
 
     def _admit_in_c(self, name: str, version: str) -> None:

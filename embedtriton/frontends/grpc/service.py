@@ -20,8 +20,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from ...backend import library
 from ...core import CoreServer
+from ...core.handles import grpc_release
 from ...errors import (
     SERVER_STOPPING,
     NotFoundError,
@@ -271,8 +271,7 @@ class Service:
             )
             call.finish(UNAVAILABLE, "the server is stopping")
         self.shm.clear()
-        if library._native is not None:  # the calls answered in C since the last one it took
-            library._native.grpc_release()
+        grpc_release()  # the calls answered in C since it last took one
 
     # -- server and model information ---------------------------------------------
 
