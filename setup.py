@@ -37,6 +37,7 @@ setup(
                 *files(f"{NATIVE}/_native/*.h"),
                 f"{INCLUDE}/triton_api.h",
                 f"{INCLUDE}/dlpack.h",
+                f"{INCLUDE}/h2_reply.h",
                 f"{NATIVE}/_native/exports.map",
             ],
             include_dirs=[INCLUDE, numpy.get_include()],
@@ -47,7 +48,12 @@ setup(
         Extension(
             "embedtriton._h2",
             sources=files(f"{NATIVE}/_h2/*.c"),
-            depends=[*files(f"{NATIVE}/_h2/*.h"), f"{INCLUDE}/nghttp2_api.h", f"{NATIVE}/_h2/exports.map"],
+            depends=[
+                *files(f"{NATIVE}/_h2/*.h"),
+                f"{INCLUDE}/nghttp2_api.h",
+                f"{INCLUDE}/h2_reply.h",
+                f"{NATIVE}/_h2/exports.map",
+            ],
             include_dirs=[INCLUDE],
             extra_compile_args=CFLAGS,
             extra_link_args=exports("_h2"),

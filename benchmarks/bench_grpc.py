@@ -96,6 +96,7 @@ def _answer_canned(server: Any, infer: Any, service: Any, codes: Any) -> None:
 
     infer.Inference.model_infer = model_infer
     service.Service.model_statistics = model_statistics
+    service.Service.infer_in_c = False  # every ModelInfer through the Python handler above
 
 
 def perf_analyzer_binary() -> tuple[str, dict[str, str]]:

@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeAlias, TypedDict, final
 
 from _typeshed import StrOrBytesPath
-from typing_extensions import Buffer
+from typing_extensions import Buffer, CapsuleType
 
 class _Handler(Protocol):
     """What Server calls on its IO thread, with the GIL, for each event of a call."""
@@ -81,6 +81,8 @@ class Call:
     def set_compression(self, algorithm: str, /) -> None:
         """Compress the response messages ("identity", "deflate" or "gzip"; each is sent compressed when
         that makes it smaller): before the first send(), else RuntimeError."""
+
+_REPLY: CapsuleType  # "embedtriton._h2._REPLY": the C interface _native answers calls through (h2_reply.h)
 
 def library(libpath: str | None = None) -> _LibraryInfo:
     """The libnghttp2 in use (loaded now if no Server loaded it yet)."""

@@ -7,7 +7,7 @@ embedtriton.triton.control); stream and request handles are capsules that only t
 import asyncio
 from collections import abc
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeAlias, final
+from typing import Any, Literal, TypeAlias, TypedDict, final
 
 from numpy.typing import NDArray
 from typing_extensions import Buffer, CapsuleType
@@ -95,6 +95,37 @@ def stream_close(stream: _Stream, /) -> None:
 
 def cancel(handle: _RequestHandle, /) -> None:
     """Cancel a request by the handle submit() gave (cancellable=True)."""
+
+def grpc_model_infer(
+    call: Any,
+    data: bytes,
+    table: dict[tuple[str, str], tuple[Any, int | None]],
+    bound: dict[str, Any],
+    server: _ServerHandle | None,
+    /,
+) -> _RequestHandle | tuple[str, str] | None:
+    """Take a unary gRPC ModelInfer (``call``: an embedtriton._h2.Call, ``data``: its message) in C:
+    decoded, submitted without the GIL and answered on Triton's thread; returns its cancel handle.
+    None: declined (not a plain request: the Python path answers). (model_name, model_version):
+    ``table`` has no entry for them whose binding is still ``bound``'s; an entry is (binding,
+    version), version None for a model the C path does not take."""
+
+def grpc_release() -> None:
+    """Let go of the gRPC calls answered in C since the last grpc_model_infer (their _h2 calls
+    and messages)."""
+
+def grpc_stats() -> tuple[int, int]:
+    """(taken, declined): the ModelInfer calls grpc_model_infer took and declined."""
+
+class _Decoded(TypedDict):
+    model_name: str
+    model_version: str
+    id: str
+    inputs: list[tuple[str, str, tuple[int, ...], bytes]]  # (name, datatype, shape, raw contents)
+    outputs: list[str]
+
+def kserve_decode(data: bytes, /) -> _Decoded | None:
+    """What grpc_model_infer reads of a ModelInferRequest; None when it is not plain (tests)."""
 
 def _complete(loop: Any, calls: list[CapsuleType], /) -> None:
     """Finish asyncio calls (runs on their event loop)."""

@@ -4,7 +4,8 @@ capsules or functions (they do not import :mod:`embedtriton.backend.library`).
 
 - :class:`Stream`: a stream's responses (``stream=True``): ``next(block)`` and ``close()``;
 - :class:`Cancel`: a cancellable call in flight (``cancellable=True``): ``cancel()``;
-- shared-memory mappings and CUDA IPC for the shared-memory extensions.
+- shared-memory mappings and CUDA IPC for the shared-memory extensions;
+- :func:`grpc_model_infer`: a unary gRPC ModelInfer taken by the native C path.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ __all__ = [
     "Cancel",
     "Memory",
     "Stream",
+    "grpc_model_infer",
+    "grpc_release",
     "memory",
 ]
 
@@ -59,6 +62,22 @@ class Cancel:
 
     def cancel(self) -> None:
         _native().cancel(self._handle)
+
+
+def grpc_model_infer(call: Any, data: bytes, table: dict[Any, Any], bound: dict[str, Any], server: Any) -> Any:
+    """A unary ModelInfer of the native gRPC transport (``call``, its message ``data``) taken by
+    the C path (native/_native/kserve.c): its :class:`Cancel`; None when it declines;
+    ``(model_name, model_version)`` when ``table`` has no valid entry for its model (see
+    ``_native.grpc_model_infer``)."""
+    handle = _native().grpc_model_infer(call, data, table, bound, server)
+    return handle if handle is None or type(handle) is tuple else Cancel(handle)
+
+
+def grpc_release() -> None:
+    """Let go of the gRPC calls the C path answered since it last took one (their messages and
+    transport calls), e.g. as the endpoint stops."""
+    if library._native is not None:
+        library._native.grpc_release()
 
 
 class Memory:

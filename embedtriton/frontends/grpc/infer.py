@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from ...core import CoreServer
-from ...core.handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Cancel
+from ...core.handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Cancel, grpc_model_infer
 from ...errors import SERVER_STOPPING, InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
 from .. import kserve
 from ..security import forwarded
@@ -189,6 +189,8 @@ class Inference:
         self.draining = False
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()  # ModelStreamInfer calls, to drain
         self._streams_lock = threading.Lock()
+        # (model_name, model_version) -> (binding, version or None): the models the C path may take
+        self._in_c: dict[tuple[str, str], tuple[Any, int | None]] = {}
 
     def drain(self) -> None:
         """Refuse new requests; streams end once their requests in flight have answered."""
@@ -270,6 +272,43 @@ class Inference:
         if tracer is not None:
             decoded.request.trace_parent = tracer.context_from_metadata(dict(call.metadata))
         return decoded.model.submit(decoded.request, None, target, stream, cancellable=not stream)
+
+    def model_infer_in_c(self, call: Call, data: bytes) -> bool:
+        """Hand a unary ModelInfer to the C path (``_native.grpc_model_infer``): decoded, run and
+        answered without Python once submitted. False when it declines (not a plain request: see
+        native/_native/kserve.c): the Python path then runs as before and words any error."""
+        server = self.server
+        if self.draining or self.forward is not None or server.tracer is not None or server._stopping:
+            return False  # (forwarded headers, traces and stopping are the Python path's)
+        handle = grpc_model_infer(call, data, self._in_c, server._bound, server._handle)
+        if type(handle) is tuple:  # no entry for its model yet, or its binding changed
+            self._admit_in_c(*handle)
+            handle = grpc_model_infer(call, data, self._in_c, server._bound, server._handle)
+        if type(handle) is not InFlight:
+            return False
+        call.user = handle  # on_cancel cancels it in Triton
+        return True
+
+    def _admit_in_c(self, name: str, version: str) -> None:
+        """The C path's entry for a model: a bound model (not an ensemble, whose errors name its
+        steps) that is not decoupled, has no optional inputs and no batch rule (its batcher calls
+        Python: requests are handed over without the GIL), and a well-formed version."""
+        if len(self._in_c) >= 1024:  # (names and versions come from clients)
+            self._in_c.clear()
+        binding = self.server._bound.get(name)
+        try:
+            number: int | None = kserve.model_version(version)
+        except InvalidArgumentError:
+            number = None
+        if (
+            binding is None
+            or binding.decoupled
+            or getattr(binding, "required_inputs", None) is not None
+            or getattr(binding, "batch_rule", None) is not None
+            or hasattr(binding, "step_models")
+        ):
+            number = None
+        self._in_c[(name, version)] = (binding, number)
 
     def model_infer(self, request: Any, call: Call) -> None:
         decoded = self.decode(request, self.forwarded(call))

@@ -8,6 +8,7 @@ and ``grpcio-health-checking``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -20,6 +21,7 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ...core import CoreServer
+from ...core.handles import grpc_release
 from ...errors import (
     SERVER_STOPPING,
     NotFoundError,
@@ -36,8 +38,18 @@ from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTE
 
 log = logging.getLogger("embedtriton")
 
+
+@functools.cache
+def _h2_call() -> type:
+    """The native transport's Call type (the C path answers only those)."""
+    from ... import _h2
+
+    return _h2.Call
+
+
 _KSERVE = "/inference.GRPCInferenceService/"
 _STREAM_INFER = _KSERVE + "ModelStreamInfer"
+_MODEL_INFER = _KSERVE + "ModelInfer"
 _HEALTH = "/grpc.health.v1.Health/"
 _REFUSED = object()  # call.user of a unary call already answered with an error
 _REFUSED_WHILE_DRAINING = {
@@ -47,6 +59,10 @@ _REFUSED_WHILE_DRAINING = {
 
 class Service:
     """KServe-v2 inference service plus ``grpc.health.v1`` for one server (a transport :class:`Handler`)."""
+
+    # ModelInfer's message is kept as bytes for the C path (Inference.model_infer_in_c), which takes
+    # the native transport's plain requests; parsed only when it declines. (False: always parsed.)
+    infer_in_c = True
 
     def __init__(
         self,
@@ -87,6 +103,7 @@ class Service:
             _HEALTH + "Watch": (health_pb2.HealthCheckRequest, self.health_watch),
         }
         self._stream_message = self.inference.stream_message
+        self._choose_compression: Callable[[Call], None] | None = None
         if infer_response_compression_level != "none":
             self._compress_inference(infer_response_compression_level)
         self.draining = False  # stop() began: new requests are refused, those in flight finish
@@ -112,11 +129,21 @@ class Service:
             call.finish(INVALID_ARGUMENT, f"{call.method} takes one request message")
             call.user = _REFUSED
             return
+        if call.method == _MODEL_INFER and self.infer_in_c and type(call) is _h2_call():
+            call.user = data  # parsed at the half-close, unless the C path takes it
+            return
+        self._parse(call, entry[0], data)
+
+    @staticmethod
+    def _parse(call: Call, cls: Any, data: bytes) -> Any:
+        """A request message, or None when malformed (answered INVALID_ARGUMENT)."""
         try:
-            call.user = entry[0].FromString(data)
+            call.user = cls.FromString(data)
         except DecodeError:
-            call.finish(INVALID_ARGUMENT, f"malformed {entry[0].DESCRIPTOR.name} message")
+            call.finish(INVALID_ARGUMENT, f"malformed {cls.DESCRIPTOR.name} message")
             call.user = _REFUSED
+            return None
+        return call.user
 
     def on_half_close(self, call: Call) -> None:
         """The client sent its last message: run a unary call; end a drained stream."""
@@ -138,6 +165,11 @@ class Service:
             call.finish(UNAVAILABLE, SERVER_STOPPING)
             return
         request = call.user
+        if type(request) is bytes:  # a ModelInfer (see on_message)
+            if self._infer_in_c(call, request):
+                return
+            if (request := self._parse(call, entry[0], request)) is None:
+                return
         if request is None:
             request = entry[0]()  # an empty message is valid protobuf
         try:
@@ -152,6 +184,19 @@ class Service:
         if response is not None:  # None: the call completes later (ModelInfer, Watch)
             call.send(response.SerializeToString())
             call.finish(OK)
+
+    def _infer_in_c(self, call: Call, data: bytes) -> bool:
+        """Whether the C path took a ModelInfer of the native transport (the response
+        compression is chosen first, as for the Python path)."""
+        if self.draining:
+            return False
+        if self._choose_compression is not None:
+            self._choose_compression(call)
+        try:
+            return self.inference.model_infer_in_c(call, data)
+        except Exception:  # a bug of ours: the Python path answers
+            log.exception("gRPC ModelInfer in C failed")
+            return False
 
     def _restricted(self, call: Call) -> bool:
         """Refuse a call to a restricted group whose metadata lacks the agreed header and value,
@@ -176,6 +221,7 @@ class Service:
             if algorithm != "identity":
                 call.set_compression(algorithm)
 
+        self._choose_compression = choose
         request, model_infer = self._unary[_KSERVE + "ModelInfer"]
 
         def infer(request: Any, call: Call) -> Any:
@@ -225,6 +271,7 @@ class Service:
             )
             call.finish(UNAVAILABLE, "the server is stopping")
         self.shm.clear()
+        grpc_release()  # the calls answered in C since it last took one
 
     # -- server and model information ---------------------------------------------
 

@@ -12,55 +12,44 @@
  * time than handing the GIL over and back could. */
 #define DEFLATE_WITHOUT_GIL (64 * 1024)
 
-static PyObject* Call_send(CallObject* self, PyObject* arg)
+/* A response message buffer with room for the gRPC prefix, which it writes: len bytes of payload
+ * follow at data + 5. NULL when out of memory. */
+static OutBuf* message_new(size_t len)
+{
+  OutBuf* ob = malloc(sizeof *ob + 5 + len);
+  if (!ob) return NULL;
+  ob->next = NULL;
+  ob->len = 5 + len;
+  ob->off = 0;
+  ob->data[0] = 0;
+  ob->data[1] = (uint8_t)(len >> 24);
+  ob->data[2] = (uint8_t)(len >> 16);
+  ob->data[3] = (uint8_t)(len >> 8);
+  ob->data[4] = (uint8_t)len;
+  return ob;
+}
+
+/* A response message over max_message_bytes: the call ends RESOURCE_EXHAUSTED (as grpc-core words
+ * it); later finish() calls do nothing. */
+static void refuse_large(CallObject* self, size_t len)
 {
   ServerObject* srv = self->srv;
-  Py_buffer b;
-  if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
-  size_t len = (size_t)b.len;
-  if (len > srv->max_msg || len > UINT32_MAX) {
-    PyBuffer_Release(&b);
-    char m[160];
-    snprintf(m, sizeof m, "response message larger than max (%zu vs. %zu bytes)", len,
-             srv->max_msg);
-    char* enc = percent_encode(m, strlen(m));
-    int w = 0;
-    pthread_mutex_lock(&srv->mu);
-    if (self->st) finish_locked(srv, self->st, 8, enc, 0, &w);
-    else free(enc);
-    pthread_mutex_unlock(&srv->mu);
-    if (w) wake(srv);
-    Py_RETURN_FALSE;
-  }
-  int enc = self->comp;
-  self->sent = 1;
-  OutBuf* ob = NULL;
-  if (enc != ENC_IDENTITY && len) {
-    if (len >= DEFLATE_WITHOUT_GIL) {
-      Py_BEGIN_ALLOW_THREADS
-      ob = deflate_message(enc, b.buf, len);
-      Py_END_ALLOW_THREADS
-    } else {
-      ob = deflate_message(enc, b.buf, len);
-    }
-  }
-  if (!ob) { /* uncompressed: no compression asked for, or it did not make the message smaller */
-    ob = malloc(sizeof *ob + 5 + len);
-    if (!ob) {
-      PyBuffer_Release(&b);
-      return PyErr_NoMemory();
-    }
-    ob->next = NULL;
-    ob->len = 5 + len;
-    ob->off = 0;
-    ob->data[0] = 0;
-    ob->data[1] = (uint8_t)(len >> 24);
-    ob->data[2] = (uint8_t)(len >> 16);
-    ob->data[3] = (uint8_t)(len >> 8);
-    ob->data[4] = (uint8_t)len;
-    memcpy(ob->data + 5, b.buf, len);
-  }
-  PyBuffer_Release(&b);
+  char m[160];
+  snprintf(m, sizeof m, "response message larger than max (%zu vs. %zu bytes)", len, srv->max_msg);
+  char* enc = percent_encode(m, strlen(m));
+  int w = 0;
+  pthread_mutex_lock(&srv->mu);
+  if (self->st) finish_locked(srv, self->st, 8, enc, 0, &w);
+  else free(enc);
+  pthread_mutex_unlock(&srv->mu);
+  if (w) wake(srv);
+}
+
+/* Queue one message (prefixed, compressed with enc or not) on the call's stream; takes ob over.
+ * Returns whether it was queued (not when the call is over or over its buffer limits). */
+static int queue_message(CallObject* self, OutBuf* ob, int enc)
+{
+  ServerObject* srv = self->srv;
   int queued = 0, w = 0;
   pthread_mutex_lock(&srv->mu);
   Stream* st = self->st;
@@ -95,8 +84,98 @@ static PyObject* Call_send(CallObject* self, PyObject* arg)
   pthread_mutex_unlock(&srv->mu);
   if (!queued) free(ob);
   if (w) wake(srv);
-  return PyBool_FromLong(queued);
+  return queued;
 }
+
+/* finish(code, message) of a call: whether it was still open; -1 when out of memory. */
+static int finish_call(CallObject* self, int code, const char* msg, size_t msglen)
+{
+  ServerObject* srv = self->srv;
+  char* enc = percent_encode(msg, msglen);
+  if (!enc) return -1;
+  int done = 0, w = 0;
+  pthread_mutex_lock(&srv->mu);
+  if (self->st) done = finish_locked(srv, self->st, code, enc, 1, &w);
+  else free(enc);
+  pthread_mutex_unlock(&srv->mu);
+  if (w) wake(srv);
+  return done;
+}
+
+static PyObject* Call_send(CallObject* self, PyObject* arg)
+{
+  ServerObject* srv = self->srv;
+  Py_buffer b;
+  if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+  size_t len = (size_t)b.len;
+  if (len > srv->max_msg || len > UINT32_MAX) {
+    PyBuffer_Release(&b);
+    refuse_large(self, len);
+    Py_RETURN_FALSE;
+  }
+  int enc = self->comp;
+  self->sent = 1;
+  OutBuf* ob = NULL;
+  if (enc != ENC_IDENTITY && len) {
+    if (len >= DEFLATE_WITHOUT_GIL) {
+      Py_BEGIN_ALLOW_THREADS
+      ob = deflate_message(enc, b.buf, len);
+      Py_END_ALLOW_THREADS
+    } else {
+      ob = deflate_message(enc, b.buf, len);
+    }
+  }
+  if (!ob) { /* uncompressed: no compression asked for, or it did not make the message smaller */
+    ob = message_new(len);
+    if (!ob) {
+      PyBuffer_Release(&b);
+      return PyErr_NoMemory();
+    }
+    memcpy(ob->data + 5, b.buf, len);
+  }
+  PyBuffer_Release(&b);
+  return PyBool_FromLong(queue_message(self, ob, enc));
+}
+
+/* ---- the C interface (h2_reply.h): a unary call answered without the GIL ---- */
+
+static void* reply_message(size_t len, uint8_t** payload)
+{
+  OutBuf* ob = len <= UINT32_MAX ? message_new(len) : NULL;
+  if (ob) *payload = ob->data + 5;
+  return ob;
+}
+
+static void reply_discard(void* message)
+{
+  free(message);
+}
+
+static int reply(PyObject* call, void* message, int code, const char* text)
+{
+  CallObject* self = (CallObject*)call;
+  OutBuf* ob = message;
+  if (ob) {
+    size_t len = ob->len - 5;
+    if (len > self->srv->max_msg) {
+      free(ob);
+      refuse_large(self, len);
+      return 0;
+    }
+    int enc = self->comp; /* (set_compression() came before the call was handed over) */
+    if (enc != ENC_IDENTITY && len) {
+      OutBuf* z = deflate_message(enc, ob->data + 5, len);
+      if (z) {
+        free(ob);
+        ob = z;
+      }
+    }
+    if (!queue_message(self, ob, enc)) return 0;
+  }
+  return finish_call(self, code, text, strlen(text)) == 1;
+}
+
+const H2Reply h2_reply = {reply_message, reply, reply_discard, &CallType};
 
 static PyObject* Call_set_compression(CallObject* self, PyObject* arg)
 {
@@ -132,15 +211,8 @@ static PyObject* Call_finish(CallObject* self, PyObject* args, PyObject* kw)
   Py_ssize_t msglen = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "i|s#:finish", kwlist, &code, &msg, &msglen))
     return NULL;
-  ServerObject* srv = self->srv;
-  char* enc = percent_encode(msg, (size_t)msglen);
-  if (!enc) return PyErr_NoMemory();
-  int done = 0, w = 0;
-  pthread_mutex_lock(&srv->mu);
-  if (self->st) done = finish_locked(srv, self->st, code, enc, 1, &w);
-  else free(enc);
-  pthread_mutex_unlock(&srv->mu);
-  if (w) wake(srv);
+  int done = finish_call(self, code, msg, (size_t)msglen);
+  if (done < 0) return PyErr_NoMemory();
   return PyBool_FromLong(done);
 }
 

@@ -41,7 +41,7 @@
  *   session.c  streams, and the nghttp2 callbacks that feed them
  *   conn.c     connections: IO, accepting, timers
  *   loop.c     the IO thread: its loop, dispatch to Python, stopping
- *   call.c     the Call type
+ *   call.c     the Call type, and the C interface that answers one without the GIL
  *   compress.c zlib: request messages inflated (bounded), responses deflated
  *   server.c   the Server type, TLS setup, the listener, the registry
  *   module.c   the module
@@ -58,6 +58,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "h2_reply.h"
 #include "nghttp2_api.h"
 
 /* ---- libs.c: the dlopen()ed libraries ------------------------------------ */
@@ -237,6 +238,7 @@ struct CallObject {
 };
 
 extern PyTypeObject ServerType, CallType;
+extern const H2Reply h2_reply; /* (call.c) the C interface of h2_reply.h, module._REPLY */
 
 #define RBUF_SIZE (256 * 1024)
 /* What one connection may read per loop iteration, TLS or not, so that one fast sender cannot hold

@@ -25,10 +25,34 @@ static void call_destroy(Call* c)
   free(c);
 }
 
-/* Drop one reference; the last one frees the call (taking the GIL if needed). */
+/* Calls of a free_later kind whose last reference went, for call_free_later. */
+static _Atomic(Call*) later = NULL;
+
+/* With the GIL: free the calls of free_later kinds that are done. */
+void call_free_later(void)
+{
+  Call* c =
+      atomic_load_explicit(&later, memory_order_relaxed) ? atomic_exchange(&later, NULL) : NULL;
+  while (c != NULL) {
+    Call* next = c->later_next;
+    call_destroy(c);
+    c = next;
+  }
+}
+
+/* Drop one reference; the last one frees the call (taking the GIL if needed), or leaves it
+ * to call_free_later for a free_later kind (its completion takes no GIL). */
 void call_unref(Call* c)
 {
   if (atomic_fetch_sub(&c->refs, 1) == 1) {
+    if (c->ops != NULL && c->ops->free_later) {
+      TRITONSERVER_InferenceResponse* response = atomic_exchange(&c->response, NULL);
+      if (response != NULL) bury(NULL, response); /* not held back until call_free_later */
+      c->later_next = atomic_load(&later);
+      while (!atomic_compare_exchange_weak(&later, &c->later_next, c)) {
+      }
+      return;
+    }
     int entered = gil_enter();
     call_destroy(c);
     gil_leave(entered);

@@ -7,7 +7,9 @@
  *   CALL_TARGET  target(outputs, None) or target(None, error), called once here, on
  *                the thread that completes the call, with the GIL (after the execute,
  *                when one completes it: flush_deferred);
- *   CALL_STREAM  several responses, queued for their consumer (streams.c's hooks). */
+ *   CALL_STREAM  several responses, queued for their consumer (streams.c's hooks);
+ *   CALL_NATIVE  answered in C by hooks its submitter registers (call_set_ops: kserve.c's
+ *                gRPC calls), without the GIL. */
 #include "native.h"
 
 static void call_target(Call* c);
@@ -224,7 +226,7 @@ PyObject* py_complete(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 /* ---- Triton's callbacks ------------------------------------------------- */
 
 /* A call with one response (not a stream): keep it; the final flag completes the call. */
-static void one_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
+void call_one_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
 {
   if (response != NULL) {
     TRITONSERVER_InferenceResponse* old = atomic_load(&c->completed)
@@ -252,6 +254,10 @@ void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, vo
   if (atomic_load(&c->gate) != NULL) gate_forget(c); /* let through, never run (see queues.c) */
   held_release(c);
   bury(request, NULL);
+  if (c->ops->free_later) { /* nothing of Python to drop here (kserve.c) */
+    call_unref(c);
+    return;
+  }
   int entered = gil_enter();
   if (c->ops->released != NULL) c->ops->released(c, request);
   if (c->trace != NULL) {
@@ -317,11 +323,11 @@ static void target_finish(Call* c)
 }
 
 static const CallOps wait_ops = {
-    .response = one_response, .finish = sync_finish, .wake = sync_done};
+    .response = call_one_response, .finish = sync_finish, .wake = sync_done};
 static const CallOps loop_ops = {
-    .response = one_response, .finish = loop_finish, .wake = schedule_async};
+    .response = call_one_response, .finish = loop_finish, .wake = schedule_async};
 static const CallOps target_ops = {
-    .response = one_response, .finish = target_finish, .wake = target_finish};
+    .response = call_one_response, .finish = target_finish, .wake = target_finish};
 
 /* The call's kind, from submit()'s loop, target and stream, and its hooks; the call holds
  * the loop and target (c->loop, c->future; call_free lets go of them). */
@@ -336,9 +342,19 @@ void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target)
     case CALL_LOOP: c->ops = &loop_ops; break;
     case CALL_TARGET: c->ops = &target_ops; break;
     case CALL_STREAM: c->ops = &stream_ops; break;
+    case CALL_NATIVE: break; /* (call_set_ops) */
   }
   if (loop != Py_None) c->loop = Py_NewRef(loop);
   if (target != Py_None) c->future = Py_NewRef(target); /* a stream's: wakes its consumer */
   atomic_init(&c->done, WAIT_PENDING);
   c->is_async = c->kind == CALL_LOOP || c->kind == CALL_TARGET;
+}
+
+/* A call completed by hooks of its submitter's own (kserve.c's gRPC calls): asynchronous. */
+void call_set_ops(Call* c, const CallOps* ops)
+{
+  c->kind = CALL_NATIVE;
+  c->ops = ops;
+  atomic_init(&c->done, WAIT_PENDING);
+  c->is_async = 1;
 }

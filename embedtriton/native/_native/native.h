@@ -26,6 +26,7 @@
  *
  *   module.c     the module: load(), set_hooks(), the function table
  *   submit.c     submit(), cancel(): a call is set up and handed to Triton
+ *   kserve.c     a unary gRPC ModelInfer decoded, submitted and answered in C
  *   many.c       submit_many(): a window of calls at a time
  *   backend.c    the backend: models, execute
  *   modes.c      batch rules, decoupled models, iterative sequences
@@ -56,6 +57,7 @@
  *   backend.c -> modes.c, complete.c, queues.c, fast_batch.c, batch_io.c, threads.c, cuda.c
  *   fast_batch.c -> batch_io.c
  *   modes.c   -> complete.c, streams.c, batch_io.c, threads.c
+ *   kserve.c  -> complete.c, queues.c, servers.c, calls.c, cuda.c, graveyard.c
  *   submit.c  -> complete.c, cancel.c, queues.c, servers.c, outputs.c, calls.c, trace.c,
  *                threads.c, graveyard.c, inputs.c
  *   complete.c -> streams.c, queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c,
@@ -259,7 +261,7 @@ typedef struct Queued {
 
 struct Call;
 /* How a call was submitted (call_set_kind, complete.c: the only place that tells them apart). */
-typedef enum { CALL_WAIT, CALL_LOOP, CALL_TARGET, CALL_STREAM } CallKind;
+typedef enum { CALL_WAIT, CALL_LOOP, CALL_TARGET, CALL_STREAM, CALL_NATIVE } CallKind;
 
 /* A kind's stage hooks, registered by call_set_kind (NULL: nothing to do at that stage). */
 typedef struct CallOps {
@@ -275,6 +277,9 @@ typedef struct CallOps {
   void (*cancelled)(struct Call* c);
   /* With the GIL: the call is freed */
   void (*destroy)(struct Call* c);
+  /* Its completion needs no Python (kserve.c): Triton's release and the last reference take no
+   * GIL; the call is freed (destroy) by the next call_free_later, with the GIL. */
+  int free_later;
 } CallOps;
 
 typedef struct Call {
@@ -321,6 +326,7 @@ typedef struct Call {
   struct Call* gate_next;     /* in the gate's queue */
   TRITONSERVER_InferenceTrace* gate_trace; /* held: its trace, not handed to Triton yet */
   TRITONSERVER_Error* gate_error;          /* the error the gate completed it with (owned) */
+  struct Call* later_next;                 /* (free_later kinds) waiting for call_free_later */
 } Call;
 
 /* The calls of one submit_many(): their caller waits for several at once. */
@@ -337,6 +343,7 @@ void call_drop_inputs(Call* c);
 void call_free(Call* c);
 int call_claim(Call* c);
 void call_wake_caller(Call* c);
+void call_free_later(void);
 
 /* ---- outputs.c: a finished call's outputs ------------------------------- */
 
@@ -380,6 +387,8 @@ PyObject* py_stream_close(PyObject* self, PyObject* capsule);
  * with a target), handed on by flush_deferred once it is done. */
 extern __thread PyObject* t_deferred;
 void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target);
+void call_set_ops(Call* c, const CallOps* ops);
+void call_one_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags);
 void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
 void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
 void flush_deferred(void);
@@ -439,6 +448,13 @@ int lock_open_server(TRITONSERVER_Server* server);
 PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, int stream,
                         int release_gil, int cancellable, Group* group, Call** out);
 PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+/* ---- kserve.c: unary gRPC ModelInfer in C ----------------------------- */
+
+PyObject* py_grpc_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+PyObject* py_grpc_stats(PyObject* self, PyObject* unused);
+PyObject* py_grpc_release(PyObject* self, PyObject* unused);
+PyObject* py_kserve_decode(PyObject* self, PyObject* arg);
 
 /* ---- graveyard.c: late deletes ------------------------------------------ */
 

@@ -1,0 +1,30 @@
+/* The C interface _h2 offers _native (a PyCapsule, embedtriton._h2._REPLY): answering a unary
+ * call from any thread without the GIL, for ModelInfer requests that _native completes itself
+ * (kserve.c). The two modules are separate extensions: _native fetches the table once.
+ *
+ *   message(len, &payload): a response message buffer (owned by the caller until reply()): write
+ *       len bytes at payload; NULL when out of memory.
+ *   reply(call, message, code, text): with message (may be NULL), send it as Call.send() would
+ *       (max message size: RESOURCE_EXHAUSTED; the call's response compression; the buffered-bytes
+ *       limits) and then, or without one, finish the call with code and text (NUL-terminated), as
+ *       Call.finish(). Takes the message over. Returns whether the call was still open. The caller
+ *       holds a reference to call (an embedtriton._h2.Call) until reply() returns, which needs no
+ *       GIL and no Python.
+ *   call_type: embedtriton._h2.Call, to check the object handed over. */
+#ifndef EMBEDTRITON_H2_REPLY_H
+#define EMBEDTRITON_H2_REPLY_H
+
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define H2_REPLY_CAPSULE "embedtriton._h2._REPLY"
+
+typedef struct H2Reply {
+  void* (*message)(size_t len, uint8_t** payload);
+  int (*reply)(PyObject* call, void* message, int code, const char* text);
+  void (*discard)(void* message);
+  PyTypeObject* call_type;
+} H2Reply;
+
+#endif
