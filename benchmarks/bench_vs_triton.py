@@ -159,7 +159,7 @@ def serve(mode: str, http_port: int, grpc_port: int) -> None:
 
 def _answer_canned_http(server: Any) -> None:
     """HTTP floor: an infer request's body is parsed, the answer is one prebuilt JSON body."""
-    from embedtriton.frontends.http import rest
+    from embedtriton.frontends.http import endpoint, rest
     from embedtriton.frontends.http.answers import Text
 
     out = server.model("AddSub").infer({"a": ONES, "b": ONES})
@@ -181,7 +181,7 @@ def _answer_canned_http(server: Any) -> None:
         return True
 
     rest.RestApi._infer_answer = infer_answer
-    rest.RestEndpoint._infer_now = infer_now
+    endpoint.RestEndpoint._infer_now = infer_now
 
 
 # -- starting and stopping servers -------------------------------------------------------------

@@ -101,7 +101,7 @@ class Server(CoreServer):
         :mod:`embedtriton.openai`, see ``docs/openai.md``) and ``openai_api_key``. Returns the port (HTTP/1.1 is served in C:
         nothing more to install).
         """
-        from .frontends.http.rest import RestEndpoint
+        from .frontends.http.endpoint import RestEndpoint
 
         options = _endpoint_options("HTTP", options or HttpOptions(), address, settings)
         with self._lock:

@@ -27,8 +27,9 @@ from typing import Any
 from ...core import CoreServer
 from ...errors import InvalidArgumentError
 from .answers import Refused
+from .endpoint import RestEndpoint
 from .options import HttpOptions
-from .rest import Handler, RestApi, RestEndpoint
+from .rest import Handler, RestApi
 
 BINARY_MIME_TYPE = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
 REDIRECT_HEADER = "X-Vertex-Ai-Triton-Redirect"
