@@ -27,6 +27,7 @@
  *   module.c     the module: load(), set_hooks(), the function table
  *   submit.c     submit(), cancel(): a call is set up and handed to Triton
  *   kserve.c     a unary gRPC ModelInfer decoded, submitted and answered in C
+ *   kserve_pb.c  the KServe-v2 protobuf subset kserve.c reads and writes
  *   many.c       submit_many(): a window of calls at a time
  *   backend.c    the backend: models, execute
  *   modes.c      batch rules, decoupled models, iterative sequences
@@ -57,7 +58,7 @@
  *   backend.c -> modes.c, complete.c, queues.c, fast_batch.c, batch_io.c, threads.c, cuda.c
  *   fast_batch.c -> batch_io.c
  *   modes.c   -> complete.c, streams.c, batch_io.c, threads.c
- *   kserve.c  -> complete.c, queues.c, servers.c, calls.c, cuda.c, graveyard.c
+ *   kserve.c  -> kserve_pb.c, complete.c, queues.c, servers.c, calls.c, cuda.c, graveyard.c
  *   submit.c  -> complete.c, cancel.c, queues.c, servers.c, outputs.c, calls.c, trace.c,
  *                threads.c, graveyard.c, inputs.c
  *   complete.c -> streams.c, queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c,
@@ -449,12 +450,55 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
                         int release_gil, int cancellable, Group* group, Call** out);
 PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+/* ---- kserve_pb.c: the KServe-v2 protobuf subset ------------------------- */
+
+#define KS_MAX_TENSORS 64
+
+/* A field of the received message (a slice of it, not a copy). */
+typedef struct {
+  const uint8_t* p;
+  size_t n;
+} Slice;
+
+typedef struct {
+  Slice name, datatype;
+  int ndim;
+  int64_t shape[MAX_DIMS];
+} KsInput;
+
+typedef struct {
+  Slice model, version, id;
+  int n_inputs, n_outputs, n_raw;
+  KsInput inputs[KS_MAX_TENSORS];
+  Slice outputs[KS_MAX_TENSORS];
+  Slice raw[KS_MAX_TENSORS]; /* (those past the inputs are not used, as in the Python path) */
+} KsRequest;
+
+/* The error of an encoding that failed (code, text), as the Python path reports it. */
+typedef struct {
+  int code;
+  const char* text;
+} KsError;
+
+struct H2Reply;
+/* Decode a ModelInferRequest into r: 0 for a plain request, -1 for anything else. */
+int ks_decode(const uint8_t* data, size_t len, KsRequest* r);
+/* The Python path's checks that r passes as it is: 0, or -1 where it would refuse or read it
+ * another way. */
+int ks_plain(const KsRequest* r);
+int slice_eq(Slice a, Slice b);
+/* A numeric datatype's Triton type, or INVALID (BYTES, BF16 and unknown names). */
+TRITONSERVER_DataType numeric_type(Slice name);
+/* The ModelInferResponse of resp, as a message of the _h2 reply interface (NULL, *e set). */
+void* ks_encode(const struct H2Reply* h2, Slice model, Slice version, Slice id,
+                TRITONSERVER_InferenceResponse* resp, KsError* e);
+PyObject* py_kserve_decode(PyObject* self, PyObject* arg);
+
 /* ---- kserve.c: unary gRPC ModelInfer in C ----------------------------- */
 
 PyObject* py_grpc_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 PyObject* py_grpc_stats(PyObject* self, PyObject* unused);
 PyObject* py_grpc_release(PyObject* self, PyObject* unused);
-PyObject* py_kserve_decode(PyObject* self, PyObject* arg);
 
 /* ---- graveyard.c: late deletes ------------------------------------------ */
 
