@@ -85,7 +85,6 @@ def tests_oldest(session: nox.Session) -> None:
         "setuptools<80",  # tritonclient.utils.shared_memory (2.51) still imports pkg_resources
         "onnxruntime==1.17.0",
         "onnx==1.15.0",  # (builds the tests' graphs)
-        "httptools==0.6.0",
         "ray[serve]==2.10.0",
         extras="grpc,tracing,onnx,http",  # the extras' lower bounds, resolved together
     )

@@ -7,7 +7,7 @@ Serves two models on 127.0.0.1 (a free port), then:
   (``/generate_stream``, Server-Sent Events: one ``data:`` line per response);
 - reads the Prometheus metrics on the same port.
 
-    pip install "embedtriton[http]" tritonclient[http]
+    pip install embedtriton tritonclient[http]
     python examples/http_serving.py
 """
 

@@ -9,7 +9,7 @@ Serves one model on 127.0.0.1 (free ports) with Triton's options:
 
 Then calls it with the stock ``tritonclient`` without and with the keys.
 
-    pip install "embedtriton[grpc,http]" tritonclient[all]
+    pip install "embedtriton[grpc]" tritonclient[all]
     python examples/restricted_apis.py
 """
 

@@ -161,7 +161,6 @@ def test_serve_repository_example(tmp_path):
 
 
 def test_restricted_apis_example(tmp_path):
-    pytest.importorskip("httptools")
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("tritonclient.http")
     out = run_example("restricted_apis.py", tmp_path)
@@ -176,7 +175,6 @@ def test_restricted_apis_example(tmp_path):
 
 
 def test_http_serving_example(tmp_path):
-    pytest.importorskip("httptools")
     pytest.importorskip("tritonclient.http")
     out = run_example("http_serving.py", tmp_path)
     assert "tritonclient.http: add = [11. 22.], sub = [ -9. -18.]" in out
@@ -187,7 +185,6 @@ def test_http_serving_example(tmp_path):
 
 
 def test_openai_chat_example(tmp_path):
-    pytest.importorskip("httptools")
     pytest.importorskip("openai")
     out = run_example("openai_chat.py", tmp_path)
     assert "models: ['parrot', 'vowels']" in out

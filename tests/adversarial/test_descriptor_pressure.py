@@ -23,7 +23,6 @@ from serving import Served
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
-pytest.importorskip("httptools")
 
 NOFILE = 128  # the child's descriptor limit
 FLOOD = 200  # idle connections per endpoint: more than the whole limit

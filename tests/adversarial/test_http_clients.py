@@ -14,8 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("httptools")
-
 from embedtriton import ModelConfig, Server, Tensor, batch  # noqa: E402
 
 F32 = np.float32

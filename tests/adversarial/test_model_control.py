@@ -21,7 +21,6 @@ from serving import Served
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
-pytest.importorskip("httptools")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from embedtriton import ModelConfig, Server, ServerConfig, Tensor, batch  # noqa: E402

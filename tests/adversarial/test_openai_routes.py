@@ -17,8 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("httptools")
-
 from embedtriton import Server  # noqa: E402
 from embedtriton.openai import bind_chat, bind_completion, bind_embedding  # noqa: E402
 

@@ -18,7 +18,6 @@ from serving import Served
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
-pytest.importorskip("httptools")
 import grpc  # noqa: E402
 from tritonclient.grpc import service_pb2  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402

@@ -60,7 +60,6 @@ def test_a_required_input_is_still_required(served):
 def test_over_grpc_and_http_without_the_optional_input(served):
     grpcclient = pytest.importorskip("tritonclient.grpc")
     httpclient = pytest.importorskip("tritonclient.http")
-    pytest.importorskip("httptools")
     x = np.array([[4.0]], F32)
     grpc_port = served.serve_grpc("127.0.0.1:0")
     http_port = served.serve_http("127.0.0.1:0")

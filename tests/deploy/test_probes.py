@@ -27,7 +27,6 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-pytest.importorskip("httptools", reason="--http needs embedtriton's http extra")
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

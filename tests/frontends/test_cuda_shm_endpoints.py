@@ -16,7 +16,6 @@ import pytest
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-pytest.importorskip("httptools")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 

@@ -247,7 +247,6 @@ def test_serve_command(tmp_path):
     import sys
     import time
     import urllib.request
-    from importlib.util import find_spec
 
     (tmp_path / "models.py").write_text(
         "import numpy as np\n"
@@ -257,7 +256,7 @@ def test_serve_command(tmp_path):
         "                [Tensor(name='x', dtype=np.float32, shape=(1,))], [Tensor(name='y', dtype=np.float32, shape=(1,))])\n"
     )
     command = ["serve", "models:bind", "--grpc", "127.0.0.1:0", "--metrics", "", "--max-message-bytes", "65536"]
-    command += ["--http", "127.0.0.1:0"] if find_spec("httptools") else []
+    command += ["--http", "127.0.0.1:0"]
     process = subprocess.Popen(
         [sys.executable, "-m", "embedtriton", *command],
         cwd=tmp_path,
@@ -274,10 +273,9 @@ def test_serve_command(tmp_path):
                 break
         assert any("ready: Double" in line for line in lines), lines
         port = int(re.search(r"serving gRPC on .* \(port (\d+)\)", "".join(lines)).group(1))
-        if find_spec("httptools"):
-            http_port = int(re.search(r"serving HTTP on .* \(port (\d+)\)", "".join(lines)).group(1))
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/Double/ready") as ready:
-                assert ready.status == 200
+        http_port = int(re.search(r"serving HTTP on .* \(port (\d+)\)", "".join(lines)).group(1))
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/Double/ready") as ready:
+            assert ready.status == 200
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         x = grpcclient.InferInput("x", [1, 1], "FP32")
         x.set_data_from_numpy(np.full((1, 1), 21, np.float32))

@@ -13,7 +13,6 @@ import pytest
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
-pytest.importorskip("httptools")
 
 from embedtriton import InvalidArgumentError, ModelConfig, Server, Tensor  # noqa: E402
 from embedtriton.frontends.grpc import GrpcOptions  # noqa: E402

@@ -11,7 +11,6 @@ import socket
 import numpy as np
 import pytest
 
-pytest.importorskip("httptools")
 httpclient = pytest.importorskip("tritonclient.http")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402

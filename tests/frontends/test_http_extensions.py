@@ -15,7 +15,6 @@ import pytest
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-pytest.importorskip("httptools")
 pytest.importorskip("opentelemetry.sdk.trace")
 
 import tritonclient.utils.shared_memory as shm  # noqa: E402

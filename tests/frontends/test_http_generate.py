@@ -13,8 +13,6 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("httptools")
-
 from embedtriton import ModelConfig, Server, Tensor, batch  # noqa: E402
 
 TEXT_IN = [Tensor(name="text_input", dtype=np.bytes_, shape=(1,))]

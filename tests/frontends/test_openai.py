@@ -16,7 +16,6 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("httptools")
 openai = pytest.importorskip("openai")
 
 from embedtriton import DynamicBatcher, ModelConfig, Server  # noqa: E402

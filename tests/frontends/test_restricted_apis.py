@@ -15,7 +15,6 @@ import pytest
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
-pytest.importorskip("httptools")
 import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402

@@ -15,8 +15,6 @@ import pytest
 
 from embedtriton import InvalidArgumentError, ModelConfig, Server, Tensor, batch
 
-pytest.importorskip("httptools")
-
 PREDICT = "/v1/endpoints/[0-9]+/deployedModels/[0-9]+:predict"
 HEALTH = "/health"
 F32 = [Tensor(name=n, dtype=np.float32, shape=(-1,)) for n in ("a", "b", "add", "sub")]

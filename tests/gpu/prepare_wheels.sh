@@ -33,7 +33,7 @@ download() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-ver
 download .whl \
     tritonclient==2.73.0 python-rapidjson==1.25 \
     geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2 zope.event==6.2 zope.interface==8.7 brotli==1.2.1 \
-    grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.81.1 httptools==0.9.0
+    grpcio==1.85.3 protobuf==6.33.6 grpcio-health-checking==1.81.1
 
 WHEEL=nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_x86_64.whl
 if [ ! -f ".whl/$WHEEL" ] || ! unzip -l ".whl/$WHEEL" | grep -q "SLIMMED"; then

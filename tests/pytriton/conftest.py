@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("tritonclient.http")
 pytest.importorskip("tritonclient.grpc")
-pytest.importorskip("httptools")
 
 from embedtriton.pytriton.triton import TritonConfig  # noqa: E402
 
