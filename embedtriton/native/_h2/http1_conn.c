@@ -518,8 +518,9 @@ static int evict_idle(HttpServerObject* srv)
     if (c->dead) continue;
     if (!c->spoke) silent = 1;
     if (!h1_idle(c) || c->accepted_at >= srv->now) continue;
+    /* (the list runs newest first: of those idle since the same turn, the last, the oldest) */
     if (!victim || c->spoke < victim->spoke ||
-        (c->spoke == victim->spoke && c->idle_since < victim->idle_since))
+        (c->spoke == victim->spoke && c->idle_since <= victim->idle_since))
       victim = c;
   }
   if (!victim || (victim->spoke && silent)) return 0;
