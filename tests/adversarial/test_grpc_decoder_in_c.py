@@ -134,6 +134,17 @@ def test_mutated_and_truncated_messages_agree_with_protobuf(data, rng):
         check(mutate(data, rng))
 
 
+def test_absent_fields_read_as_protobuf_reads_them():
+    nameless = service_pb2.ModelInferRequest(model_name="m")
+    nameless.inputs.add(datatype="BOOL")  # no name: "" (hypothesis found the C side reading None)
+    nameless.raw_input_contents.append(b"\0")
+    assert check(nameless.SerializeToString())
+    typeless = service_pb2.ModelInferRequest(model_name="m")
+    typeless.inputs.add(name="x")  # no datatype: not a numeric one, declined
+    typeless.raw_input_contents.append(b"\0")
+    assert not check(typeless.SerializeToString())
+
+
 def test_varints_and_lengths_are_bounded():
     assert _native.kserve_decode(b"\x0a\xff\xff\xff\xff\x0f") is None  # a length past the end
     assert _native.kserve_decode(b"\x0a" + b"\xff" * 11) is None  # an 11-byte varint

@@ -93,6 +93,7 @@ static int decode_input(Slice m, KsInput* in)
 {
   const uint8_t *p = m.p, *end = m.p + m.n;
   memset(in, 0, sizeof *in);
+  in->name = in->datatype = (Slice){m.p, 0}; /* (absent: empty, as protobuf reads it) */
   while (p < end) {
     uint32_t field;
     int wire;
