@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import tracing
 from ..config import InstanceGroup, ModelConfig, QueuePolicy, Tensor, TimeoutAction
-from ..config.triton_json import model_config_json
+from ..config.triton_json import has_dynamic_batcher, model_config_json
 from ..errors import InvalidArgumentError
 from ..tensors import BY_NAME, triton_dtype
 from ..triton.devices import cuda_devices
@@ -56,6 +56,9 @@ class Binding:
         self.decoupled = config.decoupled
         self.batch_rule = config.batch_rule
         self.sequence = config.sequence_batcher is not None
+        # A batcher thread of Triton's hands the requests to the instances (read by the backend:
+        # how an instance thread lingers after an execute, see linger() in threads.c).
+        self.with_batcher = self.sequence or has_dynamic_batcher(config)
         self.iterative = config.sequence_batcher is not None and config.sequence_batcher.iterative
         # (name, TRITONSERVER_DataType value, dims, wants GPU memory) per output, read by the backend.
         self.output_specs = [

@@ -49,8 +49,7 @@ def model_config_json(
     }
     if config.sequence_batcher is not None:
         out["sequence_batching"] = _sequence_batching(config.sequence_batcher)
-    elif config.batching or config.batcher != DynamicBatcher():
-        # without batching Triton's dynamic batcher still queues: priorities, queue policies
+    elif has_dynamic_batcher(config):
         out["dynamic_batching"] = _dynamic_batching(config.batcher)
     if config.response_cache:
         out["response_cache"] = {"enable": True}
@@ -111,6 +110,12 @@ def _queue_policy(policy: QueuePolicy) -> dict[str, Any]:
         "allow_timeout_override": policy.allow_timeout_override,
         "max_queue_size": policy.max_queue_size,
     }
+
+
+def has_dynamic_batcher(config: ModelConfig) -> bool:
+    """Whether Triton's config for the model has a dynamic batcher (a sequence batcher rules it
+    out). Without batching it still queues: priorities, queue policies."""
+    return config.sequence_batcher is None and (config.batching or config.batcher != DynamicBatcher())
 
 
 def _dynamic_batching(batcher: DynamicBatcher) -> dict[str, Any]:

@@ -118,6 +118,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* mo
   if (rule != NULL && rule != Py_None) ms->include = PyObject_GetAttrString(binding, "_include");
   Py_XDECREF(rule);
   PyErr_Clear();
+  PyObject* with_batcher = PyObject_GetAttrString(binding, "with_batcher");
+  ms->with_batcher = with_batcher != NULL && PyObject_IsTrue(with_batcher) == 1;
+  Py_XDECREF(with_batcher);
   PyObject* sequence = PyObject_GetAttrString(binding, "sequence");
   ms->sequence = sequence != NULL && PyObject_IsTrue(sequence) == 1;
   Py_XDECREF(sequence);
@@ -224,12 +227,16 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
   TRITONSERVER_Error* err = NULL;
   ModelState* ms = instance_model_state(instance, &err);
   if (err != NULL) return err;
-  if (ms->gate == NULL) return execute_model(ms, instance, requests, count);
-  /* queue policies: this instance is busy until its callable is done (gate_end, at the latest
-   * here; finish_batch ends it before the responses go out) */
-  gate_begin(ms->gate, requests, count);
-  err = execute_model(ms, instance, requests, count);
-  gate_end();
+  if (ms->gate == NULL) {
+    err = execute_model(ms, instance, requests, count);
+  } else {
+    /* queue policies: this instance is busy until its callable is done (gate_end, at the latest
+     * here; finish_batch ends it before the responses go out) */
+    gate_begin(ms->gate, requests, count);
+    err = execute_model(ms, instance, requests, count);
+    gate_end();
+  }
+  linger(ms->with_batcher); /* (threads.c) */
   return err;
 }
 

@@ -216,7 +216,9 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
    * the GIL behind it at each request (a convoy under load). (A model with a batch rule, whose
    * batcher calls Python, is not taken.) */
   TRITONSERVER_Error* err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
-  if (!fine(err)) { /* not taken: no callbacks; the Python path says why */
+  atomic_fetch_add(&handed_over, 1); /* see linger() */
+  if (!fine(err)) {
+    /* not taken: no callbacks; the Python path says why */
     held_release(c);
     call_claim(c);
     api.TRITONSERVER_InferenceRequestDelete(req);

@@ -93,6 +93,8 @@ static PyMethodDef methods[] = {
      "Take a unary gRPC ModelInfer in C (its cancel handle), or decline it (None)."},
     {"grpc_release", py_grpc_release, METH_NOARGS,
      "Let go of the gRPC calls answered in C since the last grpc_model_infer."},
+    {"linger_stats", py_linger_stats, METH_NOARGS,
+     "(lingers, caught): model threads' lingers after an execute, and those that met a request."},
     {"grpc_stats", py_grpc_stats, METH_NOARGS,
      "(taken, declined): ModelInfer calls grpc_model_infer took and declined."},
     {"kserve_decode", py_kserve_decode, METH_O,
@@ -142,6 +144,8 @@ PyMODINIT_FUNC PyInit__native(void)
   import_array();
   const char* spin = getenv("EMBEDTRITON_SPIN_US");
   if (spin != NULL) spin_ns = strtoull(spin, NULL, 10) * 1000;
+  const char* linger_us = getenv("EMBEDTRITON_LINGER_US");
+  if (linger_us != NULL) linger_ns = strtoull(linger_us, NULL, 10) * 1000;
   long page = sysconf(_SC_PAGESIZE);
   if (page > 0) page_size = (uintptr_t)page;
   if (PyType_Ready(&MappingType) < 0 || PyType_Ready(&DeviceArrayType) < 0 ||

@@ -141,6 +141,8 @@ enum { WAIT_PENDING = 0, WAIT_DONE = 1, WAIT_SLEEPING = 2 };
 extern __thread int t_gil_depth; /* > 0 while gil_enter() holds the GIL on this thread */
 extern uint64_t spin_ns;         /* EMBEDTRITON_SPIN_US overrides */
 extern atomic_int in_flight;     /* calls handed to Triton, not yet complete */
+extern atomic_uint handed_over;  /* requests ServerInferAsync took, so far */
+extern uint64_t linger_ns;       /* EMBEDTRITON_LINGER_US overrides */
 extern unsigned long main_thread_ident;
 /* Inside one execute: the sync callers to wake once it lets go of the GIL. */
 extern __thread atomic_int** t_wake;
@@ -158,6 +160,8 @@ int on_main_thread(void);
 int wait_interruptible(atomic_int* state);
 int wait_released(atomic_int* state, PyThreadState* ts);
 void flush_wakes(void);
+void linger(int with_batcher);
+PyObject* py_linger_stats(PyObject* self, PyObject* unused);
 
 /* ---- convert.c: dtypes and errors --------------------------------------- */
 
@@ -544,6 +548,7 @@ typedef struct {
   int64_t max_batch_size;
   int decoupled;
   int sequence;      /* sequence batcher: control inputs become Request attributes */
+  int with_batcher;  /* Triton's dynamic or sequence batcher hands requests to the instances */
   PyObject* include; /* custom batching: binding._include(batch, candidate), or NULL */
   PyObject* iterate; /* iterative sequences: binding._iterate(step), or NULL */
   Py_ssize_t n_outputs;

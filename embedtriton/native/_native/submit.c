@@ -427,6 +427,7 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
     err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
   }
   pthread_rwlock_unlock(&servers_lock);
+  if (err == NULL && admitted == GATE_GO) atomic_fetch_add(&handed_over, 1); /* see linger() */
   if (released != NULL && (err != NULL || !waits)) {
     PyEval_RestoreThread(released);
     released = NULL;

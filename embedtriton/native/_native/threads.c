@@ -79,6 +79,61 @@ int wait_for(atomic_int* state, int spin, uint64_t timeout_ns)
   return 1;
 }
 
+/* ---- a model thread lingering after its execute --------------------------
+ * A thread that sleeps is slow to wake on a VM (tens of µs: its idle vCPU halts), and a
+ * synchronous caller's next request always finds Triton's instance thread asleep: it went to
+ * wait for work while the caller read its outputs. So after an execute that left nothing in
+ * flight, the instance thread spins for up to linger_ns (GIL released) until the next request
+ * is handed to Triton, and only then goes back to Triton's queue:
+ * - without a batcher thread, once the request is in that queue (handed_over counts requests
+ *   ServerInferAsync took), where the instance thread takes it without sleeping;
+ * - with one (dynamic or sequence batcher), as soon as a request is on its way (in_flight):
+ *   the batcher only hands it on to an instance that execute gave back, and it runs on the
+ *   core the lingering thread leaves.
+ * One thread lingers at a time. Lingers that time out make the next ones skip (1, 3, 7, then
+ * 15 executes), so a server that sees one request now and then spins rarely. */
+uint64_t linger_ns = 50000; /* EMBEDTRITON_LINGER_US overrides */
+atomic_uint handed_over = 0;
+static atomic_int lingering = 0;
+static int linger_misses = 0, linger_skip = 0; /* (the lingering thread's) */
+static atomic_llong n_lingers = 0, n_caught = 0;
+
+void linger(int with_batcher)
+{
+  if (linger_ns == 0 || atomic_load(&in_flight) != 0 || atomic_exchange(&lingering, 1)) return;
+  if (linger_skip > 0) {
+    linger_skip--;
+    atomic_store(&lingering, 0);
+    return;
+  }
+  unsigned seen = atomic_load(&handed_over);
+  uint64_t until = now_ns() + linger_ns;
+  int caught = 0;
+  for (int i = 0; !caught; i++) {
+    caught = with_batcher ? atomic_load_explicit(&in_flight, memory_order_acquire) != 0
+                          : atomic_load_explicit(&handed_over, memory_order_acquire) != seen;
+    __builtin_ia32_pause();
+    if ((i & 63) == 0 && now_ns() > until) break;
+  }
+  atomic_fetch_add(&n_lingers, 1);
+  if (caught) {
+    atomic_fetch_add(&n_caught, 1);
+    linger_misses = 0;
+  } else {
+    if (linger_misses < 4) linger_misses++;
+    linger_skip = (1 << linger_misses) - 1;
+  }
+  atomic_store(&lingering, 0);
+}
+
+/* linger_stats() -> (lingers, caught): lingers so far, and those that met a request. */
+PyObject* py_linger_stats(PyObject* self, PyObject* unused)
+{
+  (void)self, (void)unused;
+  return Py_BuildValue("(LL)", (long long)atomic_load(&n_lingers),
+                       (long long)atomic_load(&n_caught));
+}
+
 /* Signal handlers (Ctrl-C) run on the main thread only, between bytecodes:
  * a main thread waiting for Triton wakes every SIGNAL_CHECK_NS to run them. */
 unsigned long main_thread_ident = 0;
