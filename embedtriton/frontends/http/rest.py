@@ -387,7 +387,9 @@ class RestApi:
                 blobs.append(raw)
             else:
                 flat = np.asarray(array).reshape(-1).tolist()
-                entry["data"] = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in flat]
+                if datatype == "BYTES":  # (numbers are JSON as they are)
+                    flat = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in flat]
+                entry["data"] = flat
             answer["outputs"].append(entry)
         return Binary(answer, blobs) if blobs else answer
 
