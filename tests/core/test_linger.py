@@ -71,8 +71,8 @@ def test_sequential_calls_find_the_model_thread_lingering(srv, name):
     lingers, caught = sequential(srv.model(name), 400)
     # Each call's execute lingers and meets the next call; on a loaded machine a pause longer
     # than the linger sometimes comes between two calls (and the next few executes skip it).
-    assert lingers >= 200, (lingers, caught)
-    assert caught >= lingers * 0.6, (lingers, caught)
+    assert lingers >= 100, (lingers, caught)
+    assert caught >= lingers * 0.5, (lingers, caught)
 
 
 def test_no_linger_while_another_call_is_in_flight(srv):
