@@ -402,15 +402,15 @@ def json_input(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> n
     send) converts in one numpy call; anything else (nested lists, strings, other datatypes, a
     list numpy refuses) takes :func:`_flatten` and ``kserve.array_from_values``, which define the
     result and the errors."""
-    floats = _FLOATS.get(datatype)
-    if floats is not None and type(data) is list and len(data) == math.prod(shape) and str not in map(type, data):
+    floats, count = _FLOATS.get(datatype), math.prod(shape)
+    if floats is not None and type(data) is list and len(data) == count and str not in map(type, data):
         try:
             array = np.array(data, dtype=floats)
         except (ValueError, TypeError):
             array = None
         if array is not None and array.ndim == 1:
             return array.reshape(shape)
-    return kserve.array_from_values(name, datatype, shape, _flatten(data, math.prod(shape), name))
+    return kserve.array_from_values(name, datatype, shape, _flatten(data, count, name))
 
 
 def _flatten(data: Any, expected: int, name: str) -> list[Any]:

@@ -216,9 +216,7 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
    * the GIL behind it at each request (a convoy under load). (A model with a batch rule, whose
    * batcher calls Python, is not taken.) */
   TRITONSERVER_Error* err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
-  atomic_fetch_add(&handed_over, 1); /* see linger() */
-  if (!fine(err)) {
-    /* not taken: no callbacks; the Python path says why */
+  if (!fine(err)) { /* not taken: no callbacks; the Python path says why */
     held_release(c);
     call_claim(c);
     api.TRITONSERVER_InferenceRequestDelete(req);
@@ -228,6 +226,7 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
     free(g);
     return NULL;
   }
+  atomic_fetch_add(&handed_over, 1); /* taken (see linger()) */
   return g;
 }
 
