@@ -114,6 +114,10 @@ def grpc_release() -> None:
     """Let go of the gRPC calls answered in C since the last grpc_model_infer (their _h2 calls
     and messages)."""
 
+def response_stats() -> tuple[int, int]:
+    """(kept, buried): responses read and deleted on the thread that sent them (our backend's
+    plain responses), and responses left to the graveyard (deleted 20 ms or more later)."""
+
 def linger_stats() -> tuple[int, int]:
     """(lingers, caught): how often a model thread lingered after an execute that left nothing
     in flight (EMBEDTRITON_LINGER_US, default 50), and how often the next request came meanwhile."""

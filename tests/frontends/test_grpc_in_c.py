@@ -164,6 +164,22 @@ def test_inputs_reach_the_model_aligned(served):
     assert _native.grpc_stats()[0] - taken == 16
 
 
+def test_answers_in_c_delete_the_response_where_it_was_sent(served):
+    """The reply is encoded on the model's instance thread, inside our backend's send, and the
+    response is deleted there at once (its request still holds the model): not left to the
+    graveyard for the IO thread to delete later (native/_native/kserve.c, grpc_finish)."""
+    before = _native.response_stats()
+    for _ in range(20):
+        code, _, _ = ask(served, request())
+        assert code == 0
+    after = _native.response_stats()
+    assert after[0] - before[0] == 20 and after[1] == before[1], (before, after)
+    code, details, _ = ask(served, request("Fails", [("x", "INT32", [1, 1])], raw=[b"\0" * 4]))
+    assert code != 0 and "no luck" in details
+    final = _native.response_stats()  # an error's response too: the reply is encoded, then deleted
+    assert final[0] - after[0] == 1 and final[1] == after[1], (after, final)
+
+
 def test_many_concurrent_calls(served):
     from concurrent.futures import ThreadPoolExecutor
 

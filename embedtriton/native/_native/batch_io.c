@@ -499,6 +499,7 @@ TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request, 
 }
 
 __thread ModelState* t_warmup;
+__thread int t_sending;
 
 /* With the GIL: a failed warm-up request, recorded on the binding (the first one only). */
 static void record_warmup_failure(ModelState* ms, TRITONSERVER_Error* err)
@@ -519,8 +520,10 @@ void send_final(TRITONBACKEND_Response* response, TRITONSERVER_Error* err)
     gil_leave(entered);
     err = NULL;
   }
+  t_sending = 1; /* (its request or factory is still held: see keep_outputs) */
   TRITONSERVER_Error* send_err =
       api.TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err);
+  t_sending = 0;
   if (send_err != NULL) {
     api.TRITONSERVER_ErrorDelete(send_err);
     api.TRITONBACKEND_ResponseDelete(response);

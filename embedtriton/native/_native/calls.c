@@ -11,6 +11,8 @@ static void call_destroy(Call* c)
 {
   TRITONSERVER_InferenceResponse* late = atomic_exchange(&c->response, NULL);
   if (late != NULL) bury(NULL, late); /* arrived after its caller was let go */
+  struct Kept* kept = atomic_exchange(&c->kept, NULL);
+  if (kept != NULL) kept_free(c, kept);
   if (c->ops != NULL && c->ops->destroy != NULL) c->ops->destroy(c);
   Py_CLEAR(c->loop);
   Py_CLEAR(c->future);
@@ -74,11 +76,20 @@ void call_drop_inputs(Call* c)
   c->n_keep = 0;
 }
 
+/* Any thread: c's kept outputs (collected or not), with the output buffers they still own. */
+void kept_free(Call* c, Kept* k)
+{
+  for (uint32_t i = 0; i < k->count; i++) free(k->out[i].owned);
+  if (k != (Kept*)c->kept_inline) free(k);
+}
+
 /* With the GIL: the caller's side is done with the call. */
 void call_free(Call* c)
 {
   TRITONSERVER_InferenceResponse* response = atomic_exchange(&c->response, NULL);
   if (response != NULL) bury(NULL, response); /* see bury() */
+  struct Kept* kept = atomic_exchange(&c->kept, NULL);
+  if (kept != NULL) kept_free(c, kept);
   Py_CLEAR(c->loop);
   Py_CLEAR(c->future);
   call_unref(c);

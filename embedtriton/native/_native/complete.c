@@ -229,10 +229,18 @@ PyObject* py_complete(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 void call_one_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
 {
   if (response != NULL) {
-    TRITONSERVER_InferenceResponse* old = atomic_load(&c->completed)
-                                              ? response /* its caller was let go */
-                                              : atomic_exchange(&c->response, response);
-    if (old != NULL) bury(NULL, old); /* (a non-decoupled request gets one response) */
+    struct Kept* kept = NULL;
+    if (t_sending && !c->ops->free_later && !atomic_load(&c->completed) &&
+        (kept = keep_outputs(response, c)) != NULL) {
+      api.TRITONSERVER_InferenceResponseDelete(response); /* on the thread that made it */
+      atomic_fetch_add_explicit(&n_responses_kept, 1, memory_order_relaxed);
+      if ((kept = atomic_exchange(&c->kept, kept)) != NULL) kept_free(c, kept);
+    } else {
+      TRITONSERVER_InferenceResponse* old = atomic_load(&c->completed)
+                                                ? response /* its caller was let go */
+                                                : atomic_exchange(&c->response, response);
+      if (old != NULL) bury(NULL, old); /* (a non-decoupled request gets one response) */
+    }
   }
   if (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) {
     c->finalized = 1;

@@ -30,8 +30,13 @@ static atomic_int deleting = 0;          /* delete_buried calls under way */
 static uint64_t graveyard_rotated = 0;
 static pthread_mutex_t graveyard_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Responses deleted where our backend sent them (outputs.c keep_outputs), and those buried. */
+atomic_llong n_responses_kept = 0;
+static atomic_llong n_responses_buried = 0;
+
 void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response)
 {
+  if (response != NULL) atomic_fetch_add_explicit(&n_responses_buried, 1, memory_order_relaxed);
   Grave* g = malloc(sizeof(Grave));
   if (g == NULL) return; /* leak rather than crash */
   g->request = request;
@@ -86,4 +91,13 @@ PyObject* py_delete_released(PyObject* self, PyObject* unused)
   n = delete_buried(0);
   Py_END_ALLOW_THREADS
   return PyLong_FromLong(n);
+}
+
+/* response_stats() -> (kept, buried): responses read and deleted on the thread that sent them,
+ * and responses left to the graveyard. */
+PyObject* py_response_stats(PyObject* self, PyObject* unused)
+{
+  (void)self, (void)unused;
+  return Py_BuildValue("(LL)", (long long)atomic_load(&n_responses_kept),
+                       (long long)atomic_load(&n_responses_buried));
 }

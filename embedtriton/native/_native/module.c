@@ -95,6 +95,8 @@ static PyMethodDef methods[] = {
      "Let go of the gRPC calls answered in C since the last grpc_model_infer."},
     {"linger_stats", py_linger_stats, METH_NOARGS,
      "(lingers, caught): model threads' lingers after an execute, and those that met a request."},
+    {"response_stats", py_response_stats, METH_NOARGS,
+     "(kept, buried): responses deleted on the thread that sent them, and buried ones."},
     {"grpc_stats", py_grpc_stats, METH_NOARGS,
      "(taken, declined): ModelInfer calls grpc_model_infer took and declined."},
     {"kserve_decode", py_kserve_decode, METH_O,

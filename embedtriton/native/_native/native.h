@@ -162,6 +162,7 @@ int wait_released(atomic_int* state, PyThreadState* ts);
 void flush_wakes(void);
 void linger(int with_batcher);
 PyObject* py_linger_stats(PyObject* self, PyObject* unused);
+PyObject* py_response_stats(PyObject* self, PyObject* unused);
 
 /* ---- convert.c: dtypes and errors --------------------------------------- */
 
@@ -287,6 +288,8 @@ typedef struct CallOps {
   int free_later;
 } CallOps;
 
+#define KEPT_INLINE 256 /* bytes in a Call for its kept outputs (two small outputs fit) */
+
 typedef struct Call {
   struct Call *prev, *next; /* the held list (Triton holds the request), for stop() */
   TRITONSERVER_Server* server;
@@ -313,6 +316,8 @@ typedef struct Call {
   struct Group* group;                    /* a call of submit_many() (many.c) */
   Py_ssize_t group_index;
   _Atomic(TRITONSERVER_InferenceResponse*) response;
+  _Atomic(struct Kept*) kept; /* or its outputs, read from it where it was sent (outputs.c) */
+  _Alignas(16) char kept_inline[KEPT_INLINE]; /* kept's block when it fits (no malloc) */
   PyObject* loop;   /* CALL_LOOP: its event loop (a stream's consumer's, if any) */
   PyObject* future; /* CALL_LOOP: its future; CALL_TARGET: its target; a stream: its wake-up */
   Py_ssize_t n_keep;
@@ -348,12 +353,33 @@ void call_drop_inputs(Call* c);
 void call_free(Call* c);
 int call_claim(Call* c);
 void call_wake_caller(Call* c);
+void kept_free(Call* c, struct Kept* k);
 void call_free_later(void);
 
 /* ---- outputs.c: a finished call's outputs ------------------------------- */
 
 PyObject* call_collect(Call* c);
 PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c);
+typedef struct {
+  const char* name;
+  const int64_t* shape;
+  const void* data; /* in the block (copied), or the output's own buffer (owned) */
+  void* owned;      /* an output buffer taken over: freed with the block unless handed on */
+  size_t size;
+  TRITONSERVER_DataType dtype;
+  uint32_t ndim;
+} KeptOutput;
+
+typedef struct Kept {
+  uint32_t count;
+  KeptOutput out[]; /* then the shapes, the names and the copied outputs */
+} Kept;
+
+Kept* keep_outputs(TRITONSERVER_InferenceResponse* resp, Call* c);
+
+/* Set while our backend sends a response (send_final): the request or its response factory,
+ * which hold the model too, are still held (see keep_outputs). */
+extern __thread int t_sending;
 
 /* ---- servers.c: open servers and the calls Triton holds ----------------- */
 
@@ -507,6 +533,7 @@ PyObject* py_grpc_release(PyObject* self, PyObject* unused);
 /* ---- graveyard.c: late deletes ------------------------------------------ */
 
 void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
+extern atomic_llong n_responses_kept;
 /* Graves deleted per call (a call buries two): by a sync caller as it waits
  * (without the GIL), by an async one as it submits (with the GIL, but deleting
  * a few dozen at once costs less per grave than four at a time). */

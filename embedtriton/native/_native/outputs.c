@@ -2,6 +2,8 @@
  * DeviceArrays or the caller's own buffers (call_collect, collect_response). */
 #include "native.h"
 
+static PyObject* collect_kept(struct Kept* k);
+
 /* With the GIL: the outputs of a finished call as a dict, or NULL + error. */
 PyObject* call_collect(Call* c)
 {
@@ -9,6 +11,8 @@ PyObject* call_collect(Call* c)
     return raise_triton(TRITONSERVER_ERROR_UNAVAILABLE,
                         "the server stopped before this request completed");
   if (c->gate_error != NULL) return raise_from(c->gate_error, 0); /* from its queue policy */
+  struct Kept* kept = atomic_load(&c->kept);
+  if (kept != NULL) return collect_kept(kept);
   TRITONSERVER_InferenceResponse* response = atomic_load(&c->response);
   if (response == NULL)
     return raise_triton(TRITONSERVER_ERROR_INTERNAL,
@@ -29,6 +33,126 @@ static PyObject* decode_bytes_output(const void* base, size_t size, const int64_
   Py_XDECREF(mv);
   Py_XDECREF(shape_t);
   return arr;
+}
+
+/* ---- outputs kept: a response read where it was sent ---------------------
+ * Triton builds a response on its instance thread, from that thread's malloc
+ * arena. Deleted by the caller (late, in the graveyard), each of its frees took
+ * that arena's lock while the instance thread allocated the next responses
+ * from it: the two threads queued on glibc's lock, and the instance thread's
+ * mallocs went the slow way (infer_many spent half of its caller's time there).
+ * So a plain call's response sent by our backend is read into one block (names,
+ * shapes, small outputs copied; larger output buffers taken over) and deleted
+ * on the instance thread at once. That is safe there, unlike in other
+ * callbacks (see bury()): inside send_final the request, or its response
+ * factory, still holds the model, so the response is never its last reference. */
+#define KEEP_COPY_MAX 256 /* bytes: an output this small is copied, its buffer freed at once */
+#define KEEP_MAX_OUTPUTS 16
+
+static int succeeded(TRITONSERVER_Error* err)
+{
+  if (err == NULL) return 1;
+  api.TRITONSERVER_ErrorDelete(err);
+  return 0;
+}
+
+/* Triton's thread, inside send_final (t_sending), without the GIL: the response's outputs
+ * in one block, or NULL when they stay in the response (an error, more than
+ * KEEP_MAX_OUTPUTS outputs, outputs not in our host buffers: the caller's own buffers, GPU
+ * or cached memory). The caller deletes the response once this returned a block. */
+Kept* keep_outputs(TRITONSERVER_InferenceResponse* resp, Call* c)
+{
+  if (c->n_presets || c->out_device >= 0 || api.TRITONSERVER_InferenceResponseError(resp))
+    return NULL;
+  uint32_t count = 0;
+  if (!succeeded(api.TRITONSERVER_InferenceResponseOutputCount(resp, &count)) ||
+      count > KEEP_MAX_OUTPUTS)
+    return NULL;
+  KeptOutput o[KEEP_MAX_OUTPUTS];
+  Ticket* tickets[KEEP_MAX_OUTPUTS];
+  size_t bytes = sizeof(Kept) + count * sizeof(KeptOutput);
+  for (uint32_t i = 0; i < count; i++) {
+    uint64_t ndim;
+    TRITONSERVER_MemoryType mtype;
+    int64_t mtype_id;
+    void* userp;
+    if (!succeeded(api.TRITONSERVER_InferenceResponseOutput(resp, i, &o[i].name, &o[i].dtype,
+                                                            &o[i].shape, &ndim, &o[i].data,
+                                                            &o[i].size, &mtype, &mtype_id, &userp)))
+      return NULL;
+    tickets[i] = (Ticket*)userp;
+    if (mtype != TRITONSERVER_MEMORY_CPU || userp == NULL || tickets[i]->gpu || ndim > MAX_DIMS)
+      return NULL;
+    o[i].ndim = (uint32_t)ndim;
+    bytes += ndim * sizeof(int64_t) + strlen(o[i].name) + 1;
+    if (o[i].size <= KEEP_COPY_MAX) bytes += o[i].size;
+  }
+  Kept* k =
+      bytes <= KEPT_INLINE && atomic_load(&c->kept) == NULL ? (Kept*)c->kept_inline : malloc(bytes);
+  if (k == NULL) return NULL;
+  k->count = count;
+  int64_t* shapes = (int64_t*)&k->out[count];
+  for (uint32_t i = 0; i < count; i++) {
+    if (o[i].ndim) memcpy(shapes, o[i].shape, o[i].ndim * sizeof(int64_t));
+    o[i].shape = shapes;
+    shapes += o[i].ndim;
+  }
+  char* at = (char*)shapes;
+  for (uint32_t i = 0; i < count; i++) {
+    size_t n = strlen(o[i].name) + 1;
+    memcpy(at, o[i].name, n);
+    o[i].name = at;
+    at += n;
+  }
+  for (uint32_t i = 0; i < count; i++) {
+    o[i].owned = NULL;
+    if (o[i].size <= KEEP_COPY_MAX) { /* its buffer goes with the response */
+      memcpy(at, o[i].data, o[i].size);
+      o[i].data = at;
+      at += o[i].size;
+    } else { /* taken over: the response's release leaves it */
+      o[i].owned = tickets[i]->block;
+      tickets[i]->taken = 1;
+    }
+    k->out[i] = o[i];
+  }
+  return k;
+}
+
+/* With the GIL: the kept outputs as a dict (the buffers it owns handed to their arrays). */
+static PyObject* collect_kept(Kept* k)
+{
+  PyObject* result = PyDict_New();
+  for (uint32_t i = 0; result != NULL && i < k->count; i++) {
+    KeptOutput* o = &k->out[i];
+    npy_intp dims[MAX_DIMS];
+    for (uint32_t d = 0; d < o->ndim; d++) dims[d] = (npy_intp)o->shape[d];
+    int typenum = numpy_typenum_of(o->dtype);
+    PyObject* arr;
+    if (o->dtype == TRITONSERVER_TYPE_BYTES) {
+      arr = decode_bytes_output(o->data, o->size, o->shape, o->ndim);
+    } else if (typenum < 0) {
+      arr = raise_triton(TRITONSERVER_ERROR_UNSUPPORTED, "output datatype has no numpy equivalent");
+    } else if (o->owned == NULL) {
+      arr = PyArray_SimpleNew((int)o->ndim, dims, typenum);
+      if (arr != NULL) memcpy(PyArray_DATA((PyArrayObject*)arr), o->data, o->size);
+    } else {
+      arr = PyArray_New(&PyArray_Type, (int)o->ndim, dims, typenum, NULL, o->owned, 0,
+                        NPY_ARRAY_CARRAY, NULL);
+      PyObject* owner =
+          arr ? PyCapsule_New(o->owned, "embedtriton.block", free_block_capsule) : NULL;
+      if (owner != NULL && PyArray_SetBaseObject((PyArrayObject*)arr, owner) == 0) {
+        o->owned = NULL; /* the array's now */
+      } else {
+        if (owner) PyCapsule_SetDestructor(owner, NULL);
+        Py_XDECREF(owner);
+        Py_CLEAR(arr);
+      }
+    }
+    if (arr == NULL || dict_set_name(result, o->name, arr) < 0) Py_CLEAR(result);
+    Py_XDECREF(arr);
+  }
+  return result;
 }
 
 /* With the GIL: an output that is in GPU memory or that the caller wants there
