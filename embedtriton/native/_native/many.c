@@ -17,6 +17,59 @@ static PyObject* take_exception(void)
   return value != NULL ? value : Py_NewRef(Py_None);
 }
 
+/* With the GIL: hand the calls that submit_locked built (deferred) since the last
+ * hand-over (in window[from..*held)) to Triton, letting go of the GIL once for all of them: the
+ * model thread runs the first ones meanwhile, instead of waiting for this caller's GIL. (One
+ * release per request instead let the model thread in after each, and each took the GIL
+ * back from it: a convoy.) Those Triton refuses leave the window, their error in results. */
+static void hand_over(TRITONSERVER_Server* server, Group* g, Call** window, Py_ssize_t from,
+                      Py_ssize_t* held, PyObject* results)
+{
+  Py_ssize_t built = 0;
+  for (Py_ssize_t i = from; i < *held; i++) built += window[i]->deferred;
+  if (built == 0) return;
+  int open = lock_open_server(server) == 0;
+  if (open) {
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = from; i < *held; i++) {
+      Call* c = window[i];
+      if (!c->deferred) continue;
+      TRITONSERVER_InferenceTrace* trace = c->gate_trace;
+      c->gate_trace = NULL; /* (no gate: the field held its trace, see submit_locked) */
+      c->gate_error = api.TRITONSERVER_ServerInferAsync(server, c->request, trace);
+      if (c->gate_error == NULL) atomic_fetch_add(&handed_over, 1); /* see linger() */
+    }
+    pthread_rwlock_unlock(&servers_lock);
+    Py_END_ALLOW_THREADS
+  }
+  Py_ssize_t kept = from;
+  for (Py_ssize_t i = from; i < *held; i++) {
+    Call* c = window[i];
+    if (!c->deferred) {
+      window[kept++] = c;
+      continue;
+    }
+    c->deferred = 0;
+    TRITONSERVER_Error* err = c->gate_error;
+    c->gate_error = NULL;
+    if (!open) {
+      PyErr_Clear(); /* (raised for each below) */
+      if (c->gate_trace != NULL) api.TRITONSERVER_InferenceTraceDelete(c->gate_trace);
+      c->gate_trace = NULL;
+      err = api.TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, NOT_RUNNING);
+    }
+    if (err == NULL) {
+      window[kept++] = c;
+      continue;
+    }
+    Py_ssize_t index = c->group_index;
+    submit_refused(c, err, 0);
+    atomic_fetch_sub(&g->left, 1);
+    PyList_SetItem(results, index, take_exception()); /* this request's error, in its place */
+  }
+  *held = kept;
+}
+
 /* With the GIL: move the completed calls of the window into results. */
 static Py_ssize_t collect_done(Call** window, Py_ssize_t n, PyObject* results)
 {
@@ -132,10 +185,15 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   atomic_init(&g.state, WAIT_PENDING);
   atomic_init(&g.busy, 0);
   Py_ssize_t held = 0; /* calls in the window: in flight or done, not collected */
+  Py_ssize_t from = 0; /* window[from..held): added since the last hand_over */
   for (Py_ssize_t i = 0; i < n; i++) {
     if (held == size) {
+      hand_over(shared.server, &g, window, from, &held, results);
+      from = held;
+    }
+    if (held == size) {
       if (wait_group(&g, (int)(size / 2), 2 * size) < 0) goto interrupted;
-      held = collect_done(window, held, results);
+      held = from = collect_done(window, held, results);
     }
     PyObject* item = PyList_GET_ITEM(inputs, i);
     if (!PyDict_Check(item)) {
@@ -162,6 +220,7 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     }
     PyList_SetItem(results, i, take_exception()); /* this request's error, in its place */
   }
+  hand_over(shared.server, &g, window, from, &held, results);
   while (held > 0) {
     if (wait_group(&g, 0, 2 * size) < 0) goto interrupted;
     held = collect_done(window, held, results);

@@ -337,6 +337,7 @@ typedef struct Call {
   TRITONSERVER_InferenceTrace* gate_trace; /* held: its trace, not handed to Triton yet */
   TRITONSERVER_Error* gate_error;          /* the error the gate completed it with (owned) */
   struct Call* later_next;                 /* (free_later kinds) waiting for call_free_later */
+  int deferred; /* built by submit_locked for submit_many, which hands it to Triton (many.c) */
 } Call;
 
 /* The calls of one submit_many(): their caller waits for several at once. */
@@ -475,9 +476,13 @@ int request_spec_read(PyObject* request, RequestSpec* s);
 void request_spec_clear(RequestSpec* s);
 int lock_open_server(TRITONSERVER_Server* server);
 
-/* With servers_lock held (read), which it lets go of: one request to Triton. */
+/* With servers_lock held (read), which it lets go of: one request to Triton. A call of a
+ * group (submit_many) without a gate or batch rule is built, not handed over: *out, whose
+ * gate_trace holds its trace until submit_many hands it over. */
 PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, int stream,
                         int release_gil, int cancellable, Group* group, Call** out);
+/* With the GIL: Triton did not take c's request (err, deleted here): raises err, frees c. NULL. */
+PyObject* submit_refused(Call* c, TRITONSERVER_Error* err, int handle_ref);
 PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 /* ---- kserve_pb.c: the KServe-v2 protobuf subset ------------------------- */

@@ -268,6 +268,24 @@ static int set_sequence(TRITONSERVER_InferenceRequest* req, PyObject* sequence,
   return *err != NULL ? -1 : 0;
 }
 
+/* With the GIL: Triton did not take c's request (err, which this deletes): no callbacks come.
+ * Raises err and frees the call; returns NULL. */
+PyObject* submit_refused(Call* c, TRITONSERVER_Error* err, int handle_ref)
+{
+  if (c->trace != NULL) { /* the sink sees no times; Triton drops its side with the request */
+    trace_deliver(c->trace);
+    c->trace = NULL;
+  }
+  held_release(c);
+  call_claim(c);
+  api.TRITONSERVER_InferenceRequestDelete(c->request);
+  raise_from(err, 1);
+  call_drop_inputs(c);
+  atomic_fetch_sub(&c->refs, 2 + handle_ref); /* never taken (the caller's remains) */
+  call_free(c);
+  return NULL;
+}
+
 /* With servers_lock held (read), which it lets go of: the request s to Triton.
  * With a group (submit_many): returns None once Triton took it, the call in *out. */
 PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, int stream,
@@ -415,6 +433,13 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
    * asynchronous caller keeps it: handing over a request does not block, and releasing the GIL
    * would let the model thread in and make this caller queue for it again (a convoy under
    * load). Callbacks that Triton runs inline (errors, cache hits) take the GIL if it is free. */
+  if (group != NULL && gate == NULL && !release_gil) { /* handed over with others: hand_over() */
+    c->gate_trace = trace; /* (no gate: its field holds the trace until then) */
+    c->deferred = 1;
+    pthread_rwlock_unlock(&servers_lock);
+    *out = c;
+    Py_RETURN_NONE;
+  }
   int waits = group == NULL && !c->is_async && !stream && t_gil_depth == 0;
   PyThreadState* released = NULL;
   if (admitted != GATE_GO) {
@@ -433,20 +458,7 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
     released = NULL;
   }
   if (err != NULL && admitted == GATE_GO && gate != NULL) gate_forget(c);
-  if (err != NULL) {        /* Triton did not take the request: no callbacks */
-    if (c->trace != NULL) { /* the sink sees no times; Triton drops its side with the request */
-      trace_deliver(c->trace);
-      c->trace = NULL;
-    }
-    held_release(c);
-    call_claim(c);
-    api.TRITONSERVER_InferenceRequestDelete(req);
-    raise_from(err, 1);
-    call_drop_inputs(c);
-    atomic_fetch_sub(&c->refs, 2 + handle_ref); /* never taken (the caller's remains) */
-    call_free(c);
-    return NULL;
-  }
+  if (err != NULL) return submit_refused(c, err, handle_ref);
   if (group != NULL) { /* (submit_many counted it in before, and waits for it) */
     *out = c;
     Py_RETURN_NONE;
