@@ -81,6 +81,22 @@ def test_in_process_request_span_has_timed_children(traced):
     assert current_id == request.context.span_id and spans[0].get_span_context().span_id == current_id
 
 
+def test_infer_many_traces_each_request_and_ends_a_refused_ones_span(traced):
+    """infer_many hands a refill's requests to Triton together, with each one's trace: every
+    request gets its own span with Triton's timestamps; one Triton refuses ends with an error."""
+    server, _, exporter, _ = traced
+    exporter.clear()
+    items = [{"x": np.full((1, 2), i, np.float32)} for i in range(9)]
+    items[4] = {"x": np.ones((1, 2), np.int64)}  # refused by Triton as it is handed over
+    results = server.model("Double").infer_many(items, max_in_flight=4, return_exceptions=True)
+    assert isinstance(results[4], InvalidArgumentError)
+    assert [r["y"][0, 0] for i, r in enumerate(results) if i != 4] == [2.0 * i for i in range(9) if i != 4]
+    requests = _wait_for(exporter, "Double", 9)
+    assert len(_wait_for(exporter, "compute", 8)) == 8
+    assert sorted(r.status.status_code == StatusCode.ERROR for r in requests) == [False] * 8 + [True]
+    assert len({r.context.trace_id for r in requests}) == 9
+
+
 def test_failed_model_marks_its_span(traced):
     server, _, exporter, _ = traced
     exporter.clear()

@@ -426,6 +426,13 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
     admitted = gate_admit(gate, c, trace, priority, timeout_us, id, &err);
     gate_release_ref(gate);
   }
+  if (group != NULL && gate == NULL && !release_gil) { /* submit_many hands it over */
+    c->gate_trace = trace; /* (no gate: its field holds the trace until then) */
+    c->deferred = 1;
+    pthread_rwlock_unlock(&servers_lock);
+    *out = c;
+    Py_RETURN_NONE;
+  }
   /* A caller that waits for its call lets go of the GIL before the hand-over and takes it back
    * only once the call is done: the model thread, which Triton may reach before
    * ServerInferAsync returns here, then never waits for this caller's GIL. (Not on a Triton
@@ -433,13 +440,6 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
    * asynchronous caller keeps it: handing over a request does not block, and releasing the GIL
    * would let the model thread in and make this caller queue for it again (a convoy under
    * load). Callbacks that Triton runs inline (errors, cache hits) take the GIL if it is free. */
-  if (group != NULL && gate == NULL && !release_gil) { /* handed over with others: hand_over() */
-    c->gate_trace = trace; /* (no gate: its field holds the trace until then) */
-    c->deferred = 1;
-    pthread_rwlock_unlock(&servers_lock);
-    *out = c;
-    Py_RETURN_NONE;
-  }
   int waits = group == NULL && !c->is_async && !stream && t_gil_depth == 0;
   PyThreadState* released = NULL;
   if (admitted != GATE_GO) {
