@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from embedtriton import ModelConfig, Server, Tensor, batch
+from embedtriton import ModelConfig, Server, Step, Tensor, batch
 from embedtriton._native import response_stats
 from embedtriton.core.request import InferRequest
 from embedtriton.errors import TritonError
@@ -58,6 +58,13 @@ def srv():
     s.bind("Mixed", mixed, *TENSORS, ModelConfig(max_batch_size=8))
     s.bind("MixedPlain", mixed_plain, *TENSORS, ModelConfig(batching=False))
     s.bind("Failing", failing, *TENSORS, ModelConfig(max_batch_size=8))
+    s.bind_ensemble(  # its last step's send completes the ensemble's response too
+        "Twice",
+        [Step("Mixed", {"x": "X", "word": "W"}, {"small": "S", "large": "L"})],
+        [Tensor(name="X", dtype=F32, shape=(-1,)), Tensor(name="W", dtype=bytes, shape=(1,))],
+        [Tensor(name="S", dtype=F32, shape=(SMALL,)), Tensor(name="L", dtype=F32, shape=(LARGE,))],
+        ModelConfig(max_batch_size=8),
+    )
     with s:
         yield s
 
@@ -148,3 +155,16 @@ def test_errors_and_callers_buffers_keep_the_response(srv):
     np.testing.assert_array_equal(out["small"], (np.arange(3, 3 + SMALL, dtype=F32) + 1)[None])
     after = response_stats()
     assert after[0] == before[0] and after[1] - before[1] == 2, (before, after)
+
+
+def test_an_ensembles_response_completed_by_its_last_step_is_kept_too(srv):
+    """An ensemble's response reaches our callback inside its last step's send: the ensemble's
+    own request is released only after it (Triton's EnsembleContext::FinishEnsemble), so it is
+    read and deleted there as well, and its outputs are intact."""
+    before = response_stats()
+    for i in range(5):
+        out = srv.model("Twice").infer({"X": inputs_for(i)["x"], "W": inputs_for(i)["word"]})
+        np.testing.assert_array_equal(out["S"], (np.arange(i, i + SMALL, dtype=F32) + 1)[None])
+        np.testing.assert_array_equal(out["L"], np.full((1, LARGE), 2.0 * i, F32))
+    after = response_stats()
+    assert after[0] - before[0] == 5 and after[1] == before[1], (before, after)

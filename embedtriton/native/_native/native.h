@@ -378,8 +378,10 @@ typedef struct Kept {
 
 Kept* keep_outputs(TRITONSERVER_InferenceResponse* resp, Call* c);
 
-/* Set while our backend sends a response (send_final): the request or its response factory,
- * which hold the model too, are still held (see keep_outputs). */
+/* Set while our backend sends a response (send_final): its request or response factory, which
+ * hold the model too, are still held (see keep_outputs). An ensemble's response that its last
+ * step's send completes arrives then too: its own request is released only after it is sent
+ * (EnsembleContext::FinishEnsemble), and an ensemble has no instance thread. */
 extern __thread int t_sending;
 
 /* ---- servers.c: open servers and the calls Triton holds ----------------- */
