@@ -58,6 +58,13 @@ def srv():
     s.bind("Mixed", mixed, *TENSORS, ModelConfig(max_batch_size=8))
     s.bind("MixedPlain", mixed_plain, *TENSORS, ModelConfig(batching=False))
     s.bind("Failing", failing, *TENSORS, ModelConfig(max_batch_size=8))
+    s.bind(
+        "Empty",
+        batch(lambda x: {"y": x[:, :0], "z": x[:, :0].astype(object)}),
+        [Tensor(name="x", dtype=F32, shape=(-1,))],
+        [Tensor(name="y", dtype=F32, shape=(-1,)), Tensor(name="z", dtype=bytes, shape=(-1,))],
+        ModelConfig(max_batch_size=8),
+    )
     s.bind_ensemble(  # its last step's send completes the ensemble's response too
         "Twice",
         [Step("Mixed", {"x": "X", "word": "W"}, {"small": "S", "large": "L"})],
@@ -168,3 +175,11 @@ def test_an_ensembles_response_completed_by_its_last_step_is_kept_too(srv):
         np.testing.assert_array_equal(out["L"], np.full((1, LARGE), 2.0 * i, F32))
     after = response_stats()
     assert after[0] - before[0] == 5 and after[1] == before[1], (before, after)
+
+
+def test_empty_outputs_are_kept_as_empty_arrays(srv):
+    before = response_stats()
+    out = srv.model("Empty").infer({"x": np.ones((1, 3), F32)})
+    assert out["y"].shape == (1, 0) and out["y"].dtype == F32
+    assert out["z"].shape == (1, 0)
+    assert response_stats()[0] - before[0] == 1

@@ -107,7 +107,7 @@ Kept* keep_outputs(TRITONSERVER_InferenceResponse* resp, Call* c)
   for (uint32_t i = 0; i < count; i++) {
     o[i].owned = NULL;
     if (o[i].size <= KEEP_COPY_MAX) { /* its buffer goes with the response */
-      memcpy(at, o[i].data, o[i].size);
+      if (o[i].size) memcpy(at, o[i].data, o[i].size);
       o[i].data = at;
       at += o[i].size;
     } else { /* taken over: the response's release leaves it */
