@@ -135,7 +135,8 @@ static PyObject* collect_kept(Kept* k)
       arr = raise_triton(TRITONSERVER_ERROR_UNSUPPORTED, "output datatype has no numpy equivalent");
     } else if (o->owned == NULL) {
       arr = PyArray_SimpleNew((int)o->ndim, dims, typenum);
-      if (arr != NULL) memcpy(PyArray_DATA((PyArrayObject*)arr), o->data, o->size);
+      size_t n = arr != NULL ? (size_t)PyArray_NBYTES((PyArrayObject*)arr) : 0;
+      if (n) memcpy(PyArray_DATA((PyArrayObject*)arr), o->data, n < o->size ? n : o->size);
     } else {
       arr = PyArray_New(&PyArray_Type, (int)o->ndim, dims, typenum, NULL, o->owned, 0,
                         NPY_ARRAY_CARRAY, NULL);
