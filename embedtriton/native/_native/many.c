@@ -53,8 +53,8 @@ static void hand_over(TRITONSERVER_Server* server, Group* g, Call** window, Py_s
     TRITONSERVER_Error* err = c->gate_error;
     c->gate_error = NULL;
     if (!open) {
-      PyErr_Clear(); /* (raised for each below) */
-      if (c->gate_trace != NULL) api.TRITONSERVER_InferenceTraceDelete(c->gate_trace);
+      PyErr_Clear();                                                 /* (raised for each below) */
+      if (c->gate_trace != NULL) trace_abandon(c->gate_trace, NULL); /* (never taken) */
       c->gate_trace = NULL;
       err = api.TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, NOT_RUNNING);
     }
