@@ -232,9 +232,9 @@ void call_one_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32
     struct Kept* kept = NULL;
     if (t_sending && !c->ops->free_later && !atomic_load(&c->completed) &&
         (kept = keep_outputs(response, c)) != NULL) {
-      api.TRITONSERVER_InferenceResponseDelete(response); /* on the thread that made it */
-      atomic_fetch_add_explicit(&n_responses_kept, 1, memory_order_relaxed);
-      if ((kept = atomic_exchange(&c->kept, kept)) != NULL) kept_free(c, kept);
+      delete_sent(response);
+      struct Kept* old = atomic_exchange(&c->kept, kept);
+      if (old != NULL) kept_free(c, old);
     } else {
       TRITONSERVER_InferenceResponse* old = atomic_load(&c->completed)
                                                 ? response /* its caller was let go */

@@ -31,8 +31,16 @@ static uint64_t graveyard_rotated = 0;
 static pthread_mutex_t graveyard_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Responses deleted where our backend sent them (outputs.c keep_outputs), and those buried. */
-atomic_llong n_responses_kept = 0;
+static atomic_llong n_responses_kept = 0;
 static atomic_llong n_responses_buried = 0;
+
+/* Inside our backend's send (t_sending), on the thread that made it: delete a response now,
+ * not late (see keep_outputs for why that is safe there). */
+void delete_sent(TRITONSERVER_InferenceResponse* response)
+{
+  api.TRITONSERVER_InferenceResponseDelete(response);
+  atomic_fetch_add_explicit(&n_responses_kept, 1, memory_order_relaxed);
+}
 
 void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response)
 {

@@ -86,10 +86,9 @@ static void grpc_finish(Call* c)
   }
   h2->reply(g->call, message, message != NULL ? 0 : grpc_code(e.code), message ? "" : e.text);
   resp = atomic_exchange(&c->response, NULL);
-  if (resp != NULL && t_sending) { /* our backend's send: on the thread that made it (outputs.c) */
-    api.TRITONSERVER_InferenceResponseDelete(resp);
-    atomic_fetch_add_explicit(&n_responses_kept, 1, memory_order_relaxed);
-  } else if (resp != NULL) bury(NULL, resp); /* (its model may go once Triton deleted it) */
+  if (resp != NULL && t_sending) /* our backend's send: on the thread that made it (outputs.c) */
+    delete_sent(resp);
+  else if (resp != NULL) bury(NULL, resp); /* (its model may go once Triton deleted it) */
   g->answered_next = atomic_load(&answered);
   while (!atomic_compare_exchange_weak(&answered, &g->answered_next, g)) {
   }

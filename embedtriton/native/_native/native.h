@@ -540,7 +540,7 @@ PyObject* py_grpc_release(PyObject* self, PyObject* unused);
 /* ---- graveyard.c: late deletes ------------------------------------------ */
 
 void bury(TRITONSERVER_InferenceRequest* request, TRITONSERVER_InferenceResponse* response);
-extern atomic_llong n_responses_kept;
+void delete_sent(TRITONSERVER_InferenceResponse* response);
 /* Graves deleted per call (a call buries two): by a sync caller as it waits
  * (without the GIL), by an async one as it submits (with the GIL, but deleting
  * a few dozen at once costs less per grave than four at a time). */
