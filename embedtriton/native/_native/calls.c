@@ -3,16 +3,30 @@
  * only runs the stage hooks its kind registered (CallOps, complete.c). */
 #include "native.h"
 
+/* Any thread: c's kept outputs (collected or not), with the output buffers they still own. */
+void kept_free(Call* c, Kept* k)
+{
+  for (uint32_t i = 0; i < k->count; i++) free(k->out[i].owned);
+  if (k != (Kept*)c->kept_inline) free(k);
+}
+
+/* Let go of what the call's response left: the response itself (buried, see bury()) or its
+ * kept outputs. */
+static void drop_outcome(Call* c)
+{
+  TRITONSERVER_InferenceResponse* response = atomic_exchange(&c->response, NULL);
+  if (response != NULL) bury(NULL, response);
+  struct Kept* kept = atomic_exchange(&c->kept, NULL);
+  if (kept != NULL) kept_free(c, kept);
+}
+
 /* A call is freed when all three let go of it: the caller (after reading the
  * response and resolving its future), Triton's release of the request (when
  * Triton stops reading the input buffers) and Triton's final response. */
 /* With the GIL. */
 static void call_destroy(Call* c)
 {
-  TRITONSERVER_InferenceResponse* late = atomic_exchange(&c->response, NULL);
-  if (late != NULL) bury(NULL, late); /* arrived after its caller was let go */
-  struct Kept* kept = atomic_exchange(&c->kept, NULL);
-  if (kept != NULL) kept_free(c, kept);
+  drop_outcome(c); /* (one that arrived after its caller was let go) */
   if (c->ops != NULL && c->ops->destroy != NULL) c->ops->destroy(c);
   Py_CLEAR(c->loop);
   Py_CLEAR(c->future);
@@ -76,20 +90,10 @@ void call_drop_inputs(Call* c)
   c->n_keep = 0;
 }
 
-/* Any thread: c's kept outputs (collected or not), with the output buffers they still own. */
-void kept_free(Call* c, Kept* k)
-{
-  for (uint32_t i = 0; i < k->count; i++) free(k->out[i].owned);
-  if (k != (Kept*)c->kept_inline) free(k);
-}
-
 /* With the GIL: the caller's side is done with the call. */
 void call_free(Call* c)
 {
-  TRITONSERVER_InferenceResponse* response = atomic_exchange(&c->response, NULL);
-  if (response != NULL) bury(NULL, response); /* see bury() */
-  struct Kept* kept = atomic_exchange(&c->kept, NULL);
-  if (kept != NULL) kept_free(c, kept);
+  drop_outcome(c);
   Py_CLEAR(c->loop);
   Py_CLEAR(c->future);
   call_unref(c);

@@ -35,6 +35,20 @@ static PyObject* decode_bytes_output(const void* base, size_t size, const int64_
   return arr;
 }
 
+/* With the GIL: a numpy array over a block of ours that it takes over (freeing it when it
+ * dies), or NULL + exception with the block still the caller's. */
+static PyObject* array_owning(int ndim, npy_intp* dims, int typenum, void* block)
+{
+  PyObject* arr =
+      PyArray_New(&PyArray_Type, ndim, dims, typenum, NULL, block, 0, NPY_ARRAY_CARRAY, NULL);
+  PyObject* owner = arr ? PyCapsule_New(block, "embedtriton.block", free_block_capsule) : NULL;
+  if (owner != NULL && PyArray_SetBaseObject((PyArrayObject*)arr, owner) == 0) return arr;
+  if (owner) PyCapsule_SetDestructor(owner, NULL); /* (the block stays the caller's) */
+  Py_XDECREF(owner);
+  Py_XDECREF(arr);
+  return NULL;
+}
+
 /* ---- outputs kept: a response read where it was sent ---------------------
  * Triton builds a response on its instance thread, from that thread's malloc
  * arena. Deleted by the caller (late, in the graveyard), each of its frees took
@@ -138,17 +152,8 @@ static PyObject* collect_kept(Kept* k)
       size_t n = arr != NULL ? (size_t)PyArray_NBYTES((PyArrayObject*)arr) : 0;
       if (n) memcpy(PyArray_DATA((PyArrayObject*)arr), o->data, n < o->size ? n : o->size);
     } else {
-      arr = PyArray_New(&PyArray_Type, (int)o->ndim, dims, typenum, NULL, o->owned, 0,
-                        NPY_ARRAY_CARRAY, NULL);
-      PyObject* owner =
-          arr ? PyCapsule_New(o->owned, "embedtriton.block", free_block_capsule) : NULL;
-      if (owner != NULL && PyArray_SetBaseObject((PyArrayObject*)arr, owner) == 0) {
-        o->owned = NULL; /* the array's now */
-      } else {
-        if (owner) PyCapsule_SetDestructor(owner, NULL);
-        Py_XDECREF(owner);
-        Py_CLEAR(arr);
-      }
+      arr = array_owning((int)o->ndim, dims, typenum, o->owned);
+      if (arr != NULL) o->owned = NULL; /* the array's now */
     }
     if (arr == NULL || dict_set_name(result, o->name, arr) < 0) Py_CLEAR(result);
     Py_XDECREF(arr);
@@ -277,18 +282,9 @@ PyObject* collect_response(TRITONSERVER_InferenceResponse* resp, Call* c)
       arr = raise_triton(TRITONSERVER_ERROR_UNSUPPORTED, "output datatype has no numpy equivalent");
     } else if (userp != NULL && mtype != TRITONSERVER_MEMORY_GPU) {
       /* our allocator's block: the array takes it over */
-      arr = PyArray_New(&PyArray_Type, (int)ndim, dims, typenum, NULL, (void*)base, 0,
-                        NPY_ARRAY_CARRAY, NULL);
       Ticket* ticket = (Ticket*)userp;
-      PyObject* owner =
-          arr ? PyCapsule_New(ticket->block, "embedtriton.block", free_block_capsule) : NULL;
-      if (owner != NULL && PyArray_SetBaseObject((PyArrayObject*)arr, owner) == 0) {
-        ticket->taken = 1;
-      } else {
-        if (owner) PyCapsule_SetDestructor(owner, NULL);
-        Py_XDECREF(owner);
-        Py_CLEAR(arr);
-      }
+      arr = array_owning((int)ndim, dims, typenum, ticket->block);
+      if (arr != NULL) ticket->taken = 1;
     } else { /* e.g. a response from the cache with foreign memory: copy */
       arr = PyArray_SimpleNew((int)ndim, dims, typenum);
       if (arr) memcpy(PyArray_DATA((PyArrayObject*)arr), base, size);
