@@ -70,6 +70,16 @@ def test_every_numeric_dtype_round_trips(identity_server, dtype):
     np.testing.assert_array_equal(out["y"], x)
 
 
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64, np.uint32, np.float16, np.float32, np.float64])
+def test_byte_swapped_inputs_arrive_with_their_values(identity_server, dtype):
+    """A non-native byte order (e.g. from a big-endian file) is converted, not sent as raw bytes."""
+    x = (np.arange(15).reshape(3, 5) * 3 + 1).astype(np.dtype(dtype).newbyteorder())
+    model = identity_server.model(f"id_{np.dtype(dtype).name}")
+    np.testing.assert_array_equal(model.infer({"x": x})["y"], x)
+    np.testing.assert_array_equal(model.infer({"x": x[:, ::2]})["y"], x[:, ::2])  # strided too
+    np.testing.assert_array_equal(model.infer_many([{"x": x}] * 3)[2]["y"], x)
+
+
 @pytest.mark.parametrize("kind", ["object", "bytes_", "str"])
 def test_bytes_tensors_round_trip(identity_server, kind):
     values = [[b"", b"hello", b"\x00\xff binary"], [b"a", b"bb", b"ccc"]]

@@ -135,6 +135,14 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject*
       return raise_triton(TRITONSERVER_ERROR_INVALID_ARG, msg);
     }
   }
+  if (!PyArray_ISNOTSWAPPED(arr)) { /* (FromAny keeps a byte-swapped dtype): to native order */
+    PyArray_Descr* native = PyArray_DescrNewByteorder(PyArray_DESCR(arr), NPY_NATIVE);
+    PyArrayObject* swapped =
+        native ? (PyArrayObject*)PyArray_FromArray(arr, native, NPY_ARRAY_CARRAY_RO) : NULL;
+    Py_DECREF(arr);
+    if (swapped == NULL) return NULL;
+    arr = swapped;
+  }
   TRITONSERVER_DataType dtype = triton_dtype_of(arr);
   if (dtype == TRITONSERVER_TYPE_INVALID) {
     PyObject* d = PyObject_Str((PyObject*)PyArray_DESCR(arr));
