@@ -161,3 +161,46 @@ def test_the_native_calls_take_one_request_object(server):
         native.submit(handle, "AddSub", -1, [pair(1)], None, None, False, False, False)
     with pytest.raises(TypeError, match="bad arguments"):  # (one entry of parameters per request)
         native.submit_many(handle, "AddSub", -1, template, [pair(1), pair(3)], [None], None, 4, False)
+
+
+def test_every_kind_of_input_arrives_as_infer_sends_it():
+    """infer_many adds a request's C-contiguous numpy inputs as it hands the refill to Triton,
+    without the GIL; strided, Fortran-ordered, byte-swapped, list and BYTES inputs are turned
+    into arrays first, as infer() does. Mixed in one request and across requests, each must
+    arrive with its own values (an input taken by the wrong route would be read with the
+    wrong strides or byte order)."""
+    from embedtriton import Server, Tensor
+
+    def mix(requests):
+        return [
+            {"flat": r["x"].ravel().astype(np.float64), "joined": np.array([b"|".join(r["s"])], object)}
+            for r in requests
+        ]
+
+    srv = Server()
+    srv.bind(
+        "Mix",
+        mix,
+        [Tensor(name="x", dtype=np.float64, shape=(-1, -1)), Tensor(name="s", dtype=np.bytes_, shape=(-1,))],
+        [Tensor(name="flat", dtype=np.float64, shape=(-1,)), Tensor(name="joined", dtype=np.bytes_, shape=(1,))],
+        ModelConfig(batching=False),
+    )
+    base = np.arange(12, dtype=np.float64).reshape(3, 4)
+    xs = [
+        base,  # contiguous
+        base.T,  # Fortran order
+        base[:, ::2],  # strided
+        base.astype(">f8"),  # big-endian
+        [[1.5, 2.5], [3.5, 4.5]],  # a list
+        np.ascontiguousarray(base[1:]),  # contiguous again
+    ]
+    items = [{"x": x, "s": np.array([b"k%d" % i, b"v"], object)} for i, x in enumerate(xs)]
+    with srv:
+        model = srv.model("Mix")
+        for window in (1, 4, 64):
+            results = model.infer_many(items * 5, max_in_flight=window)
+            for i, r in enumerate(results):
+                x, expected = xs[i % len(xs)], model.infer(items[i % len(xs)])
+                np.testing.assert_array_equal(r["flat"], np.asarray(x, np.float64).ravel())
+                np.testing.assert_array_equal(r["flat"], expected["flat"])
+                assert r["joined"].tolist() == [b"k%d|v" % (i % len(xs))]

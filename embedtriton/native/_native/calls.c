@@ -32,6 +32,7 @@ static void call_destroy(Call* c)
   Py_CLEAR(c->future);
   if (c->gate_error != NULL) api.TRITONSERVER_ErrorDelete(c->gate_error);
   if (c->keep != c->keep_inline) free(c->keep);
+  if (c->pending != c->pending_inline) free(c->pending);
   for (Py_ssize_t i = 0; i < c->n_presets; i++) {
     PyBuffer_Release(&c->presets[i].view);
     Py_DECREF(c->presets[i].target);

@@ -185,6 +185,47 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject*
   return holder;
 }
 
+_Static_assert(sizeof(npy_intp) == sizeof(int64_t), "numpy's dims are Triton's shape");
+
+/* With the GIL: read an input that add_pending can add later without the GIL (a C-contiguous
+ * numpy array of a dtype Triton carries, not BYTES) into *out and return 1; the caller holds
+ * key and value meanwhile. 0: add it with add_input instead (which also says what is wrong). */
+int pending_input(PyObject* key, PyObject* value, PendingInput* out)
+{
+  if (!PyUnicode_Check(key) || !PyArray_Check(value)) return 0;
+  PyArrayObject* arr = (PyArrayObject*)value;
+  if (!PyArray_ISCARRAY_RO(arr) || !PyArray_ISNOTSWAPPED(arr) || PyArray_NDIM(arr) > MAX_DIMS)
+    return 0;
+  TRITONSERVER_DataType dtype = triton_dtype_of(arr);
+  if (dtype == TRITONSERVER_TYPE_INVALID || dtype == TRITONSERVER_TYPE_BYTES) return 0;
+  const char* name = PyUnicode_AsUTF8(key);
+  if (name == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  *out = (PendingInput){name,
+                        dtype,
+                        (uint32_t)PyArray_NDIM(arr),
+                        (const int64_t*)PyArray_DIMS(arr),
+                        PyArray_DATA(arr),
+                        (size_t)PyArray_NBYTES(arr)};
+  return 1;
+}
+
+/* Without the GIL: add the inputs pending_input read (as add_input would have). */
+TRITONSERVER_Error* add_pending(TRITONSERVER_InferenceRequest* req, const PendingInput* in, int n)
+{
+  for (int i = 0; i < n; i++) {
+    TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestAddInput(
+        req, in[i].name, in[i].dtype, in[i].shape, (uint64_t)in[i].ndim);
+    if (err == NULL)
+      err = api.TRITONSERVER_InferenceRequestAppendInputData(
+          req, in[i].name, in[i].data, in[i].nbytes, TRITONSERVER_MEMORY_CPU, 0);
+    if (err != NULL) return err;
+  }
+  return NULL;
+}
+
 /* The INVALID_ARG error for one of the parameters, in the words of embedtriton/core/request.py:
  * "parameters[<key>] must be <TAKES_PARAMETER>, not <value>", or with value NULL "a name in
  * parameters must be <TAKES_PARAMETER_NAME>, not <key>". Clears any Python error. */

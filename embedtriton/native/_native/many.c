@@ -34,6 +34,9 @@ static void hand_over(TRITONSERVER_Server* server, Group* g, Call** window, Py_s
     for (Py_ssize_t i = from; i < *held; i++) {
       Call* c = window[i];
       if (!c->deferred) continue;
+      /* its numpy inputs, read by submit_locked (pending_input), then the request to Triton */
+      c->gate_error = add_pending(c->request, c->pending, c->n_pending);
+      if (c->gate_error != NULL) continue; /* (its trace is abandoned below) */
       TRITONSERVER_InferenceTrace* trace = c->gate_trace;
       c->gate_trace = NULL; /* (no gate: the field held its trace, see submit_locked) */
       c->gate_error = api.TRITONSERVER_ServerInferAsync(server, c->request, trace);
@@ -53,11 +56,11 @@ static void hand_over(TRITONSERVER_Server* server, Group* g, Call** window, Py_s
     TRITONSERVER_Error* err = c->gate_error;
     c->gate_error = NULL;
     if (!open) {
-      PyErr_Clear();                                                 /* (raised for each below) */
-      if (c->gate_trace != NULL) trace_abandon(c->gate_trace, NULL); /* (never taken) */
-      c->gate_trace = NULL;
+      PyErr_Clear(); /* (raised for each below) */
       err = api.TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, NOT_RUNNING);
     }
+    if (c->gate_trace != NULL) trace_abandon(c->gate_trace, NULL); /* (never handed over) */
+    c->gate_trace = NULL;
     if (err == NULL) {
       window[kept++] = c;
       continue;

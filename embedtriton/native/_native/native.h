@@ -290,6 +290,18 @@ typedef struct CallOps {
 
 #define KEPT_INLINE 256 /* bytes in a Call for its kept outputs (two small outputs fit) */
 
+/* An input read under the GIL and added to its request without it (submit_many's hand-over,
+ * many.c): a C-contiguous numpy array, held by its call with its name. */
+typedef struct PendingInput {
+  const char* name;
+  TRITONSERVER_DataType dtype;
+  uint32_t ndim;
+  const int64_t* shape; /* the array's own dims */
+  const void* data;
+  size_t nbytes;
+} PendingInput;
+#define PENDING_INLINE 4
+
 typedef struct Call {
   struct Call *prev, *next; /* the held list (Triton holds the request), for stop() */
   TRITONSERVER_Server* server;
@@ -338,6 +350,9 @@ typedef struct Call {
   TRITONSERVER_Error* gate_error;          /* the error the gate completed it with (owned) */
   struct Call* later_next;                 /* (free_later kinds) waiting for call_free_later */
   int deferred; /* built by submit_locked for submit_many, which hands it to Triton (many.c) */
+  int n_pending;
+  PendingInput* pending; /* a deferred call's inputs, added by that hand-over */
+  PendingInput pending_inline[PENDING_INLINE];
 } Call;
 
 /* The calls of one submit_many(): their caller waits for several at once. */
@@ -559,6 +574,8 @@ TRITONSERVER_InferenceTrace* trace_new(PyObject* sink, struct TraceRecord** reco
 /* ---- inputs.c, submit.c: requests from Python --------------------------- */
 
 PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject* value);
+int pending_input(PyObject* key, PyObject* value, PendingInput* out);
+TRITONSERVER_Error* add_pending(TRITONSERVER_InferenceRequest* req, const PendingInput* in, int n);
 TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req, PyObject* key,
                                   PyObject* value);
 PyObject* py_cancel(PyObject* self, PyObject* capsule);

@@ -310,8 +310,17 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
     return PyErr_NoMemory();
   }
   c->server = server;
+  /* A model with queue policies or priorities: its gate may hold the request (queues.c). */
+  Gate* gate = gate_find(server, s->model, s->version);
+  /* submit_many hands a call over itself (hand_over, many.c), without the GIL: its numpy
+   * inputs are added to the request there, not here. */
+  int defers = group != NULL && gate == NULL && !release_gil;
   Py_ssize_t n_inputs = PyDict_GET_SIZE(inputs);
-  c->keep = n_inputs <= 8 ? c->keep_inline : calloc((size_t)n_inputs, sizeof(PyObject*));
+  Py_ssize_t n_held = defers ? 2 * n_inputs : n_inputs; /* (a pending input's name is held too) */
+  c->keep = n_held <= 8 ? c->keep_inline : calloc((size_t)n_held, sizeof(PyObject*));
+  if (defers)
+    c->pending = n_inputs <= PENDING_INLINE ? c->pending_inline
+                                            : calloc((size_t)n_inputs, sizeof(PendingInput));
   atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
   call_set_kind(c, stream, loop, future); /* its kind's completion (complete.c) */
   c->request = req;
@@ -324,12 +333,19 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
 
   Py_ssize_t pos = 0;
   PyObject *key, *value;
-  while (c->keep != NULL && PyDict_Next(inputs, &pos, &key, &value)) {
+  while (c->keep != NULL && (c->pending != NULL || !defers) &&
+         PyDict_Next(inputs, &pos, &key, &value)) {
+    if (defers && pending_input(key, value, &c->pending[c->n_pending])) {
+      c->n_pending++;
+      c->keep[c->n_keep++] = Py_NewRef(value);
+      c->keep[c->n_keep++] = Py_NewRef(key);
+      continue;
+    }
     PyObject* holder = add_input(req, key, value);
     if (holder == NULL) goto fail;
     c->keep[c->n_keep++] = holder;
   }
-  if (c->keep == NULL) {
+  if (c->keep == NULL || (defers && c->pending == NULL)) {
     PyErr_NoMemory();
     goto fail;
   }
@@ -418,15 +434,13 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
   }
   held_add(c);
   atomic_fetch_add(&in_flight, 1);
-  /* A model with queue policies or priorities: its gate may hold the request (queues.c). */
-  Gate* gate = gate_find(server, s->model, s->version);
   int admitted = GATE_GO;
   if (gate != NULL) {
     const char* id = request_id != Py_None ? PyUnicode_AsUTF8(request_id) : NULL;
     admitted = gate_admit(gate, c, trace, priority, timeout_us, id, &err);
     gate_release_ref(gate);
   }
-  if (group != NULL && gate == NULL && !release_gil) { /* submit_many hands it over */
+  if (defers) {            /* submit_many hands it over */
     c->gate_trace = trace; /* (no gate: its field holds the trace until then) */
     c->deferred = 1;
     pthread_rwlock_unlock(&servers_lock);
@@ -492,6 +506,7 @@ fail_err:
   raise_from(err, 1);
 fail:
   pthread_rwlock_unlock(&servers_lock);
+  if (gate != NULL) gate_release_ref(gate);
   api.TRITONSERVER_InferenceRequestDelete(req);
   call_drop_inputs(c);
   call_free(c);
