@@ -173,11 +173,8 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject*
     data = PyBytes_AS_STRING(holder);
     nbytes = PyBytes_GET_SIZE(holder);
   }
-  TRITONSERVER_Error* err =
-      api.TRITONSERVER_InferenceRequestAddInput(req, name, dtype, shape, (uint64_t)ndim);
-  if (err == NULL)
-    err = api.TRITONSERVER_InferenceRequestAppendInputData(req, name, data, (size_t)nbytes,
-                                                           TRITONSERVER_MEMORY_CPU, 0);
+  PendingInput in = {name, dtype, (uint32_t)ndim, shape, data, (size_t)nbytes};
+  TRITONSERVER_Error* err = add_pending(req, &in, 1);
   if (err != NULL) {
     Py_DECREF(holder);
     return raise_from(err, 1);
@@ -212,7 +209,8 @@ int pending_input(PyObject* key, PyObject* value, PendingInput* out)
   return 1;
 }
 
-/* Without the GIL: add the inputs pending_input read (as add_input would have). */
+/* Add inputs whose host buffers are read (pending_input's, add_input's), with or without the
+ * GIL. */
 TRITONSERVER_Error* add_pending(TRITONSERVER_InferenceRequest* req, const PendingInput* in, int n)
 {
   for (int i = 0; i < n; i++) {
