@@ -119,6 +119,33 @@ def test_infer_many_checks_its_options_as_infer_does(server):
         assert str(many.value) == str(one.value), bad
 
 
+def test_infer_many_names_a_missing_required_input_as_infer_does():
+    from embedtriton import Server, Tensor
+
+    def scaled(requests):
+        return [{"y": r["x"] * (r["scale"] if "scale" in r else 2)} for r in requests]
+
+    srv = Server()
+    srv.bind(
+        "Scaled",
+        scaled,
+        [Tensor(name="x", dtype=F32, shape=(1,)), Tensor(name="scale", dtype=F32, shape=(1,), optional=True)],
+        [Tensor(name="y", dtype=F32, shape=(1,))],
+        ModelConfig(max_batch_size=4),
+    )
+    x, three = np.ones((1, 1), F32), np.full((1, 1), 3, F32)
+    with srv:
+        model = srv.model("Scaled")
+        got = model.infer_many([{"x": x}, {"x": x, "scale": three}])
+        assert [float(r["y"][0, 0]) for r in got] == [2.0, 3.0]  # the optional input left out, then given
+        with pytest.raises(InvalidArgumentError) as one:
+            model.infer({"scale": three})
+        with pytest.raises(InvalidArgumentError) as many:
+            model.infer_many([{"x": x}, {"scale": three}])
+    assert "missing required input(s) ['x']" in str(one.value)
+    assert str(many.value) == str(one.value)
+
+
 def test_parameters_of_any_mapping_reach_every_request():
     from types import MappingProxyType
 
