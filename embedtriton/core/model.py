@@ -221,9 +221,7 @@ class Model:
             if type(x) is not dict:
                 items[i] = _as_dict(x)
         binding = self._admit(request, False)
-        if getattr(binding, "required_inputs", None) is not None:  # (see _check_required)
-            for x in items:
-                self._check_required(binding, x)
+        self._check_required(binding, *items)
         server, native = self._server, library._native or library.native()
         parameters, sinks, spans = None, None, None
         tracer = server._tracer
@@ -261,13 +259,17 @@ class Model:
             self._with_deadline(request)
         return binding
 
-    def _check_required(self, binding: Binding | None, inputs: Any) -> None:
+    def _check_required(self, binding: Binding | None, *each_inputs: Any) -> None:
+        """Refuse inputs (one request's, or each of many requests') that leave out a required input."""
         required = getattr(binding, "required_inputs", None)  # (set only when some inputs are optional)
-        if required is not None and hasattr(inputs, "keys") and not required <= inputs.keys():
-            raise InvalidArgumentError(
-                f"model '{self.name}': missing required input(s) {sorted(required - inputs.keys())} "
-                f"(got {sorted(inputs.keys())}); only inputs declared optional may be left out"
-            )
+        if required is None:
+            return
+        for inputs in each_inputs:
+            if hasattr(inputs, "keys") and not required <= inputs.keys():
+                raise InvalidArgumentError(
+                    f"model '{self.name}': missing required input(s) {sorted(required - inputs.keys())} "
+                    f"(got {sorted(inputs.keys())}); only inputs declared optional may be left out"
+                )
 
     def _with_deadline(self, request: InferRequest) -> None:
         """A model-to-model call without its own timeout gets what is left of the calling
