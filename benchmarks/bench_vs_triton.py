@@ -182,6 +182,7 @@ def _answer_canned_http(server: Any) -> None:
 
     rest.RestApi._infer_answer = infer_answer
     endpoint.RestEndpoint._infer_now = infer_now
+    endpoint.RestEndpoint._infer_in_c = lambda *args: False  # (the C path would run the model)
 
 
 # -- starting and stopping servers -------------------------------------------------------------

@@ -290,25 +290,7 @@ class Inference:
         return True
 
     def _admit_in_c(self, name: str, version: str) -> None:
-        """The C path's entry for a model: a bound model (not an ensemble, whose errors name its
-        steps) that is not decoupled, has no optional inputs and no batch rule (its batcher calls
-        Python: requests are handed over without the GIL), and a well-formed version."""
-        if len(self._in_c) >= 1024:  # (names and versions come from clients)
-            self._in_c.clear()
-        binding = self.server._bound.get(name)
-        try:
-            number: int | None = kserve.model_version(version)
-        except InvalidArgumentError:
-            number = None
-        if (
-            binding is None
-            or binding.decoupled
-            or getattr(binding, "required_inputs", None) is not None
-            or getattr(binding, "batch_rule", None) is not None
-            or hasattr(binding, "step_models")
-        ):
-            number = None
-        self._in_c[(name, version)] = (binding, number)
+        kserve.admit_in_c(self.server, self._in_c, name, version)
 
     def model_infer(self, request: Any, call: Call) -> None:
         decoded = self.decode(request, self.forwarded(call))

@@ -14,10 +14,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from ...core import CoreServer
+from ...core.handles import http_model_infer
 from ...errors import InvalidArgumentError, UnavailableError
 from .. import kserve, security
 from ..descriptors import connection_cap
-from .answers import EventStream, Refused, encode, sse_event
+from .answers import EventStream, Refused, _accepted, encode, sse_event
 from .options import HttpOptions
 from .rest import PendingInfer, RestApi
 
@@ -74,6 +75,7 @@ class RestEndpoint(RestApi):
         if options.tls_cert and options.tls_key:
             tls = (options.tls_cert, options.tls_key, options.tls_client_ca)
         host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
+        self._in_c: dict[tuple[str, str], tuple[Any, int | None]] = {}  # kserve.admit_in_c's entries
         self._loop = asyncio.new_event_loop()  # the routes besides inference, and streams
         self._streams: set[asyncio.Task[None]] = set()
         try:
@@ -106,18 +108,52 @@ class RestEndpoint(RestApi):
         forwarded = None
         if names is not None and self.options.forward is not None:  # the names as sent, for the pattern
             forwarded = [(n, v) for n, v in names if self.options.forward.search(n)]
-        if (
-            self.direct_infer
-            and method == "POST"
-            and b"content-encoding" not in headers
-            and self._infer_now(call, url, headers, body, forwarded)
-        ):
-            return
+        if self.direct_infer and method == "POST" and b"content-encoding" not in headers:
+            if self._infer_in_c(call, url, headers, body) or self._infer_now(call, url, headers, body, forwarded):
+                return
         asyncio.run_coroutine_threadsafe(self._answer(call, method, url, headers, body, forwarded), self._loop)
 
     def on_refused(self, call: Any, status: int, message: str, url: bytes) -> None:
         """A request refused before its route (size, time, HTTP): answered, then the connection closes."""
         _respond(call, status, self.refusal(url, Refused(status, message)), None)
+
+    def _infer_in_c(self, call: Any, url: str, headers: dict[bytes, bytes], body: bytes) -> bool:
+        """Hand /v2/models/<m>[/versions/<v>]/infer to the C path (``_native.http_model_infer``):
+        decoded, run and answered without Python once submitted. False when it declines (not a
+        plain request, see native/_native/kserve_json.c, or what only this path does: restrictions,
+        forwarded headers, traces, compressed answers, escaped or non-ASCII names); the Python path
+        then runs as before and words any error."""
+        server, options = self.server, self.options
+        if (
+            self.draining
+            or server.tracer is not None
+            or server._stopping
+            or options.forward is not None
+            or options.restrictions.get("inference") is not None
+            or not url.startswith("/v2/models/")
+            or "%" in url
+            or "?" in url
+            or _accepted(headers.get(b"accept-encoding")) is not None
+        ):
+            return False
+        parts = url.split("/")  # ["", "v2", "models", name, ("versions", version,) "infer"]
+        if len(parts) == 5 and parts[4] == "infer":
+            name, version = parts[3], ""
+        elif len(parts) == 7 and parts[6] == "infer" and parts[4] == "versions":
+            name, version = parts[3], parts[5]
+        else:
+            return False
+        size = headers.get(b"inference-header-content-length")
+        if size is not None and not (size.isdigit() and len(size) < 19):
+            return False
+        if not (name.isascii() and name.isprintable() and version.isascii() and version.isprintable()):
+            return False
+        header_len = -1 if size is None else int(size)
+        handle = http_model_infer(call, body, name, version, header_len, self._in_c, server._bound, server._handle)
+        if type(handle) is tuple:  # no entry for its model yet, or its binding changed
+            kserve.admit_in_c(server, self._in_c, name, version, json=True)
+            handle = http_model_infer(call, body, name, version, header_len, self._in_c, server._bound, server._handle)
+        return handle is not None and type(handle) is not tuple
 
     def _infer_now(self, call: Any, url: str, headers: dict[bytes, bytes], body: bytes, forwarded: Any) -> bool:
         """/v2/models/<m>[/versions/<v>]/infer: decoded here, submitted with a target that answers

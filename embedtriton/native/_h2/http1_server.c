@@ -154,6 +154,27 @@ out:
   return PyBool_FromLong(enqueue(self, ob, 0, 1));
 }
 
+/* The C interface (h2_reply.h, http_reply): a whole answer from any thread, without the GIL.
+ * `fields`: preformatted "Name: value\r\n" lines (ours, not a client's); the body is copied. */
+int h1_reply(PyObject* call, int status, const char* fields, const void* body, size_t len)
+{
+  HttpCallObject* self = (HttpCallObject*)call;
+  size_t nf = strlen(fields);
+  OutBuf* ob = malloc(sizeof *ob + 160 + nf + len);
+  if (!ob) return 0;
+  ob->next = NULL;
+  ob->off = 0;
+  char* p = (char*)ob->data;
+  p += sprintf(p, "HTTP/1.1 %d %s\r\n", status, reason(status));
+  memcpy(p, fields, nf);
+  p += nf;
+  p += sprintf(p, "Content-Length: %zu\r\n%s\r\n", len,
+               self->keep_alive ? "" : "Connection: close\r\n");
+  if (len) memcpy(p, body, len);
+  ob->len = (size_t)(p + len - (char*)ob->data);
+  return enqueue(self, ob, 0, 1);
+}
+
 static PyObject* HttpCall_begin(HttpCallObject* self, PyObject* args)
 {
   int status;

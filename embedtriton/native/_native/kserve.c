@@ -41,13 +41,17 @@ static const char* without_request_id(const char* m)
 typedef struct GrpcCall {
   Call c;                   /* first: the Call is freed as a whole (calls.c) */
   PyObject* call;           /* the _h2 call (c.future holds the reference) */
-  Slice model, version, id; /* in the message (c.keep[0]) */
+  Slice model, version, id; /* in the message (c.keep[0]; HTTP: the URL's str in c.keep) */
   void* copies;             /* inputs not aligned in the message, copied */
   struct GrpcCall* answered_next;
+  /* HTTP: the JSON inputs' values, and what the answer needs of the request */
+  void* values;
+  KjAnswer answer;
+  Slice* outputs; /* answer.outputs: the names asked for (in the body) */
 } GrpcCall;
 
 static const H2Reply* h2 = NULL;
-static atomic_llong n_taken, n_declined;
+static atomic_llong n_taken, n_declined, n_http_taken, n_http_declined;
 
 /* Calls answered on Triton's threads: their _h2 call (which holds the cancel handle, which holds
  * the call) and the caller's reference are let go of by the next grpc_release, with the GIL. */
@@ -68,6 +72,8 @@ static void grpc_release(void)
   call_free_later();
 }
 
+static void after_answer(Call* c);
+
 /* Triton's final response completed the call (its thread, no GIL): answer it. */
 static void grpc_finish(Call* c)
 {
@@ -85,7 +91,15 @@ static void grpc_finish(Call* c)
     message = ks_encode(h2, g->model, g->version, g->id, resp, &e);
   }
   h2->reply(g->call, message, message != NULL ? 0 : grpc_code(e.code), message ? "" : e.text);
-  resp = atomic_exchange(&c->response, NULL);
+  after_answer(c);
+}
+
+/* After the answer (Triton's thread, no GIL): Triton's response goes, and the call waits for
+ * the next grpc_release. */
+static void after_answer(Call* c)
+{
+  GrpcCall* g = (GrpcCall*)c;
+  TRITONSERVER_InferenceResponse* resp = atomic_exchange(&c->response, NULL);
   if (resp != NULL && t_sending) /* our backend's send: on the thread that made it (outputs.c) */
     delete_sent(resp);
   else if (resp != NULL) bury(NULL, resp); /* (its model may go once Triton deleted it) */
@@ -105,13 +119,82 @@ static void grpc_wake(Call* c)
 /* With the GIL (call_free_later): the message Triton read from, and copies of it. */
 static void grpc_destroy(Call* c)
 {
+  GrpcCall* g = (GrpcCall*)c;
   call_drop_inputs(c);
-  free(((GrpcCall*)c)->copies);
+  free(g->copies);
+  free(g->values);
+  free(g->outputs);
 }
 
 static const CallOps grpc_ops = {.response = call_one_response,
                                  .finish = grpc_finish,
                                  .wake = grpc_wake,
+                                 .destroy = grpc_destroy,
+                                 .free_later = 1};
+
+/* Triton's HTTP status of an error code (frontends/http/answers.py status_of). */
+static int http_status(int code)
+{
+  static const int statuses[] = {400, 500, 404, 400, 503, 501, 400, 400};
+  return code >= 0 && code < (int)(sizeof statuses / sizeof statuses[0]) ? statuses[code] : 400;
+}
+
+static void http_error(PyObject* call, int code, const char* text)
+{
+  size_t len = 0;
+  char* body = kj_error(text, &len);
+  if (body == NULL) { /* (out of memory: no words) */
+    h2->http_reply(call, 503, "Content-Type: application/json\r\n", "{}", 2);
+    return;
+  }
+  h2->http_reply(call, http_status(code), "Content-Type: application/json\r\n", body, len);
+  free(body);
+}
+
+/* Triton's final response completed an HTTP call (its thread, no GIL): answer it. */
+static void http_finish(Call* c)
+{
+  GrpcCall* g = (GrpcCall*)c;
+  TRITONSERVER_InferenceResponse* resp = atomic_load(&c->response);
+  TRITONSERVER_Error* err = resp != NULL ? api.TRITONSERVER_InferenceResponseError(resp) : NULL;
+  KsError e = {0, ""};
+  char* body = NULL;
+  size_t len = 0, header_len = 0;
+  if (resp == NULL) {
+    e = (KsError){TRITONSERVER_ERROR_INTERNAL, "Triton completed the request without a response"};
+  } else if (err != NULL) {
+    e = (KsError){api.TRITONSERVER_ErrorCode(err),
+                  without_request_id(api.TRITONSERVER_ErrorMessage(err))};
+  } else {
+    body = kj_encode(&g->answer, resp, &len, &header_len, &e);
+  }
+  if (body != NULL && header_len) {
+    char fields[128];
+    snprintf(fields, sizeof fields,
+             "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: %zu\r\n",
+             header_len);
+    h2->http_reply(g->call, 200, fields, body, len);
+  } else if (body != NULL) {
+    h2->http_reply(g->call, 200, "Content-Type: application/json\r\n", body, len);
+  } else {
+    http_error(g->call, e.code, e.text);
+  }
+  free(body);
+  after_answer(c);
+}
+
+/* With the GIL: stop() completed the call (claimed) before Triton did. */
+static void http_wake(Call* c)
+{
+  http_error(((GrpcCall*)c)->call, TRITONSERVER_ERROR_UNAVAILABLE,
+             "the server stopped before this request completed");
+  Py_CLEAR(c->future);
+  call_unref(c);
+}
+
+static const CallOps http_ops = {.response = call_one_response,
+                                 .finish = http_finish,
+                                 .wake = http_wake,
                                  .destroy = grpc_destroy,
                                  .free_later = 1};
 
@@ -140,7 +223,8 @@ static int fine(TRITONSERVER_Error* err)
 /* With servers_lock held (read): the request to Triton, built from r, answered on call. Returns
  * the call, or NULL when it is declined (nothing left behind). */
 static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long long version,
-                           const KsRequest* r, PyObject* call, PyObject* data)
+                           const KsRequest* r, PyObject* call, PyObject* data, const CallOps* ops,
+                           const GrpcCall* http)
 {
   char text[256]; /* one name at a time, NUL-terminated for Triton (which copies it) */
 #define TEXT(s) (s.n < sizeof text ? (memcpy(text, s.p, s.n), text[s.n] = 0, text) : NULL)
@@ -208,7 +292,12 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
   g->model = r->model;
   g->version = r->version;
   g->id = r->id;
-  call_set_ops(c, &grpc_ops);
+  if (http != NULL) { /* (owned by the call from here on) */
+    g->values = http->values;
+    g->answer = http->answer;
+    g->outputs = http->outputs;
+  }
+  call_set_ops(c, ops);
   /* the caller's (dropped once it answered), Triton's two, the cancel handle's */
   atomic_init(&c->refs, 4);
   held_add(c);
@@ -225,7 +314,7 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
     call_drop_inputs(c);
     Py_CLEAR(c->future);
     free(g->copies);
-    free(g);
+    free(g); /* (its values and outputs are the caller's again) */
     return NULL;
   }
   atomic_fetch_add(&handed_over, 1); /* taken (see linger()) */
@@ -275,7 +364,8 @@ PyObject* py_grpc_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t 
   pthread_rwlock_rdlock(&servers_lock);
   Gate* gate = server_is_open(server) ? gate_find(server, model, version) : NULL;
   GrpcCall* g = NULL;
-  if (server_is_open(server) && gate == NULL) g = ks_submit(server, model, version, r, call, data);
+  if (server_is_open(server) && gate == NULL)
+    g = ks_submit(server, model, version, r, call, data, &grpc_ops, NULL);
   pthread_rwlock_unlock(&servers_lock);
   if (gate != NULL) gate_release_ref(gate);
   if (g == NULL) goto decline;
@@ -296,6 +386,103 @@ done:
   return result;
 }
 
+/* http_model_infer(call, body, model, version, header_len, table, bound, server): an HTTP/REST
+ * inference request (POST /v2/models/<model>[/versions/<version>]/infer, its body; header_len:
+ * Inference-Header-Content-Length, -1 without one) decoded (kserve_json.c), handed to Triton and
+ * answered in C, as grpc_model_infer does a ModelInfer: the same table, the same returns. The
+ * caller checks what the C path does not do (restrictions, forwarded headers, traces, request
+ * compression and answers the client accepts compressed, names that are not printable ASCII). */
+PyObject* py_http_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
+{
+  (void)self;
+  if (nargs != 8 || !PyBytes_Check(args[1]) || !PyUnicode_Check(args[2]) ||
+      !PyUnicode_Check(args[3]) || !PyLong_Check(args[4]) || !PyDict_Check(args[5]) ||
+      !PyDict_Check(args[6])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "http_model_infer(call, body: bytes, model: str, version: "
+                    "str, header_len: int, table, bound, server)");
+    return NULL;
+  }
+  grpc_release();
+  PyObject *call = args[0], *body = args[1], *name = args[2], *vers = args[3];
+  PyObject *server_arg = args[7], *key = NULL, *result = Py_None;
+  GrpcCall http = {0};
+  Py_ssize_t name_n, vers_n;
+  const char* model = PyUnicode_AsUTF8AndSize(name, &name_n);
+  const char* version_text = PyUnicode_AsUTF8AndSize(vers, &vers_n);
+  long long header_len = PyLong_AsLongLong(args[4]);
+  if (model == NULL || version_text == NULL || PyErr_Occurred()) return NULL;
+  KjRequest* q = malloc(sizeof(KjRequest));
+  if (q == NULL || !api_loaded || server_arg == Py_None || load_h2() < 0 ||
+      !PyObject_TypeCheck(call, h2->http_call_type) ||
+      kj_decode((const uint8_t*)PyBytes_AS_STRING(body), (size_t)PyBytes_GET_SIZE(body), header_len,
+                q) < 0)
+    goto decline;
+  http.values = q->values; /* (freed below unless the call takes it) */
+  q->r.model = (Slice){(const uint8_t*)model, (size_t)name_n};
+  q->r.version = (Slice){(const uint8_t*)version_text, (size_t)vers_n};
+  if (ks_plain(&q->r) < 0) goto decline;
+  key = PyTuple_Pack(2, name, vers);
+  PyObject* entry = key != NULL ? PyDict_GetItemWithError(args[5], key) : NULL;
+  PyObject* bound = entry != NULL ? PyDict_GetItemWithError(args[6], name) : NULL;
+  if (PyErr_Occurred()) goto fail;
+  if (bound == NULL) bound = Py_None;
+  if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+      bound != PyTuple_GET_ITEM(entry, 0)) {
+    result = key;
+    key = NULL;
+    goto done;
+  }
+  if (PyTuple_GET_ITEM(entry, 1) == Py_None) goto decline;
+  long long number = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1));
+  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(server_arg);
+  if (PyErr_Occurred()) goto fail;
+  /* what the answer needs: the names asked for point into the body, which the call keeps */
+  http.answer = (KjAnswer){.model = q->r.model,
+                           .version = q->r.version,
+                           .id = q->r.id,
+                           .binary_default = q->binary_default,
+                           .n_outputs = q->r.n_outputs};
+  if (q->r.n_outputs) {
+    http.outputs = malloc((size_t)q->r.n_outputs * sizeof(Slice));
+    if (http.outputs == NULL) goto decline;
+    memcpy(http.outputs, q->r.outputs, (size_t)q->r.n_outputs * sizeof(Slice));
+    for (int k = 0; k < q->r.n_outputs; k++)
+      http.answer.out_bits |= (uint64_t)(q->out_flag[k] != 0) << k;
+    http.answer.outputs = http.outputs;
+  }
+  pthread_rwlock_rdlock(&servers_lock);
+  Gate* gate = server_is_open(server) ? gate_find(server, model, number) : NULL;
+  GrpcCall* g = NULL;
+  if (server_is_open(server) && gate == NULL)
+    g = ks_submit(server, model, number, &q->r, call, body, &http_ops, &http);
+  pthread_rwlock_unlock(&servers_lock);
+  if (gate != NULL) gate_release_ref(gate);
+  if (g == NULL) goto decline;
+  http.values = NULL; /* (the call's now) */
+  http.outputs = NULL;
+  /* the URL's names, which the answer writes */
+  g->c.keep[g->c.n_keep++] = Py_NewRef(name);
+  g->c.keep[g->c.n_keep++] = Py_NewRef(vers);
+  atomic_fetch_add(&n_http_taken, 1);
+  delete_buried(GRAVE_STEP_ASYNC);
+  result = PyCapsule_New(&g->c, "embedtriton.request", handle_free);
+  if (result == NULL) call_unref(&g->c);
+  goto done;
+decline:
+  atomic_fetch_add(&n_http_declined, 1);
+  result = Py_NewRef(Py_None);
+  goto done;
+fail:
+  result = NULL;
+done:
+  free(http.values);
+  free(http.outputs);
+  Py_XDECREF(key);
+  free(q);
+  return result;
+}
+
 /* grpc_release(): let go of the calls answered since the last grpc_model_infer (their _h2
  * calls and messages), e.g. as the endpoint stops. */
 PyObject* py_grpc_release(PyObject* self, PyObject* unused)
@@ -311,4 +498,12 @@ PyObject* py_grpc_stats(PyObject* self, PyObject* unused)
   (void)self, (void)unused;
   return Py_BuildValue("(LL)", (long long)atomic_load(&n_taken),
                        (long long)atomic_load(&n_declined));
+}
+
+/* http_stats() -> (taken, declined): inference requests http_model_infer took and declined. */
+PyObject* py_http_stats(PyObject* self, PyObject* unused)
+{
+  (void)self, (void)unused;
+  return Py_BuildValue("(LL)", (long long)atomic_load(&n_http_taken),
+                       (long long)atomic_load(&n_http_declined));
 }

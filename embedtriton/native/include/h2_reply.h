@@ -10,7 +10,12 @@
  *       Call.finish(). Takes the message over. Returns whether the call was still open. The caller
  *       holds a reference to call (an embedtriton._h2.Call) until reply() returns, which needs no
  *       GIL and no Python.
- *   call_type: embedtriton._h2.Call, to check the object handed over. */
+ *   call_type: embedtriton._h2.Call, to check the object handed over.
+ *   http_reply(call, status, fields, body, len): answer an HTTP/1.1 request (an
+ *       embedtriton._h2.HttpCall, http_call_type) whole, as HttpCall.respond() does: the status
+ *       line, `fields` ("Name: value\r\n" lines, NUL-terminated, trusted), Content-Length and the
+ *       body (copied). Returns whether the request was still open. Any thread, no GIL; the
+ *       caller holds a reference to call until it returns. */
 #ifndef EMBEDTRITON_H2_REPLY_H
 #define EMBEDTRITON_H2_REPLY_H
 
@@ -25,6 +30,8 @@ typedef struct H2Reply {
   int (*reply)(PyObject* call, void* message, int code, const char* text);
   void (*discard)(void* message);
   PyTypeObject* call_type;
+  int (*http_reply)(PyObject* call, int status, const char* fields, const void* body, size_t len);
+  PyTypeObject* http_call_type;
 } H2Reply;
 
 #endif
