@@ -8,6 +8,7 @@ from glob import glob
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 NATIVE = "embedtriton/native"
 INCLUDE = f"{NATIVE}/include"
@@ -28,11 +29,32 @@ def files(pattern: str) -> list[str]:
     return sorted(glob(pattern))
 
 
+class BuildExt(build_ext):
+    """C sources with CFLAGS; the one C++ source (_native/numtext.cc: the standard library's number
+    conversions) as C++17 with the same warnings."""
+
+    def build_extension(self, ext: Extension) -> None:
+        compile_one = self.compiler._compile
+
+        def compile_source(obj, src, ext_, cc_args, extra_postargs, pp_opts):  # type: ignore[no-untyped-def]
+            if src.endswith(".cc"):
+                extra_postargs = [a for a in extra_postargs if a != "-std=c11"] + ["-std=c++17", "-fno-exceptions"]
+            compile_one(obj, src, ext_, cc_args, extra_postargs, pp_opts)
+
+        self.compiler._compile = compile_source
+        try:
+            super().build_extension(ext)
+        finally:
+            self.compiler._compile = compile_one
+
+
+
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension(
             "embedtriton._native",
-            sources=files(f"{NATIVE}/_native/*.c"),
+            sources=files(f"{NATIVE}/_native/*.c") + files(f"{NATIVE}/_native/*.cc"),
             depends=[
                 *files(f"{NATIVE}/_native/*.h"),
                 f"{INCLUDE}/triton_api.h",
@@ -43,7 +65,7 @@ setup(
             include_dirs=[INCLUDE, numpy.get_include()],
             extra_compile_args=CFLAGS,
             extra_link_args=exports("_native"),
-            libraries=["dl", "pthread"],
+            libraries=["dl", "pthread", "stdc++"],
         ),
         Extension(
             "embedtriton._h2",

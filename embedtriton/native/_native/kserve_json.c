@@ -20,10 +20,12 @@
  * back), NaN/Infinity as json.dumps spells them, strings with ensure_ascii's escapes. */
 #include "native.h"
 
+/* numtext.cc: the C++ standard library's number conversions */
+int nt_shortest(double v, char* digits, int* exp10);
+int nt_parse_double(const char* first, const char* last, double* out);
+
 #include <float.h>
-#include <locale.h>
 #include <math.h>
-#include <stdio.h>
 
 #define KJ_MAX_DEPTH 40 /* nested arrays in data (MAX_DIMS and some), or in a skipped value */
 
@@ -243,16 +245,9 @@ closed:
   return 0;
 }
 
-static locale_t c_locale;
-static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;
-
-static void make_c_locale(void)
-{
-  c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
-}
-
 /* A number's value as Python's float() reads it (correctly rounded): exact decimal arithmetic
- * for up to 15 significant digits and a power of ten up to 22, strtod in the C locale beyond. */
+ * for up to 15 significant digits and a power of ten up to 22, std::from_chars beyond
+ * (numtext.cc). */
 static int to_double(Slice s, double* out)
 {
   static const double tens[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
@@ -290,14 +285,7 @@ static int to_double(Slice s, double* out)
     *out = neg ? -v : v;
     return 0;
   }
-  char text[72];
-  if (s.n >= sizeof text) return -1;
-  memcpy(text, s.p, s.n);
-  text[s.n] = 0;
-  pthread_once(&c_locale_once, make_c_locale);
-  if (c_locale == (locale_t)0) return -1;
-  *out = strtod_l(text, NULL, c_locale);
-  return isinf(*out) ? -1 : 0; /* (Python reads 1e400 as inf: its path says what follows) */
+  return nt_parse_double((const char*)s.p, (const char*)s.p + s.n, out);
 }
 
 /* An integer token as int64 (neg) or uint64: -1 past their range. */
@@ -640,35 +628,6 @@ static char* put_i64(char* p, int64_t v)
   return put_u64(p, (uint64_t)v);
 }
 
-/* The fewest significant digits of v > 0 that read back (the C locale is in use): into digits,
- * with the decimal exponent of the first. The correctly rounded text at 15 digits is the shortest
- * when there is one of at most 15 (subnormals: from 1 digit on); at 16, where the interval around
- * v is lopsided (a power of two) or the rounding a tie, a neighbour of it may read back instead. */
-static int shortest(double v, char* digits, int* exp10)
-{
-  char text[40], cand[48];
-  for (int prec = v < DBL_MIN ? 1 : 15; prec <= 17; prec++) {
-    snprintf(text, sizeof text, "%.*e", prec - 1, v);
-    uint64_t m = 0;
-    int n = 0;
-    const char* t = text;
-    for (; *t && *t != 'e'; t++)
-      if (*t >= '0' && *t <= '9') m = m * 10 + (uint64_t)(*t - '0'), n++;
-    int e = atoi(t + 1);
-    uint64_t found = prec == 17 || strtod(text, NULL) == v ? m : 0;
-    for (int dir = -1; !found && prec == 16 && dir <= 1; dir += 2) {
-      snprintf(cand, sizeof cand, "%llue%d", (unsigned long long)(m + (uint64_t)dir), e - (n - 1));
-      if (strtod(cand, NULL) == v) found = m + (uint64_t)dir;
-    }
-    if (!found) continue;
-    char* end = put_u64(digits, found);
-    int len = (int)(end - digits);
-    *exp10 = e - (n - 1) + (len - 1);
-    return len;
-  }
-  return 0; /* (not reached: 17 digits always read back) */
-}
-
 /* A double as Python's repr: the fewest significant digits that read back, fixed notation for
  * decimal exponents -4..15 ("3.0", "0.0001"), scientific beyond ("1e+16", "1.5e-05"); json.dumps'
  * NaN and Infinity. At most 25 bytes. */
@@ -688,10 +647,7 @@ static char* put_double(char* p, double v)
     n = (int)(e - digits);
     exp10 = n - 1;
   } else {
-    pthread_once(&c_locale_once, make_c_locale);
-    locale_t old = c_locale != (locale_t)0 ? uselocale(c_locale) : (locale_t)0;
-    n = shortest(v, digits, &exp10);
-    if (old != (locale_t)0) uselocale(old);
+    n = nt_shortest(v, digits, &exp10);
   }
   while (n > 1 && digits[n - 1] == '0') n--;
   if (exp10 >= -4 && exp10 < 16) {
