@@ -48,7 +48,6 @@ class BuildExt(build_ext):
             self.compiler._compile = compile_one
 
 
-
 setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=[
@@ -83,5 +82,5 @@ setup(
             # libz.so.1 is wherever CPython's zlib module is (and manylinux wheels may depend on it).
             libraries=["dl", "pthread", "z"],
         ),
-    ]
+    ],
 )
