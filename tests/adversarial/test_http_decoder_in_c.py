@@ -275,3 +275,47 @@ def test_memory_stays_flat_over_many_mutated_bodies():
     run(100000)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 4096, grown_kib
+
+
+def test_an_endpoint_answers_mutated_bodies_as_the_python_path(add_sub, add_sub_tensors, monkeypatch):
+    """Mutated inference bodies to a running endpoint: with the C path and without it, the same
+    status, header fields and answer bytes; the server survives them all."""
+    import http.client
+
+    from embedtriton import ModelConfig, Server
+    from embedtriton.frontends.http.endpoint import RestEndpoint
+
+    inputs = []
+    for name, binary in (("a", False), ("b", True)):
+        t = httpclient.InferInput(name, [2, 1], "FP32")
+        t.set_data_from_numpy(np.array([[1.5], [-2.25]], np.float32), binary_data=binary)
+        inputs.append(t)
+    seed, json_size = httpclient.InferenceServerClient.generate_request_body(
+        inputs, [httpclient.InferRequestedOutput("add", binary_data=False)], "i"
+    )
+    rng = random.Random(11)
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
+    with server:
+        port = server.serve_http("127.0.0.1:0")
+
+        def ask(body: bytes, header_len: int):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                conn.request("POST", "/v2/models/AddSub/infer", body,
+                             {"Inference-Header-Content-Length": str(header_len)})  # fmt: skip
+                r = conn.getresponse()
+                return r.status, sorted((k, v) for k, v in r.getheaders() if k != "Date"), r.read()
+            finally:
+                conn.close()
+
+        taken = _native.http_stats()[0]
+        for _ in range(150):
+            body = mutate(seed, rng)
+            header_len = min(json_size, len(body))
+            in_c = ask(body, header_len)
+            with monkeypatch.context() as p:
+                p.setattr(RestEndpoint, "_infer_in_c", lambda *args: False)
+                assert ask(body, header_len) == in_c, body
+        assert _native.http_stats()[0] > taken  # (some mutations leave a plain request)
+        assert ask(seed, json_size)[0] == 200
