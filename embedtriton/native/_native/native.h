@@ -26,8 +26,11 @@
  *
  *   module.c     the module: load(), set_hooks(), the function table
  *   submit.c     submit(), cancel(): a call is set up and handed to Triton
- *   kserve.c     a unary gRPC ModelInfer decoded, submitted and answered in C
+ *   kserve.c     a unary gRPC ModelInfer or HTTP/REST inference decoded, submitted and
+ *                answered in C
  *   kserve_pb.c  the KServe-v2 protobuf subset kserve.c reads and writes
+ *   kserve_json.c the KServe-v2 JSON subset (and binary tensors) kserve.c reads and writes
+ *   numtext.cc   numbers as JSON text (C++: std::from_chars, std::to_chars)
  *   many.c       submit_many(): a window of calls at a time
  *   backend.c    the backend: models, execute
  *   modes.c      batch rules, decoupled models, iterative sequences
@@ -58,7 +61,9 @@
  *   backend.c -> modes.c, complete.c, queues.c, fast_batch.c, batch_io.c, threads.c, cuda.c
  *   fast_batch.c -> batch_io.c
  *   modes.c   -> complete.c, streams.c, batch_io.c, threads.c
- *   kserve.c  -> kserve_pb.c, complete.c, queues.c, servers.c, calls.c, cuda.c, graveyard.c
+ *   kserve.c  -> kserve_pb.c, kserve_json.c, complete.c, queues.c, servers.c, calls.c, cuda.c,
+ *                graveyard.c
+ *   kserve_json.c -> kserve_pb.c, numtext.cc, cuda.c
  *   submit.c  -> complete.c, cancel.c, queues.c, servers.c, outputs.c, calls.c, trace.c,
  *                threads.c, graveyard.c, inputs.c
  *   complete.c -> streams.c, queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c,
