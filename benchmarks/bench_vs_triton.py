@@ -152,6 +152,8 @@ def serve(mode: str, http_port: int, grpc_port: int) -> None:
             _answer_canned(server, infer, service, codes)  # gRPC: bench_grpc.py's floor
             _answer_canned_http(server)
         server.serve_http(f"127.0.0.1:{http_port}")
+        if mode == "floor":
+            server.endpoint("http").use_c_path(False)  # (the C path would run the model)
         server.serve_grpc(f"127.0.0.1:{grpc_port}")
         print("ready", flush=True)
         stop.wait()
@@ -182,7 +184,6 @@ def _answer_canned_http(server: Any) -> None:
 
     rest.RestApi._infer_answer = infer_answer
     endpoint.RestEndpoint._infer_now = infer_now
-    endpoint.RestEndpoint._infer_in_c = lambda *args: False  # (the C path would run the model)
 
 
 # -- starting and stopping servers -------------------------------------------------------------

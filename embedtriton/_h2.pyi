@@ -143,6 +143,9 @@ class HttpServer:
         connection, join the IO thread."""
     def stats(self) -> _HttpStats:
         """Counters, and gauges: paused_now, held_bytes, buffered_bytes."""
+    def set_fast(self, handler: Any, ctx: Any, /) -> None:
+        """A C handler (``_native._HTTP_FAST``) tried, with ``ctx``, before on_request for each POST
+        to /v2/models/ that asks for no compression; ``set_fast(None, None)`` removes it."""
 
 @final
 class HttpCall:

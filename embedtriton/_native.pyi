@@ -110,24 +110,10 @@ def grpc_model_infer(
     ``table`` has no entry for them whose binding is still ``bound``'s; an entry is (binding,
     version), version None for a model the C path does not take."""
 
-def http_model_infer(
-    call: Any,
-    body: bytes,
-    model: str,
-    version: str,
-    header_len: int,
-    table: dict[tuple[str, str], tuple[Any, int | None]],
-    bound: dict[str, Any],
-    server: _ServerHandle | None,
-    /,
-) -> _RequestHandle | tuple[str, str] | None:
-    """Take an HTTP/REST inference request (``call``: an embedtriton._h2.HttpCall, ``body``, the
-    URL's model and version, ``header_len``: Inference-Header-Content-Length or -1) in C: decoded
-    (JSON and binary tensors), submitted and answered (JSON written) on Triton's thread. Returns
-    as grpc_model_infer does."""
+_HTTP_FAST: CapsuleType  # the C handler of plain HTTP/REST inference requests, for _h2.HttpServer.set_fast
 
 def http_stats() -> tuple[int, int]:
-    """(taken, declined): the inference requests http_model_infer took and declined."""
+    """(taken, declined): the HTTP/REST inference requests the C path took and declined."""
 
 class _JsonDecoded(TypedDict):
     id: str
@@ -136,7 +122,7 @@ class _JsonDecoded(TypedDict):
     binary_data_output: bool
 
 def kserve_json_decode(body: bytes, header_len: int, /) -> _JsonDecoded | None:
-    """What http_model_infer reads of an inference request body; None when it is not plain (tests)."""
+    """What the HTTP C path reads of an inference request body; None when it is not plain (tests)."""
 
 def kserve_json_double(value: float, /) -> str:
     """A float as the C path's JSON answers write it: Python's repr (tests)."""

@@ -5,8 +5,8 @@ capsules or functions (they do not import :mod:`embedtriton.backend.library`).
 - :class:`Stream`: a stream's responses (``stream=True``): ``next(block)`` and ``close()``;
 - :class:`Cancel`: a cancellable call in flight (``cancellable=True``): ``cancel()``;
 - shared-memory mappings and CUDA IPC for the shared-memory extensions;
-- :func:`grpc_model_infer`, :func:`http_model_infer`: a unary gRPC ModelInfer, an HTTP/REST
-  inference request, taken by the native C path.
+- :func:`grpc_model_infer`: a unary gRPC ModelInfer taken by the native C path; :func:`http_fast`:
+  the C handler of plain HTTP/REST inference requests.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = [
     "Stream",
     "grpc_model_infer",
     "grpc_release",
-    "http_model_infer",
+    "http_fast",
     "memory",
 ]
 
@@ -75,15 +75,10 @@ def grpc_model_infer(call: Any, data: bytes, table: dict[Any, Any], bound: dict[
     return handle if handle is None or type(handle) is tuple else Cancel(handle)
 
 
-def http_model_infer(
-    call: Any, body: bytes, name: str, version: str, header_len: int, table: dict[Any, Any],
-    bound: dict[str, Any], server: Any,
-) -> Any:  # fmt: skip
-    """An HTTP/REST inference request (``call``, its ``body``, the URL's model ``name`` and
-    ``version``, Inference-Header-Content-Length or -1) taken by the C path
-    (native/_native/kserve.c, kserve_json.c): as :func:`grpc_model_infer`."""
-    handle = _native().http_model_infer(call, body, name, version, header_len, table, bound, server)
-    return handle if handle is None or type(handle) is tuple else Cancel(handle)
+def http_fast() -> Any:
+    """The C handler of plain HTTP/REST inference requests that ``_h2.HttpServer.set_fast`` takes
+    (``_native._HTTP_FAST``): the server's IO thread hands such a request to it before Python."""
+    return _native()._HTTP_FAST
 
 
 def grpc_release() -> None:

@@ -180,7 +180,13 @@ def exchange(port: int, data: bytes) -> bytes:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=BODY, binary=st.binary(max_size=32), header_length=st.none() | st.integers(-1, 400) | st.text(max_size=4))
+# (a header value holds no line break: one would end the head early and the rest be read as a
+# second request, whose own answer follows; hypothesis found "\n")
+@given(
+    body=BODY,
+    binary=st.binary(max_size=32),
+    header_length=st.none() | st.integers(-1, 400) | st.text(st.characters(exclude_characters="\r\n"), max_size=4),
+)
 def test_property_based_infer_requests_get_a_clear_answer(server_and_port, body, binary, header_length):
     """Any JSON infer body, binary tail and Inference-Header-Content-Length: a JSON answer
     (200 or a 4xx with an error), never a 5xx, a hang or a crash; the server keeps serving."""

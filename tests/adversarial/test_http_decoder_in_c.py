@@ -277,13 +277,12 @@ def test_memory_stays_flat_over_many_mutated_bodies():
     assert grown_kib < 4096, grown_kib
 
 
-def test_an_endpoint_answers_mutated_bodies_as_the_python_path(add_sub, add_sub_tensors, monkeypatch):
+def test_an_endpoint_answers_mutated_bodies_as_the_python_path(add_sub, add_sub_tensors):
     """Mutated inference bodies to a running endpoint: with the C path and without it, the same
     status, header fields and answer bytes; the server survives them all."""
     import http.client
 
     from embedtriton import ModelConfig, Server
-    from embedtriton.frontends.http.endpoint import RestEndpoint
 
     inputs = []
     for name, binary in (("a", False), ("b", True)):
@@ -298,6 +297,7 @@ def test_an_endpoint_answers_mutated_bodies_as_the_python_path(add_sub, add_sub_
     server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
     with server:
         port = server.serve_http("127.0.0.1:0")
+        endpoint = server.endpoint("http")
 
         def ask(body: bytes, header_len: int):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -314,8 +314,10 @@ def test_an_endpoint_answers_mutated_bodies_as_the_python_path(add_sub, add_sub_
             body = mutate(seed, rng)
             header_len = min(json_size, len(body))
             in_c = ask(body, header_len)
-            with monkeypatch.context() as p:
-                p.setattr(RestEndpoint, "_infer_in_c", lambda *args: False)
+            endpoint.use_c_path(False)
+            try:
                 assert ask(body, header_len) == in_c, body
+            finally:
+                endpoint.use_c_path(True)
         assert _native.http_stats()[0] > taken  # (some mutations leave a plain request)
         assert ask(seed, json_size)[0] == 200

@@ -15,7 +15,6 @@ import pytest
 httpclient = pytest.importorskip("tritonclient.http")
 
 from embedtriton import ModelConfig, Server, ServerConfig, Tensor, _native, batch  # noqa: E402
-from embedtriton.frontends.http.endpoint import RestEndpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,8 @@ def served(add_sub, add_sub_tensors):
     server.bind("Where", where, [Tensor(name="x", dtype=np.float64, shape=(-1,))],
                 [Tensor(name="off", dtype=np.int64, shape=(1,))], ModelConfig(batching=False))  # fmt: skip
     with server:
-        yield server.serve_http("127.0.0.1:0")
+        port = server.serve_http("127.0.0.1:0")
+        yield port, server.endpoint("http")
 
 
 def post(port: int, url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, list, bytes]:
@@ -67,14 +67,17 @@ def post(port: int, url: str, body: bytes, headers: dict[str, str] | None = None
         conn.close()
 
 
-def both(port, monkeypatch, url, body, headers=None):
+def both(served, url, body, headers=None):
     """The answer with the C path, the Python path's, and whether C took it."""
+    port, endpoint = served
     taken = _native.http_stats()[0]
     in_c = post(port, url, body, headers)
     took = _native.http_stats()[0] > taken
-    with monkeypatch.context() as p:
-        p.setattr(RestEndpoint, "_infer_in_c", lambda *args: False)
+    endpoint.use_c_path(False)
+    try:
         in_python = post(port, url, body, headers)
+    finally:
+        endpoint.use_c_path(True)
     return in_c, in_python, took
 
 
@@ -116,10 +119,10 @@ def body_of(request, blob):
 
 
 @pytest.mark.parametrize("case", range(len(PLAIN)))
-def test_plain_requests_are_taken_and_answered_as_the_python_path_does(served, monkeypatch, case):
+def test_plain_requests_are_taken_and_answered_as_the_python_path_does(served, case):
     url, request, blob = PLAIN[case]
     body, headers = body_of(request, blob)
-    in_c, in_python, took = both(served, monkeypatch, url, body, headers)
+    in_c, in_python, took = both(served, url, body, headers)
     assert in_c == in_python
     assert took or in_c[0] != 200  # (Triton refusing a request as it is handed over: Python words it)
     if case < 6:
@@ -143,16 +146,71 @@ DECLINED = [  # what the C path leaves to Python: it answers as before
 
 
 @pytest.mark.parametrize("case", range(len(DECLINED)))
-def test_what_it_declines_still_runs_in_python(served, monkeypatch, case):
+def test_what_it_declines_still_runs_in_python(served, case):
     url, body, headers = DECLINED[case]
     declined = _native.http_stats()[1]
-    in_c, in_python, took = both(served, monkeypatch, url, body, headers)
+    in_c, in_python, took = both(served, url, body, headers)
     assert in_c == in_python and not took
     assert _native.http_stats()[1] > declined or "?" in url or headers.get("Accept-Encoding") or "x/" in url
 
 
+ONE = json.dumps({"inputs": [tensor("a", "FP32", [1, 1], [1]), tensor("b", "FP32", [1, 1], [2])]}).encode()
+VARIANTS = [  # URLs and header fields the IO thread reads before the C path: the same answers
+    ("/v2/models/AddSub/infer/", ONE, {}),
+    ("/v2/models//infer", ONE, {}),
+    ("/v2/models/AddSub/versions//infer", ONE, {}),
+    ("/v2/models/AddSub/versions/1/infer", ONE, {}),
+    ("/v2/models/AddSub/versions/01/infer", ONE, {}),
+    ("/v2/models/AddSub/versions/-1/infer", ONE, {}),
+    ("/v2/models/AddSub/version/1/infer", ONE, {}),
+    ("/v2/models/Add%53ub/infer", ONE, {}),
+    ("/v2/models/AddSub/infer#x", ONE, {}),
+    ("/v2/models/AddSub/infer?", ONE, {}),
+    ("/v2/models/AddSub/inference", ONE, {}),
+    ("/v2/models/" + "x" * 300 + "/infer", ONE, {}),
+    ("/v2/models/AddSub/infer", ONE, {"ACCEPT-ENCODING": "GZip;q=1"}),
+    ("/v2/models/AddSub/infer", ONE, {"Accept-Encoding": "identity"}),
+    ("/v2/models/AddSub/infer", ONE, {"Content-Encoding": "identity"}),
+    ("/v2/models/AddSub/infer", ONE, {"inference-header-content-length": str(len(ONE))}),
+    ("/v2/models/AddSub/infer", ONE, {"Inference-Header-Content-Length": "+5"}),
+    ("/v2/models/AddSub/infer", ONE, {"Inference-Header-Content-Length": "9" * 30}),
+    ("/v2/models/AddSub/infer", ONE, {"Inference-Header-Content-Length": ""}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(VARIANTS)))
+def test_url_and_header_variants_answer_as_the_python_path(served, case):
+    url, body, headers = VARIANTS[case]
+    in_c, in_python, _ = both(served, url, body, headers)
+    assert in_c == in_python
+
+
+def test_the_c_path_is_off_for_forwarded_headers_restrictions_and_traces(add_sub, add_sub_tensors):
+    """Where the endpoint does what only the Python path does, no request is taken in C."""
+    from embedtriton import HttpOptions, Tracing
+
+    cases = [
+        (ServerConfig(), HttpOptions(header_forward_pattern="x-.*")),
+        (ServerConfig(), HttpOptions(restricted_api="inference:x-key=secret")),
+    ]
+    try:
+        import opentelemetry.trace  # noqa: F401
+
+        cases.append((ServerConfig(tracing=Tracing()), HttpOptions()))
+    except ImportError:  # (the tracing extra is not installed)
+        pass
+    for config, options in cases:
+        server = Server(config)
+        server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
+        with server:
+            port = server.serve_http("127.0.0.1:0", options=options)
+            taken = _native.http_stats()[0]
+            status, _, _ = post(port, ADD, ONE, {"x-key": "secret"})
+            assert status == 200 and _native.http_stats()[0] == taken, options
+
+
 def test_stock_tritonclient_json_and_binary_tensors_are_taken(served):
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{served}")
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{served[0]}")
     a = np.arange(8, dtype=np.float32).reshape(8, 1)
     for binary_in in (False, True):
         for binary_out in (False, True):
@@ -175,7 +233,7 @@ def test_inputs_reach_the_model_aligned(served):
     header = json.dumps({"inputs": [tensor("x", "FP64", [1], binary=8)]}).encode()
     for pad in range(4):
         head = header + b" " * pad  # moves the binary part
-        status, _, answer = post(served, "/v2/models/Where/infer", head + np.float64(1.5).tobytes(),
+        status, _, answer = post(served[0], "/v2/models/Where/infer", head + np.float64(1.5).tobytes(),
                                  {"Inference-Header-Content-Length": str(len(head))})  # fmt: skip
         assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [0]
 
@@ -186,7 +244,7 @@ def test_many_concurrent_requests(served):
 
     def worker(k):
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", served, timeout=30)
+            conn = http.client.HTTPConnection("127.0.0.1", served[0], timeout=30)
             for i in range(50):
                 x = float(k * 100 + i)
                 body = json.dumps({"inputs": [tensor("a", "FP32", [1, 1], [x]), tensor("b", "FP32", [1, 1], [1])]})
@@ -242,11 +300,9 @@ def test_memory_stays_flat_over_many_requests_answered_in_c(add_sub, add_sub_ten
 
 
 @pytest.mark.parametrize("in_c", [True, False])
-def test_stop_with_requests_in_flight_answers_them_as_the_python_path(in_c, monkeypatch):
+def test_stop_with_requests_in_flight_answers_them_as_the_python_path(in_c):
     """Stopping while requests wait on a slow model (exit_timeout_secs=1): each gets the same
     answer on either path (503 and the same words); nobody hangs, the server stops."""
-    if not in_c:
-        monkeypatch.setattr(RestEndpoint, "_infer_in_c", lambda *args: False)
     release = threading.Event()
 
     def slow(requests):
@@ -261,6 +317,7 @@ def test_stop_with_requests_in_flight_answers_them_as_the_python_path(in_c, monk
     body = json.dumps({"inputs": [tensor("x", "INT32", [1], [1])]}).encode()
     with server:
         port = server.serve_http("127.0.0.1:0")
+        server.endpoint("http").use_c_path(in_c)
         threads = [threading.Thread(target=lambda: outcomes.append(post(port, "/v2/models/Slow/infer", body)))
                    for _ in range(3)]  # fmt: skip
         for t in threads:

@@ -14,11 +14,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from ...core import CoreServer
-from ...core.handles import http_model_infer
+from ...core.handles import http_fast
 from ...errors import InvalidArgumentError, UnavailableError
 from .. import kserve, security
 from ..descriptors import connection_cap
-from .answers import EventStream, Refused, _accepted, encode, sse_event
+from .answers import EventStream, Refused, encode, sse_event
 from .options import HttpOptions
 from .rest import PendingInfer, RestApi
 
@@ -92,6 +92,7 @@ class RestEndpoint(RestApi):
             self._loop.close()
             raise InvalidArgumentError(f"cannot load the TLS files: {exc}") from None
         self.port: int = self._http.port
+        self.use_c_path(True)
         self._thread = threading.Thread(target=self._loop.run_forever, name="embedtriton-http", daemon=True)
         self._thread.start()
 
@@ -108,52 +109,50 @@ class RestEndpoint(RestApi):
         forwarded = None
         if names is not None and self.options.forward is not None:  # the names as sent, for the pattern
             forwarded = [(n, v) for n, v in names if self.options.forward.search(n)]
-        if self.direct_infer and method == "POST" and b"content-encoding" not in headers:
-            if self._infer_in_c(call, url, headers, body) or self._infer_now(call, url, headers, body, forwarded):
-                return
+        if (
+            self.direct_infer
+            and method == "POST"
+            and b"content-encoding" not in headers
+            and self._infer_now(call, url, headers, body, forwarded)
+        ):
+            return
         asyncio.run_coroutine_threadsafe(self._answer(call, method, url, headers, body, forwarded), self._loop)
 
     def on_refused(self, call: Any, status: int, message: str, url: bytes) -> None:
         """A request refused before its route (size, time, HTTP): answered, then the connection closes."""
         _respond(call, status, self.refusal(url, Refused(status, message)), None)
 
-    def _infer_in_c(self, call: Any, url: str, headers: dict[bytes, bytes], body: bytes) -> bool:
-        """Hand /v2/models/<m>[/versions/<v>]/infer to the C path (``_native.http_model_infer``):
-        decoded, run and answered without Python once submitted. False when it declines (not a
-        plain request, see native/_native/kserve_json.c, or what only this path does: restrictions,
-        forwarded headers, traces, compressed answers, escaped or non-ASCII names); the Python path
-        then runs as before and words any error."""
+    def use_c_path(self, on: bool) -> None:
+        """Whether plain /infer requests are decoded, run and answered in C (native/_native/kserve.c
+        and kserve_json.c, handed over by the HTTP IO thread without a Python call; the others it
+        declines to :meth:`on_request`). On from the start where only the C path's requests are
+        served: not for forwarded headers, restricted inference, traces, nor once draining. Off:
+        every request takes the Python path, as before (tests compare the two)."""
+        if on and not self._python_only():
+            server = self.server
+            self._http.set_fast(http_fast(), (self._in_c, server._bound, server._handle, self._admit_in_c))
+        else:
+            self._http.set_fast(None, None)  # (the IO thread reads it with the GIL)
+
+    def _python_only(self) -> bool:
+        """Whether every /infer must take the Python path (what only it does: forwarded headers,
+        restricted inference, traces, a draining or stopping server, routes of its own)."""
         server, options = self.server, self.options
-        if (
-            self.draining
+        return bool(
+            not self.direct_infer
+            or self.draining
             or server.tracer is not None
             or server._stopping
             or options.forward is not None
             or options.restrictions.get("inference") is not None
-            or not url.startswith("/v2/models/")
-            or "%" in url
-            or "?" in url
-            or _accepted(headers.get(b"accept-encoding")) is not None
-        ):
-            return False
-        parts = url.split("/")  # ["", "v2", "models", name, ("versions", version,) "infer"]
-        if len(parts) == 5 and parts[4] == "infer":
-            name, version = parts[3], ""
-        elif len(parts) == 7 and parts[6] == "infer" and parts[4] == "versions":
-            name, version = parts[3], parts[5]
-        else:
-            return False
-        size = headers.get(b"inference-header-content-length")
-        if size is not None and not (size.isdigit() and len(size) < 19):
-            return False
-        if not (name.isascii() and name.isprintable() and version.isascii() and version.isprintable()):
-            return False
-        header_len = -1 if size is None else int(size)
-        handle = http_model_infer(call, body, name, version, header_len, self._in_c, server._bound, server._handle)
-        if type(handle) is tuple:  # no entry for its model yet, or its binding changed
-            kserve.admit_in_c(server, self._in_c, name, version, json=True)
-            handle = http_model_infer(call, body, name, version, header_len, self._in_c, server._bound, server._handle)
-        return handle is not None and type(handle) is not tuple
+        )
+
+    def _admit_in_c(self, name: str, version: str) -> None:
+        kserve.admit_in_c(self.server, self._in_c, name, version, json=True)
+
+    def drain(self) -> None:
+        self.use_c_path(False)
+        super().drain()
 
     def _infer_now(self, call: Any, url: str, headers: dict[bytes, bytes], body: bytes, forwarded: Any) -> bool:
         """/v2/models/<m>[/versions/<v>]/infer: decoded here, submitted with a target that answers
@@ -240,6 +239,7 @@ class RestEndpoint(RestApi):
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop accepting; requests in progress get ``grace`` seconds; then every connection closes."""
+        self.use_c_path(False)
         self._http.stop(grace)
         for task in list(self._streams):
             self._loop.call_soon_threadsafe(task.cancel)

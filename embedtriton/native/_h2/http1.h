@@ -139,9 +139,17 @@ struct HConn {
   HConn *prev, *next;
 };
 
+/* A handler in C for some requests (set_fast(): _native's inference, h2_reply.h), called in
+ * dispatch with the GIL before on_request: 1 taken (it answers the call), 0 declined (on_request
+ * gets the request), -1 with an exception. */
+typedef int (*H1Fast)(PyObject* call, const char* url, size_t url_len, const uint8_t* body,
+                      size_t body_len, long long header_len, PyObject* ctx);
+
 struct HttpServerObject {
   PyObject_HEAD
   PyObject *on_request, *on_refused;
+  H1Fast fast; /* (GIL) */
+  PyObject* fast_ctx;
   int port, listen_fd, epfd, evfd, reserve_fd;
   pthread_t thread;
   int started, joined, thread_ref, names;
@@ -156,6 +164,10 @@ struct HttpServerObject {
   pthread_mutex_t mu;
   HConn* dirty_head;
   int wake_pending, in_dispatch, stop_req;
+  HttpCallObject** gone; /* references handed back by h1_reply: released by dispatch (GIL) */
+  size_t ngone, capgone;
+  int io_done;      /* the IO thread has ended: h1_reply releases them itself */
+  int gone_waiting; /* (IO thread) apply_dirty saw some: the next epoll_wait does not block */
   double grace;
   /* IO thread only */
   HConn* conns;

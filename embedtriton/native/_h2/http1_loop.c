@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <stdio.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -83,6 +84,58 @@ fail:
   return NULL;
 }
 
+static int span_is(const uint8_t* b, Span s, const char* text)
+{
+  size_t n = strlen(text);
+  if (s.len != n) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (tolower(b[s.off + i]) != text[i]) return 0;
+  return 1;
+}
+
+/* Whether a header value names gzip or deflate (any case): an answer the client accepts
+ * compressed, which the Python path writes. */
+static int names_compression(const uint8_t* p, size_t n)
+{
+  for (size_t i = 0; i + 4 <= n; i++) {
+    if (i + 4 <= n && strncasecmp((const char*)p + i, "gzip", 4) == 0) return 1;
+    if (i + 7 <= n && strncasecmp((const char*)p + i, "deflate", 7) == 0) return 1;
+  }
+  return 0;
+}
+
+/* The request to srv->fast, if it may take it (a POST to /v2/models/ with no Content-Encoding,
+ * no compressed answer accepted, a numeric Inference-Header-Content-Length if any): 1 taken,
+ * 0 declined, -1 error. */
+static int try_fast(HttpServerObject* srv, HReq* r)
+{
+  const uint8_t* b = r->blob;
+  Head* h = &r->head;
+  static const char prefix[] = "/v2/models/";
+  if (!span_is(b, h->method, "post") || h->url.len < sizeof prefix - 1 ||
+      memcmp(b + h->url.off, prefix, sizeof prefix - 1) != 0)
+    return 0;
+  long long header_len = -1;
+  int seen_accept = 0, seen_length = 0;
+  for (size_t i = 0; i + 1 < h->nfields; i += 2) {
+    Span n = h->fields[i], v = h->fields[i + 1];
+    if (span_is(b, n, "content-encoding")) return 0;
+    if (span_is(b, n, "accept-encoding") && !seen_accept++) {
+      if (names_compression(b + v.off, v.len)) return 0;
+    } else if (span_is(b, n, "inference-header-content-length") && !seen_length++) {
+      if (v.len == 0 || v.len > 18) return 0;
+      header_len = 0;
+      for (uint32_t k = 0; k < v.len; k++) {
+        uint8_t d = b[v.off + k];
+        if (d < '0' || d > '9') return 0;
+        header_len = header_len * 10 + (d - '0');
+      }
+    }
+  }
+  return srv->fast((PyObject*)r->call, (const char*)b + h->url.off, h->url.len, b + r->head_len,
+                   r->body_len, header_len, srv->fast_ctx);
+}
+
 static HttpCallObject* make_call(HttpServerObject* srv, HReq* r)
 {
   HttpCallObject* call = PyObject_New(HttpCallObject, &HttpCallType);
@@ -129,13 +182,34 @@ static void fallback(HttpServerObject* srv, HReq* r)
   if (w) h1_wake(srv);
 }
 
+/* The references h1_reply handed back (mu held): taken, to release with the GIL. */
+static HttpCallObject** take_gone_locked(HttpServerObject* srv, size_t* n)
+{
+  HttpCallObject** gone = srv->gone;
+  *n = srv->ngone;
+  if (*n == 0) return NULL;
+  srv->gone = NULL;
+  srv->ngone = srv->capgone = 0;
+  return gone;
+}
+
+static void release_gone(HttpCallObject** gone, size_t n)
+{
+  for (size_t i = 0; i < n; i++) Py_DECREF(gone[i]);
+  free(gone);
+}
+
 static void dispatch(HttpServerObject* srv)
 {
-  if (!srv->ntodo && !srv->ndone) return;
+  size_t ngone;
   pthread_mutex_lock(&srv->mu);
-  srv->in_dispatch = 1;
+  HttpCallObject** gone = take_gone_locked(srv, &ngone);
+  srv->in_dispatch = srv->ntodo || srv->ndone || ngone;
   pthread_mutex_unlock(&srv->mu);
+  srv->gone_waiting = 0;
+  if (!srv->in_dispatch) return;
   PyEval_RestoreThread(srv->tstate);
+  release_gone(gone, ngone);
   for (size_t i = 0; i < srv->ndone; i++) Py_DECREF(srv->done[i]);
   srv->ndone = 0;
   for (size_t i = 0; i < srv->ntodo; i++) {
@@ -147,6 +221,16 @@ static void dispatch(HttpServerObject* srv)
     if (!make_call(srv, r)) {
       PyErr_WriteUnraisable(NULL);
       fallback(srv, r);
+      continue;
+    }
+    int taken = !r->refused && srv->fast != NULL ? try_fast(srv, r) : 0;
+    if (taken != 0) {
+      free(r->blob);
+      r->blob = NULL;
+      if (taken < 0) {
+        PyErr_WriteUnraisable(srv->fast_ctx);
+        fallback(srv, r);
+      }
       continue;
     }
     PyObject *fn, *args;
@@ -180,6 +264,7 @@ static void apply_dirty(HttpServerObject* srv)
   pthread_mutex_lock(&srv->mu);
   srv->in_dispatch = 0;
   srv->wake_pending = 0;
+  srv->gone_waiting = srv->ngone > 0; /* (handed back since dispatch: no wake-up came for them) */
   for (HConn* c = srv->dirty_head; c; c = c->dnext) {
     if (n == srv->capwork) {
       srv->capwork = srv->capwork ? srv->capwork * 2 : 64;
@@ -214,7 +299,7 @@ void* h1_main(void* arg)
   srv->next_sweep = srv->now + srv->sweep_every;
   for (;;) {
     int timeout = -1;
-    if (srv->ntodo || srv->ndone || srv->pend) {
+    if (srv->ntodo || srv->ndone || srv->pend || srv->gone_waiting) {
       timeout = 0;
     } else {
       double wake_at = srv->conns || srv->accept_at > 0 ? srv->next_sweep : -1;
@@ -277,6 +362,12 @@ void* h1_main(void* arg)
     }
   }
   PyEval_RestoreThread(srv->tstate);
+  size_t ngone;
+  pthread_mutex_lock(&srv->mu);
+  srv->io_done = 1; /* (h1_reply releases what comes later itself) */
+  HttpCallObject** gone = take_gone_locked(srv, &ngone);
+  pthread_mutex_unlock(&srv->mu);
+  release_gone(gone, ngone);
   PyObject* locals = PyThreadState_GetDict(); /* as _h2's io_main: emptied while current */
   if (locals != NULL) PyDict_Clear(locals);
   PyErr_Clear();

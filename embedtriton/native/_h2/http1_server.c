@@ -154,14 +154,46 @@ out:
   return PyBool_FromLong(enqueue(self, ob, 0, 1));
 }
 
+/* The caller's reference to call, handed back without the GIL: the IO thread releases it in its
+ * next dispatch (or, once it has ended, this thread does, taking the GIL). */
+static void give_back(HttpCallObject* call)
+{
+  HttpServerObject* srv = call->srv;
+  int wake = 0, now = 0;
+  pthread_mutex_lock(&srv->mu);
+  if (!srv->io_done && srv->ngone == srv->capgone) {
+    size_t cap = srv->capgone ? srv->capgone * 2 : 64;
+    HttpCallObject** grown = realloc(srv->gone, cap * sizeof *grown);
+    if (grown != NULL) srv->gone = grown, srv->capgone = cap;
+  }
+  if (srv->io_done || srv->ngone == srv->capgone) {
+    now = 1;
+  } else {
+    srv->gone[srv->ngone++] = call;
+    wake = !srv->wake_pending;
+    srv->wake_pending = 1;
+  }
+  pthread_mutex_unlock(&srv->mu);
+  if (wake) h1_wake(srv);
+  if (now) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF(call);
+    PyGILState_Release(g);
+  }
+}
+
 /* The C interface (h2_reply.h, http_reply): a whole answer from any thread, without the GIL.
- * `fields`: preformatted "Name: value\r\n" lines (ours, not a client's); the body is copied. */
+ * `fields`: preformatted "Name: value\r\n" lines (ours, not a client's); the body is copied.
+ * Takes the caller's reference to call over. */
 int h1_reply(PyObject* call, int status, const char* fields, const void* body, size_t len)
 {
   HttpCallObject* self = (HttpCallObject*)call;
   size_t nf = strlen(fields);
   OutBuf* ob = malloc(sizeof *ob + 160 + nf + len);
-  if (!ob) return 0;
+  if (!ob) {
+    give_back(self);
+    return 0;
+  }
   ob->next = NULL;
   ob->off = 0;
   char* p = (char*)ob->data;
@@ -172,7 +204,9 @@ int h1_reply(PyObject* call, int status, const char* fields, const void* body, s
                self->keep_alive ? "" : "Connection: close\r\n");
   if (len) memcpy(p, body, len);
   ob->len = (size_t)(p + len - (char*)ob->data);
-  return enqueue(self, ob, 0, 1);
+  int open = enqueue(self, ob, 0, 1);
+  give_back(self);
+  return open;
 }
 
 static PyObject* HttpCall_begin(HttpCallObject* self, PyObject* args)
@@ -444,6 +478,7 @@ static int HttpServer_traverse(HttpServerObject* self, visitproc visit, void* ar
 {
   Py_VISIT(self->on_request);
   Py_VISIT(self->on_refused);
+  Py_VISIT(self->fast_ctx);
   return 0;
 }
 
@@ -451,6 +486,8 @@ static int HttpServer_clear(HttpServerObject* self)
 {
   Py_CLEAR(self->on_request);
   Py_CLEAR(self->on_refused);
+  self->fast = NULL;
+  Py_CLEAR(self->fast_ctx);
   return 0;
 }
 
@@ -466,9 +503,29 @@ static void HttpServer_dealloc(HttpServerObject* self)
   free(self->todo);
   free(self->done);
   free(self->work);
+  free(self->gone); /* (empty: each call in it holds the server) */
   pthread_mutex_destroy(&self->mu);
   pthread_mutex_destroy(&self->join_mu);
   Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+#define H1_FAST_CAPSULE "embedtriton._native._HTTP_FAST"
+
+/* set_fast(capsule, ctx) / set_fast(None, None): the C handler tried before on_request. */
+static PyObject* HttpServer_set_fast(HttpServerObject* self, PyObject* args)
+{
+  PyObject *capsule, *ctx;
+  if (!PyArg_ParseTuple(args, "OO:set_fast", &capsule, &ctx)) return NULL;
+  H1Fast fast = NULL;
+  if (capsule != Py_None) {
+    fast = (H1Fast)PyCapsule_GetPointer(capsule, H1_FAST_CAPSULE);
+    if (fast == NULL) return NULL;
+  }
+  PyObject* old = self->fast_ctx;
+  self->fast_ctx = fast != NULL ? Py_NewRef(ctx) : NULL;
+  self->fast = fast;
+  Py_XDECREF(old);
+  Py_RETURN_NONE;
 }
 
 static PyObject* HttpServer_stats(HttpServerObject* self, PyObject* unused)
@@ -492,6 +549,9 @@ static PyMethodDef HttpServer_methods[] = {
     {"stop", (PyCFunction)HttpServer_stop, METH_VARARGS,
      "stop(grace=0): stop accepting, let requests in progress finish for up to grace seconds, "
      "close every connection, join the IO thread"},
+    {"set_fast", (PyCFunction)HttpServer_set_fast, METH_VARARGS,
+     "set_fast(capsule, ctx): a C handler (_native._HTTP_FAST) tried before on_request for POSTs "
+     "to /v2/models/; set_fast(None, None) removes it"},
     {"stats", (PyCFunction)HttpServer_stats, METH_NOARGS,
      "stats() -> dict of counters: connections (open now), accepted, refused, emfile, evicted, "
      "idle_closed, requests, request_timeouts, paused (times a connection was read no further "

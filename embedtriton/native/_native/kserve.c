@@ -139,6 +139,7 @@ static int http_status(int code)
   return code >= 0 && code < (int)(sizeof statuses / sizeof statuses[0]) ? statuses[code] : 400;
 }
 
+/* (http_reply takes the call's reference over: c->future's, cleared by the caller) */
 static void http_error(PyObject* call, int code, const char* text)
 {
   size_t len = 0;
@@ -160,6 +161,7 @@ static void http_finish(Call* c)
   KsError e = {0, ""};
   char* body = NULL;
   size_t len = 0, header_len = 0;
+  c->future = NULL; /* (its reference goes to http_reply, which releases it on the IO thread) */
   if (resp == NULL) {
     e = (KsError){TRITONSERVER_ERROR_INTERNAL, "Triton completed the request without a response"};
   } else if (err != NULL) {
@@ -186,9 +188,9 @@ static void http_finish(Call* c)
 /* With the GIL: stop() completed the call (claimed) before Triton did. */
 static void http_wake(Call* c)
 {
+  c->future = NULL; /* (its reference goes to http_reply) */
   http_error(((GrpcCall*)c)->call, TRITONSERVER_ERROR_UNAVAILABLE,
              "the server stopped before this request completed");
-  Py_CLEAR(c->future);
   call_unref(c);
 }
 
@@ -386,32 +388,21 @@ done:
   return result;
 }
 
-/* http_model_infer(call, body, model, version, header_len, table, bound, server): an HTTP/REST
- * inference request (POST /v2/models/<model>[/versions/<version>]/infer, its body; header_len:
+/* An HTTP/REST inference request (its body; the URL's model and version; header_len:
  * Inference-Header-Content-Length, -1 without one) decoded (kserve_json.c), handed to Triton and
- * answered in C, as grpc_model_infer does a ModelInfer: the same table, the same returns. The
- * caller checks what the C path does not do (restrictions, forwarded headers, traces, request
- * compression and answers the client accepts compressed, names that are not printable ASCII). */
-PyObject* py_http_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
+ * answered in C, as grpc_model_infer does a ModelInfer, with the same table: its capsule when
+ * taken, None when declined, (model, version) when the table has no valid entry for them. */
+static PyObject* http_infer(PyObject* call, PyObject* body, PyObject* name, PyObject* vers,
+                            long long header_len, PyObject* table, PyObject* bound_models,
+                            PyObject* server_arg)
 {
-  (void)self;
-  if (nargs != 8 || !PyBytes_Check(args[1]) || !PyUnicode_Check(args[2]) ||
-      !PyUnicode_Check(args[3]) || !PyLong_Check(args[4]) || !PyDict_Check(args[5]) ||
-      !PyDict_Check(args[6])) {
-    PyErr_SetString(PyExc_TypeError,
-                    "http_model_infer(call, body: bytes, model: str, version: "
-                    "str, header_len: int, table, bound, server)");
-    return NULL;
-  }
   grpc_release();
-  PyObject *call = args[0], *body = args[1], *name = args[2], *vers = args[3];
-  PyObject *server_arg = args[7], *key = NULL, *result = Py_None;
+  PyObject *key = NULL, *result = Py_None;
   GrpcCall http = {0};
   Py_ssize_t name_n, vers_n;
   const char* model = PyUnicode_AsUTF8AndSize(name, &name_n);
   const char* version_text = PyUnicode_AsUTF8AndSize(vers, &vers_n);
-  long long header_len = PyLong_AsLongLong(args[4]);
-  if (model == NULL || version_text == NULL || PyErr_Occurred()) return NULL;
+  if (model == NULL || version_text == NULL) return NULL;
   KjRequest* q = malloc(sizeof(KjRequest));
   if (q == NULL || !api_loaded || server_arg == Py_None || load_h2() < 0 ||
       !PyObject_TypeCheck(call, h2->http_call_type) ||
@@ -423,8 +414,8 @@ PyObject* py_http_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t 
   q->r.version = (Slice){(const uint8_t*)version_text, (size_t)vers_n};
   if (ks_plain(&q->r) < 0) goto decline;
   key = PyTuple_Pack(2, name, vers);
-  PyObject* entry = key != NULL ? PyDict_GetItemWithError(args[5], key) : NULL;
-  PyObject* bound = entry != NULL ? PyDict_GetItemWithError(args[6], name) : NULL;
+  PyObject* entry = key != NULL ? PyDict_GetItemWithError(table, key) : NULL;
+  PyObject* bound = entry != NULL ? PyDict_GetItemWithError(bound_models, name) : NULL;
   if (PyErr_Occurred()) goto fail;
   if (bound == NULL) bound = Py_None;
   if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
@@ -483,6 +474,78 @@ done:
   return result;
 }
 
+/* A URL segment as a str: printable ASCII, no escapes (else NULL, no exception). */
+static PyObject* url_text(const char* p, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    if (p[i] < 0x20 || p[i] > 0x7e || p[i] == '%' || p[i] == '?' || p[i] == '/') return NULL;
+  return PyUnicode_FromStringAndSize(p, (Py_ssize_t)n);
+}
+
+/* _h2's HttpServer calls this (set_fast, _HTTP_FAST) in its dispatch, with the GIL, for a POST
+ * to /v2/models/ that asks for no compression: the request taken by http_infer (1), or declined
+ * to on_request (0; an error is reported as unraisable and declined too). ctx: (table, bound,
+ * server, admit) where admit(model, version) makes the table's entry. The URL's path is
+ * /v2/models/<model>[/versions/<version>]/infer exactly: no query, no escapes. */
+static int http_fast(PyObject* call, const char* url, size_t url_len, const uint8_t* data,
+                     size_t data_len, long long header_len, PyObject* ctx)
+{
+  if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 4 || url_len < 11 ||
+      memcmp(url, "/v2/models/", 11) != 0)
+    return 0;
+  const char *segs[6], *end = url + url_len;
+  size_t lens[6];
+  int n = 0;
+  for (const char* p = url + 1; n < 6;) { /* (url starts "/v2/models/") */
+    const char* slash = memchr(p, '/', (size_t)(end - p));
+    const char* stop = slash != NULL ? slash : end;
+    segs[n] = p, lens[n++] = (size_t)(stop - p);
+    if (slash == NULL) break;
+    p = slash + 1;
+  }
+  int versioned = n == 6 && lens[3] == 8 && memcmp(segs[3], "versions", 8) == 0;
+  if (!(n == 4 || versioned) || lens[n - 1] != 5 || memcmp(segs[n - 1], "infer", 5) != 0 ||
+      (segs[n - 1] + 5 != end))
+    return 0;
+  PyObject* name = url_text(segs[2], lens[2]);
+  PyObject* vers =
+      name != NULL ? (versioned ? url_text(segs[4], lens[4]) : PyUnicode_FromStringAndSize("", 0))
+                   : NULL;
+  PyObject* body =
+      vers != NULL ? PyBytes_FromStringAndSize((const char*)data, (Py_ssize_t)data_len) : NULL;
+  int taken = 0;
+  PyObject* table = PyTuple_GET_ITEM(ctx, 0);
+  PyObject* got = body != NULL ? http_infer(call, body, name, vers, header_len, table,
+                                            PyTuple_GET_ITEM(ctx, 1), PyTuple_GET_ITEM(ctx, 2))
+                               : NULL;
+  if (got != NULL && PyTuple_Check(got)) { /* no entry for the model yet: admit(), then again */
+    Py_DECREF(got);
+    PyObject* made = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(ctx, 3), name, vers, NULL);
+    got = made != NULL ? http_infer(call, body, name, vers, header_len, table,
+                                    PyTuple_GET_ITEM(ctx, 1), PyTuple_GET_ITEM(ctx, 2))
+                       : NULL;
+    Py_XDECREF(made);
+    if (got != NULL && PyTuple_Check(got)) { /* (its binding changed meanwhile: Python's) */
+      Py_DECREF(got);
+      got = Py_NewRef(Py_None);
+    }
+  }
+  if (got != NULL && PyCapsule_CheckExact(got)) taken = 1;
+  if (PyErr_Occurred()) /* (admit() raised, out of memory): the Python path answers, or says so */
+    PyErr_WriteUnraisable(PyTuple_GET_ITEM(ctx, 3));
+  Py_XDECREF(got);
+  Py_XDECREF(name);
+  Py_XDECREF(vers);
+  Py_XDECREF(body);
+  return taken;
+}
+
+/* The capsule _h2's HttpServer.set_fast takes (embedtriton._native._HTTP_FAST). */
+PyObject* http_fast_capsule(void)
+{
+  return PyCapsule_New((void*)http_fast, "embedtriton._native._HTTP_FAST", NULL);
+}
+
 /* grpc_release(): let go of the calls answered since the last grpc_model_infer (their _h2
  * calls and messages), e.g. as the endpoint stops. */
 PyObject* py_grpc_release(PyObject* self, PyObject* unused)
@@ -500,7 +563,7 @@ PyObject* py_grpc_stats(PyObject* self, PyObject* unused)
                        (long long)atomic_load(&n_declined));
 }
 
-/* http_stats() -> (taken, declined): inference requests http_model_infer took and declined. */
+/* http_stats() -> (taken, declined): HTTP/REST inference requests the C path took and declined. */
 PyObject* py_http_stats(PyObject* self, PyObject* unused)
 {
   (void)self, (void)unused;

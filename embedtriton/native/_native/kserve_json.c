@@ -855,7 +855,7 @@ char* kj_error(const char* message, size_t* len)
   return text;
 }
 
-/* kserve_json_decode(body, header_len) -> dict or None: what http_model_infer reads of an
+/* kserve_json_decode(body, header_len) -> dict or None: what the HTTP C path (kserve.c) reads of an
  * inference request body (None: not plain), for tests: id, inputs [(name, datatype, shape,
  * bytes)], outputs [(name, binary)], binary_data_output. */
 PyObject* py_kserve_json_decode(PyObject* self, PyObject* const* args, Py_ssize_t nargs)

@@ -99,12 +99,10 @@ static PyMethodDef methods[] = {
      "(kept, buried): responses deleted on the thread that sent them, and buried ones."},
     {"grpc_stats", py_grpc_stats, METH_NOARGS,
      "(taken, declined): ModelInfer calls grpc_model_infer took and declined."},
-    {"http_model_infer", (PyCFunction)(void (*)(void))py_http_model_infer, METH_FASTCALL,
-     "An HTTP/REST inference request taken by the C path: its handle, None, or (model, version)."},
     {"http_stats", py_http_stats, METH_NOARGS,
-     "(taken, declined): inference requests http_model_infer took and declined."},
+     "(taken, declined): HTTP/REST inference requests the C path took and declined."},
     {"kserve_json_decode", (PyCFunction)(void (*)(void))py_kserve_json_decode, METH_FASTCALL,
-     "What http_model_infer reads of an inference request body (None: not plain)."},
+     "What the HTTP C path reads of an inference request body (None: not plain)."},
     {"kserve_json_double", py_kserve_json_double, METH_O,
      "A float as the C path's JSON answers write it (Python's repr)."},
     {"kserve_decode", py_kserve_decode, METH_O,
@@ -164,6 +162,11 @@ PyMODINIT_FUNC PyInit__native(void)
   PyObject* m = PyModule_Create(&module);
   if (m == NULL) return NULL;
   if (PyModule_AddObjectRef(m, "DeviceArray", (PyObject*)&DeviceArrayType) < 0) return NULL;
+  PyObject* fast = http_fast_capsule(); /* for _h2's HttpServer.set_fast */
+  if (fast == NULL || PyModule_AddObject(m, "_HTTP_FAST", fast) < 0) {
+    Py_XDECREF(fast);
+    return NULL;
+  }
   INTERN(s_call_soon_threadsafe, "call_soon_threadsafe");
   INTERN(s_parameters, "parameters");
   INTERN(s_execute, "execute");

@@ -588,8 +588,8 @@ PyObject* py_kserve_json_double(PyObject* self, PyObject* arg);
 
 PyObject* py_grpc_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 PyObject* py_grpc_stats(PyObject* self, PyObject* unused);
-PyObject* py_http_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 PyObject* py_http_stats(PyObject* self, PyObject* unused);
+PyObject* http_fast_capsule(void);
 PyObject* py_grpc_release(PyObject* self, PyObject* unused);
 
 /* ---- graveyard.c: late deletes ------------------------------------------ */

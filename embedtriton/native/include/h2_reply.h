@@ -14,8 +14,8 @@
  *   http_reply(call, status, fields, body, len): answer an HTTP/1.1 request (an
  *       embedtriton._h2.HttpCall, http_call_type) whole, as HttpCall.respond() does: the status
  *       line, `fields` ("Name: value\r\n" lines, NUL-terminated, trusted), Content-Length and the
- *       body (copied). Returns whether the request was still open. Any thread, no GIL; the
- *       caller holds a reference to call until it returns. */
+ *       body (copied). Returns whether the request was still open. Any thread, no GIL; takes
+ *       the caller's reference to call over (the server's IO thread releases it). */
 #ifndef EMBEDTRITON_H2_REPLY_H
 #define EMBEDTRITON_H2_REPLY_H
 
