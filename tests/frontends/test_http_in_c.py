@@ -15,6 +15,7 @@ import pytest
 httpclient = pytest.importorskip("tritonclient.http")
 
 from embedtriton import ModelConfig, Server, ServerConfig, Tensor, _native, batch  # noqa: E402
+from embedtriton.frontends.http.endpoint import RestEndpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +208,26 @@ def test_the_c_path_is_off_for_forwarded_headers_restrictions_and_traces(add_sub
             taken = _native.http_stats()[0]
             status, _, _ = post(port, ADD, ONE, {"x-key": "secret"})
             assert status == 200 and _native.http_stats()[0] == taken, options
+
+
+def test_plain_requests_never_reach_python(served, monkeypatch):
+    """The HTTP IO thread hands a plain /infer to the C handler before Python
+    (``HttpServer.set_fast``): the endpoint's Python handler is not even called; a request the C
+    path declines reaches it as before."""
+    seen = []
+    original = RestEndpoint._infer_now
+
+    def infer_now(self, *args):
+        seen.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(RestEndpoint, "_infer_now", infer_now)
+    taken = _native.http_stats()[0]
+    status, _, answer = post(served[0], ADD, ONE)
+    assert status == 200 and _native.http_stats()[0] == taken + 1 and seen == []
+    assert [o["data"] for o in json.loads(answer)["outputs"]] == [[3.0], [-1.0]]
+    status, _, _ = post(served[0], ADD, b'{"inputs": [], "parameters": {"priority": 1}}')
+    assert status == 400 and seen == [1]
 
 
 def test_stock_tritonclient_json_and_binary_tensors_are_taken(served):
