@@ -323,6 +323,54 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
   return g;
 }
 
+enum { ENTRY_DECLINED = 0, ENTRY_TAKEN = 1, ENTRY_MISSING = 2 };
+
+/* The table's entry for key, (model, version) (see grpc_model_infer): ENTRY_TAKEN with *version
+ * and *server set for a model the C path may take, ENTRY_DECLINED for one it may not,
+ * ENTRY_MISSING when Python must make the entry first (none, or its binding changed), -1 with an
+ * exception. */
+static int ks_entry(PyObject* table, PyObject* bound_models, PyObject* key, PyObject* server_arg,
+                    long long* version, TRITONSERVER_Server** server)
+{
+  PyObject* entry = PyDict_GetItemWithError(table, key);
+  PyObject* bound =
+      entry != NULL ? PyDict_GetItemWithError(bound_models, PyTuple_GET_ITEM(key, 0)) : NULL;
+  if (PyErr_Occurred()) return -1;
+  if (bound == NULL) bound = Py_None; /* (not bound: the entry says None) */
+  if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+      bound != PyTuple_GET_ITEM(entry, 0))
+    return ENTRY_MISSING;
+  if (PyTuple_GET_ITEM(entry, 1) == Py_None) return ENTRY_DECLINED;
+  *version = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1));
+  *server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(server_arg);
+  return PyErr_Occurred() ? -1 : ENTRY_TAKEN;
+}
+
+/* ks_submit to a server that is open, for a model without a queue gate (whose requests the
+ * Python path queues): the call, or NULL when declined. */
+static GrpcCall* ks_submit_open(TRITONSERVER_Server* server, const char* model, long long version,
+                                const KsRequest* r, PyObject* call, PyObject* data,
+                                const CallOps* ops, const GrpcCall* http)
+{
+  pthread_rwlock_rdlock(&servers_lock);
+  Gate* gate = server_is_open(server) ? gate_find(server, model, version) : NULL;
+  GrpcCall* g = NULL;
+  if (server_is_open(server) && gate == NULL)
+    g = ks_submit(server, model, version, r, call, data, ops, http);
+  pthread_rwlock_unlock(&servers_lock);
+  if (gate != NULL) gate_release_ref(gate);
+  return g;
+}
+
+/* A call taken: its cancel handle for the caller (as submit() hands over an asynchronous call). */
+static PyObject* handle_of(GrpcCall* g)
+{
+  delete_buried(GRAVE_STEP_ASYNC);
+  PyObject* handle = PyCapsule_New(&g->c, "embedtriton.request", handle_free);
+  if (handle == NULL) call_unref(&g->c);
+  return handle;
+}
+
 /* grpc_model_infer(call, data, table, bound, server): see the top of this file. table maps
  * (model_name, model_version) to (binding, version) for a model the C path may take, version
  * None for one it may not; bound is the server's name -> binding (an entry holds while its
@@ -346,35 +394,22 @@ PyObject* py_grpc_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t 
     goto decline;
   key = Py_BuildValue("(s#s#)", (const char*)r->model.p, (Py_ssize_t)r->model.n,
                       (const char*)r->version.p, (Py_ssize_t)r->version.n);
-  PyObject* entry = key != NULL ? PyDict_GetItemWithError(args[2], key) : NULL;
-  PyObject* bound =
-      entry != NULL ? PyDict_GetItemWithError(args[3], PyTuple_GET_ITEM(key, 0)) : NULL;
-  if (PyErr_Occurred()) goto fail;
-  if (bound == NULL) bound = Py_None; /* (not bound: the entry says None) */
-  if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
-      bound != PyTuple_GET_ITEM(entry, 0)) {
+  long long version;
+  TRITONSERVER_Server* server;
+  int found = key != NULL ? ks_entry(args[2], args[3], key, server_arg, &version, &server) : -1;
+  if (found == ENTRY_MISSING) {
     result = key; /* Python decides, and calls again */
     key = NULL;
     goto done;
   }
-  if (PyTuple_GET_ITEM(entry, 1) == Py_None) goto decline;
-  long long version = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1));
-  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(server_arg);
-  if (PyErr_Occurred()) goto fail;
+  if (found < 0) goto fail;
+  if (found == ENTRY_DECLINED) goto decline;
   const char* model = PyUnicode_AsUTF8(PyTuple_GET_ITEM(key, 0));
   if (model == NULL) goto fail;
-  pthread_rwlock_rdlock(&servers_lock);
-  Gate* gate = server_is_open(server) ? gate_find(server, model, version) : NULL;
-  GrpcCall* g = NULL;
-  if (server_is_open(server) && gate == NULL)
-    g = ks_submit(server, model, version, r, call, data, &grpc_ops, NULL);
-  pthread_rwlock_unlock(&servers_lock);
-  if (gate != NULL) gate_release_ref(gate);
+  GrpcCall* g = ks_submit_open(server, model, version, r, call, data, &grpc_ops, NULL);
   if (g == NULL) goto decline;
   atomic_fetch_add(&n_taken, 1);
-  delete_buried(GRAVE_STEP_ASYNC); /* (as submit() does for an asynchronous call) */
-  result = PyCapsule_New(&g->c, "embedtriton.request", handle_free);
-  if (result == NULL) call_unref(&g->c);
+  result = handle_of(g);
   goto done;
 decline:
   atomic_fetch_add(&n_declined, 1);
@@ -414,20 +449,16 @@ static PyObject* http_infer(PyObject* call, PyObject* body, PyObject* name, PyOb
   q->r.version = (Slice){(const uint8_t*)version_text, (size_t)vers_n};
   if (ks_plain(&q->r) < 0) goto decline;
   key = PyTuple_Pack(2, name, vers);
-  PyObject* entry = key != NULL ? PyDict_GetItemWithError(table, key) : NULL;
-  PyObject* bound = entry != NULL ? PyDict_GetItemWithError(bound_models, name) : NULL;
-  if (PyErr_Occurred()) goto fail;
-  if (bound == NULL) bound = Py_None;
-  if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
-      bound != PyTuple_GET_ITEM(entry, 0)) {
+  long long number;
+  TRITONSERVER_Server* server;
+  int found = key != NULL ? ks_entry(table, bound_models, key, server_arg, &number, &server) : -1;
+  if (found == ENTRY_MISSING) {
     result = key;
     key = NULL;
     goto done;
   }
-  if (PyTuple_GET_ITEM(entry, 1) == Py_None) goto decline;
-  long long number = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1));
-  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(server_arg);
-  if (PyErr_Occurred()) goto fail;
+  if (found < 0) goto fail;
+  if (found == ENTRY_DECLINED) goto decline;
   /* what the answer needs: the names asked for point into the body, which the call keeps */
   http.answer = (KjAnswer){.model = q->r.model,
                            .version = q->r.version,
@@ -442,13 +473,7 @@ static PyObject* http_infer(PyObject* call, PyObject* body, PyObject* name, PyOb
       http.answer.out_bits |= (uint64_t)(q->out_flag[k] != 0) << k;
     http.answer.outputs = http.outputs;
   }
-  pthread_rwlock_rdlock(&servers_lock);
-  Gate* gate = server_is_open(server) ? gate_find(server, model, number) : NULL;
-  GrpcCall* g = NULL;
-  if (server_is_open(server) && gate == NULL)
-    g = ks_submit(server, model, number, &q->r, call, body, &http_ops, &http);
-  pthread_rwlock_unlock(&servers_lock);
-  if (gate != NULL) gate_release_ref(gate);
+  GrpcCall* g = ks_submit_open(server, model, number, &q->r, call, body, &http_ops, &http);
   if (g == NULL) goto decline;
   http.values = NULL; /* (the call's now) */
   http.outputs = NULL;
@@ -456,9 +481,7 @@ static PyObject* http_infer(PyObject* call, PyObject* body, PyObject* name, PyOb
   g->c.keep[g->c.n_keep++] = Py_NewRef(name);
   g->c.keep[g->c.n_keep++] = Py_NewRef(vers);
   atomic_fetch_add(&n_http_taken, 1);
-  delete_buried(GRAVE_STEP_ASYNC);
-  result = PyCapsule_New(&g->c, "embedtriton.request", handle_free);
-  if (result == NULL) call_unref(&g->c);
+  result = handle_of(g);
   goto done;
 decline:
   atomic_fetch_add(&n_http_declined, 1);

@@ -312,16 +312,22 @@ static uint8_t* put_text(uint8_t* p, int field, const void* data, size_t n)
 }
 
 typedef struct {
-  const char* name;
-  TRITONSERVER_DataType dtype;
-  const int64_t* shape;
-  uint64_t ndim;
-  const void* base;
-  size_t size;
-  TRITONSERVER_MemoryType mtype;
+  KsTensor t;
   size_t packed; /* bytes of its packed shape */
   size_t tensor; /* bytes of its InferOutputTensor */
 } KsOutput;
+
+int ks_output(TRITONSERVER_InferenceResponse* resp, uint32_t i, KsTensor* t)
+{
+  int64_t mtype_id;
+  void* userp;
+  TRITONSERVER_Error* err =
+      api.TRITONSERVER_InferenceResponseOutput(resp, i, &t->name, &t->dtype, &t->shape, &t->ndim,
+                                               &t->base, &t->size, &t->mtype, &mtype_id, &userp);
+  if (err == NULL) return 0;
+  api.TRITONSERVER_ErrorDelete(err);
+  return -1;
+}
 
 /* Encode the ModelInferResponse of a response into a message of the _h2 interface (NULL with
  * *e set when it cannot be). */
@@ -342,24 +348,19 @@ void* ks_encode(const H2Reply* h2, Slice model, Slice version, Slice id,
   size_t total = text_size(model.n) + text_size(version.n) + text_size(id.n);
   for (uint32_t i = 0; i < count; i++) {
     KsOutput* o = &outs[i];
-    int64_t mtype_id;
-    void* userp;
-    if ((err = api.TRITONSERVER_InferenceResponseOutput(resp, i, &o->name, &o->dtype, &o->shape,
-                                                        &o->ndim, &o->base, &o->size, &o->mtype,
-                                                        &mtype_id, &userp))) {
-      api.TRITONSERVER_ErrorDelete(err);
+    if (ks_output(resp, i, &o->t) < 0) {
       *e = (KsError){TRITONSERVER_ERROR_INTERNAL, "cannot read Triton's response"};
       goto fail;
     }
-    if ((o->dtype != TRITONSERVER_TYPE_BYTES && numpy_typenum_of(o->dtype) < 0) ||
-        o->ndim > MAX_DIMS) {
+    if ((o->t.dtype != TRITONSERVER_TYPE_BYTES && numpy_typenum_of(o->t.dtype) < 0) ||
+        o->t.ndim > MAX_DIMS) {
       *e = no_numpy;
       goto fail;
     }
-    for (uint64_t d = 0; d < o->ndim; d++) o->packed += varint_size((uint64_t)o->shape[d]);
-    o->tensor = text_size(strlen(o->name)) + text_size(strlen(dtype_name(o->dtype))) +
-                (o->ndim ? field_size(o->packed) : 0);
-    total += field_size(o->tensor) + field_size(o->size);
+    for (uint64_t d = 0; d < o->t.ndim; d++) o->packed += varint_size((uint64_t)o->t.shape[d]);
+    o->tensor = text_size(strlen(o->t.name)) + text_size(strlen(dtype_name(o->t.dtype))) +
+                (o->t.ndim ? field_size(o->packed) : 0);
+    total += field_size(o->tensor) + field_size(o->t.size);
   }
   uint8_t* p;
   void* message = h2->message(total, &p);
@@ -372,32 +373,32 @@ void* ks_encode(const H2Reply* h2, Slice model, Slice version, Slice id,
   p = put_text(p, 3, id.p, id.n);
   for (uint32_t i = 0; i < count; i++) {
     KsOutput* o = &outs[i];
-    const char* dt = dtype_name(o->dtype);
+    const char* dt = dtype_name(o->t.dtype);
     *p++ = 5 << 3 | WIRE_LEN;
     p = put_varint(p, o->tensor);
-    p = put_text(p, 1, o->name, strlen(o->name));
+    p = put_text(p, 1, o->t.name, strlen(o->t.name));
     p = put_text(p, 2, dt, strlen(dt));
-    if (o->ndim) {
+    if (o->t.ndim) {
       *p++ = 3 << 3 | WIRE_LEN;
       p = put_varint(p, o->packed);
-      for (uint64_t d = 0; d < o->ndim; d++) p = put_varint(p, (uint64_t)o->shape[d]);
+      for (uint64_t d = 0; d < o->t.ndim; d++) p = put_varint(p, (uint64_t)o->t.shape[d]);
     }
   }
   for (uint32_t i = 0; i < count; i++) {
     KsOutput* o = &outs[i];
     *p++ = 6 << 3 | WIRE_LEN;
-    p = put_varint(p, o->size);
-    if (o->mtype == TRITONSERVER_MEMORY_GPU) {
-      const char* why = cuda_copy(p, o->base, o->size);
+    p = put_varint(p, o->t.size);
+    if (o->t.mtype == TRITONSERVER_MEMORY_GPU) {
+      const char* why = cuda_copy(p, o->t.base, o->t.size);
       if (why != NULL) {
         h2->discard(message);
         *e = (KsError){TRITONSERVER_ERROR_INTERNAL, why};
         goto fail;
       }
-    } else if (o->size) {
-      memcpy(p, o->base, o->size);
+    } else if (o->t.size) {
+      memcpy(p, o->t.base, o->t.size);
     }
-    p += o->size;
+    p += o->t.size;
   }
   free(outs);
   return message;

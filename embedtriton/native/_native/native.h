@@ -29,7 +29,8 @@
  *   kserve.c     a unary gRPC ModelInfer or HTTP/REST inference decoded, submitted and
  *                answered in C
  *   kserve_pb.c  the KServe-v2 protobuf subset kserve.c reads and writes
- *   kserve_json.c the KServe-v2 JSON subset (and binary tensors) kserve.c reads and writes
+ *   kserve_json.c the KServe-v2 JSON subset (and binary tensors) kserve.c reads
+ *   kserve_json_write.c  ... and writes
  *   numtext.cc   numbers as JSON text (C++: std::from_chars, std::to_chars)
  *   many.c       submit_many(): a window of calls at a time
  *   backend.c    the backend: models, execute
@@ -61,9 +62,10 @@
  *   backend.c -> modes.c, complete.c, queues.c, fast_batch.c, batch_io.c, threads.c, cuda.c
  *   fast_batch.c -> batch_io.c
  *   modes.c   -> complete.c, streams.c, batch_io.c, threads.c
- *   kserve.c  -> kserve_pb.c, kserve_json.c, complete.c, queues.c, servers.c, calls.c, cuda.c,
- *                graveyard.c
- *   kserve_json.c -> kserve_pb.c, numtext.cc, cuda.c
+ *   kserve.c  -> kserve_pb.c, kserve_json.c, kserve_json_write.c, complete.c, queues.c, servers.c,
+ *                calls.c, cuda.c, graveyard.c
+ *   kserve_json.c -> kserve_pb.c, numtext.cc
+ *   kserve_json_write.c -> kserve_pb.c, numtext.cc, cuda.c
  *   submit.c  -> complete.c, cancel.c, queues.c, servers.c, outputs.c, calls.c, trace.c,
  *                threads.c, graveyard.c, inputs.c
  *   complete.c -> streams.c, queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c,
@@ -537,6 +539,20 @@ typedef struct {
   const char* text;
 } KsError;
 
+/* One output of a Triton response, as TRITONSERVER_InferenceResponseOutput gives it. */
+typedef struct {
+  const char* name;
+  TRITONSERVER_DataType dtype;
+  const int64_t* shape;
+  uint64_t ndim;
+  const void* base;
+  size_t size;
+  TRITONSERVER_MemoryType mtype;
+} KsTensor;
+
+/* Output i of resp into t: 0, or -1 (Triton's error dropped). */
+int ks_output(TRITONSERVER_InferenceResponse* resp, uint32_t i, KsTensor* t);
+
 struct H2Reply;
 /* Decode a ModelInferRequest into r: 0 for a plain request, -1 for anything else. */
 int ks_decode(const uint8_t* data, size_t len, KsRequest* r);
@@ -551,7 +567,7 @@ void* ks_encode(const struct H2Reply* h2, Slice model, Slice version, Slice id,
                 TRITONSERVER_InferenceResponse* resp, KsError* e);
 PyObject* py_kserve_decode(PyObject* self, PyObject* arg);
 
-/* ---- kserve_json.c: the KServe-v2 JSON subset (HTTP/REST) --------------- */
+/* ---- kserve_json.c, kserve_json_write.c: the KServe-v2 JSON subset (HTTP/REST) ---- */
 
 /* An inference request body decoded: r (its model and version are the URL's, set by the
  * caller), each requested output's binary_data, and the JSON inputs' values (converted into
