@@ -182,6 +182,25 @@ static void give_back(HttpCallObject* call)
   }
 }
 
+/* Text at p (without its NUL): the end. (h1_reply, once per answer: no printf.) */
+static char* put_text(char* p, const char* text)
+{
+  size_t n = strlen(text);
+  memcpy(p, text, n);
+  return p + n;
+}
+
+/* n in decimal at p: the end. */
+static char* put_size(char* p, size_t n)
+{
+  char digits[24];
+  int k = 0;
+  do digits[k++] = (char)('0' + n % 10);
+  while ((n /= 10) != 0);
+  while (k) *p++ = digits[--k];
+  return p;
+}
+
 /* The C interface (h2_reply.h, http_reply): a whole answer from any thread, without the GIL.
  * `fields`: preformatted "Name: value\r\n" lines (ours, not a client's); the body is copied.
  * Takes the caller's reference to call over. */
@@ -196,12 +215,15 @@ int h1_reply(PyObject* call, int status, const char* fields, const void* body, s
   }
   ob->next = NULL;
   ob->off = 0;
-  char* p = (char*)ob->data;
-  p += sprintf(p, "HTTP/1.1 %d %s\r\n", status, reason(status));
+  char* p = put_text((char*)ob->data, "HTTP/1.1 ");
+  p = put_size(p, (size_t)status);
+  *p++ = ' ';
+  p = put_text(p, reason(status));
+  p = put_text(p, "\r\n");
   memcpy(p, fields, nf);
   p += nf;
-  p += sprintf(p, "Content-Length: %zu\r\n%s\r\n", len,
-               self->keep_alive ? "" : "Connection: close\r\n");
+  p = put_size(put_text(p, "Content-Length: "), len);
+  p = put_text(p, self->keep_alive ? "\r\n\r\n" : "\r\nConnection: close\r\n\r\n");
   if (len) memcpy(p, body, len);
   ob->len = (size_t)(p + len - (char*)ob->data);
   int open = enqueue(self, ob, 0, 1);
