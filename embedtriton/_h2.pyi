@@ -154,6 +154,13 @@ class HttpCall:
     @property
     def open(self) -> bool:
         """The request's connection is still open."""
+    @property
+    def on_gone(self) -> Callable[[], object] | None:
+        """Called once, with no arguments, on the server's IO thread if the request's client leaves
+        (closes, resets or shuts its sending side) before its answer is complete: the work for it
+        should stop. Setting it on a request whose client already left calls it at once."""
+    @on_gone.setter
+    def on_gone(self, fn: Callable[[], object] | None) -> None: ...
     def respond(self, status: int, fields: Sequence[tuple[str, str]], parts: Sequence[Buffer], /) -> bool:
         """The whole answer (Content-Length, and Connection: close when the connection ends with it
         are added); False if the request is over."""

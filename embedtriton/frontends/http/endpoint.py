@@ -20,7 +20,7 @@ from .. import kserve, security
 from ..descriptors import connection_cap
 from .answers import EventStream, Refused, encode, sse_event
 from .options import HttpOptions
-from .rest import PendingInfer, RestApi
+from .rest import PendingInfer, RestApi, answering
 
 log = logging.getLogger("embedtriton")
 
@@ -40,12 +40,15 @@ class _InferReply:
         self.api, self.call, self.pending, self.accept, self.url = api, call, pending, accept, url
 
     def __call__(self, outputs: dict[str, Any] | None, error: BaseException | None) -> None:
-        try:
-            if error is not None:
-                raise error
-            status, payload = 200, self.api.encode_infer(self.pending, outputs)  # type: ignore[arg-type]
-        except Exception as exc:
-            status, payload = self.api.failed(exc, "inference", "POST", self.url)
+        # (the error is not raised here: its traceback would hold this frame, and so the call,
+        # in a cycle that only the garbage collector breaks)
+        if error is None:
+            try:
+                status, payload = 200, self.api.encode_infer(self.pending, outputs)  # type: ignore[arg-type]
+            except Exception as exc:
+                status, payload = self.api.failed(exc, "inference", "POST", self.url)
+        else:
+            status, payload = self.api.failed(error, "inference", "POST", self.url)  # type: ignore[arg-type]
         _respond(self.call, status, payload, self.accept)
 
 
@@ -181,7 +184,10 @@ class RestEndpoint(RestApi):
                 pairs = forwarded if forwarded is not None else [(k.decode("latin-1"), v) for k, v in headers.items()]
                 found = security.forwarded(self.options.forward, pairs)
             pending = self.decode_infer(model, name, version, headers, body, found)
-            pending.decoded.model.submit(pending.decoded.request, None, _InferReply(self, call, pending, accept, url))
+            reply = _InferReply(self, call, pending, accept, url)
+            handle = pending.decoded.model.submit(pending.decoded.request, None, reply, cancellable=True)
+            if handle is not None:
+                call.on_gone = handle.cancel  # its client left: Triton drops it (or its answer goes nowhere)
         except Exception as exc:
             status, payload = self.failed(exc, "inference", "POST", url)
             _respond(call, status, payload, accept if status == 200 else None)
@@ -190,6 +196,7 @@ class RestEndpoint(RestApi):
     async def _answer(
         self, call: Any, method: str, url: str, headers: dict[bytes, bytes], body: bytes, forwarded: Any
     ) -> None:
+        answering.set(call)  # (this task's: an inference it submits is cancelled if the client leaves)
         status, payload = await self.answer(method, url, headers, body, forwarded)
         if isinstance(payload, EventStream):
             task = asyncio.current_task()

@@ -14,6 +14,7 @@ gRPC, then ``Model.submit``. Errors are Triton's JSON ``{"error": ...}`` with Tr
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import math
@@ -35,6 +36,10 @@ from .options import HttpOptions
 
 # A route's handler: (lower-cased headers, body, forwarded headers) -> (status, answer)
 log = logging.getLogger("embedtriton")
+
+# The transport's call (an _h2.HttpCall) of the request the current task answers, where there is
+# one (endpoint.py sets it): an inference submitted for it is cancelled if its client leaves.
+answering: contextvars.ContextVar[Any] = contextvars.ContextVar("answering", default=None)
 Handler = Callable[[dict[bytes, bytes], bytes, Any], Awaitable[tuple[int, Any]]]
 
 # /v2/models/{m}[/versions/{v}]/<action> -> Triton's restricted-API group (http_server.cc)
@@ -262,7 +267,10 @@ class RestApi:
         pending = self.decode_infer(model, name, version, headers, body, forwarded)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        pending.decoded.model.submit(pending.decoded.request, loop, future)
+        handle = pending.decoded.model.submit(pending.decoded.request, loop, future, cancellable=True)
+        call = answering.get()
+        if call is not None and handle is not None:
+            call.on_gone = handle.cancel  # its client left: Triton drops it, and answers CANCELLED
         return self.encode_infer(pending, await future)
 
     def decode_infer(

@@ -175,7 +175,8 @@ static int reply(PyObject* call, void* message, int code, const char* text)
   return finish_call(self, code, text, strlen(text)) == 1;
 }
 
-const H2Reply h2_reply = {reply_message, reply, reply_discard, &CallType, h1_reply, &HttpCallType};
+const H2Reply h2_reply = {reply_message, reply,         reply_discard, &CallType,
+                          h1_reply,      &HttpCallType, h1_on_gone};
 
 static PyObject* Call_set_compression(CallObject* self, PyObject* arg)
 {

@@ -241,6 +241,7 @@ extern PyTypeObject ServerType, CallType;
 extern const H2Reply h2_reply;    /* (call.c) the C interface of h2_reply.h, module._REPLY */
 extern PyTypeObject HttpCallType; /* (http1_server.c) */
 int h1_reply(PyObject* call, int status, const char* fields, const void* body, size_t len);
+int h1_on_gone(PyObject* call, PyObject* fn);
 
 #define RBUF_SIZE (256 * 1024)
 /* What one connection may read per loop iteration, TLS or not, so that one fast sender cannot hold

@@ -26,6 +26,11 @@
  * of answers its client has not read; at most MAX_INFLIGHT of its requests are with Python at
  * once, and none is handed over while its answers are over BUF_HIGH.
  *
+ * A client that leaves (its connection closed, reset, or shut for writing by the client) before
+ * a request it sent was answered: the request's call is "lost" and its on_gone is called in the
+ * next dispatch (the endpoint cancels the request's work in Triton); an answer that still comes
+ * is written if the connection can take it (a client that only shut its sending side reads it).
+ *
  * Lifetimes: an HReq exists from its parse until its answer is written (or its connection
  * closes). It owns one reference to its HttpCall (created at dispatch, with the GIL), released
  * in the next dispatch after the HReq is freed (the IO thread frees it without the GIL).
@@ -180,6 +185,8 @@ struct HttpServerObject {
   size_t ntodo, captodo;
   HttpCallObject** done; /* calls to release (their requests are over) */
   size_t ndone, capdone;
+  HttpCallObject** lost; /* calls whose clients left unanswered: on_gone is called (borrowed: */
+  size_t nlost, caplost; /*   their requests, or done, hold them until dispatch has called it) */
   HConn** work;
   size_t capwork;
   HttpServerObject* reg_next;
@@ -195,6 +202,8 @@ struct HttpCallObject {
   HReq* req;             /* guarded by srv->mu; NULL once the request is over */
   int streaming;         /* (GIL) begin() was called */
   int keep_alive;
+  int lost;          /* (IO thread, under mu) its client left before its answer was complete */
+  PyObject* on_gone; /* (GIL) called once if it is lost: the work for it is cancelled */
 };
 
 extern PyTypeObject HttpServerType, HttpCallType;
@@ -212,6 +221,7 @@ int h1_idle(HConn* c);
 void h1_req_free(HttpServerObject* srv, HReq* r);
 void h1_refuse(HConn* c, int status, const char* message);
 void h1_schedule(HConn* c);
+void h1_lost_locked(HttpServerObject* srv, HReq* r);
 
 /* ---- http1_loop.c, http1_server.c ------------------------------------------ */
 

@@ -54,10 +54,25 @@ static void pending_set(HConn* c, int on)
 /* ------------------------------------------------------------------------ */
 /* requests                                                                  */
 
+/* r's call (if it was handed over) lost its client before the answer was complete: listed for
+ * the next dispatch, which calls its on_gone. Holds mu (r->done is read under it). */
+void h1_lost_locked(HttpServerObject* srv, HReq* r)
+{
+  HttpCallObject* call = r->call;
+  if (!call || r->done || call->lost) return;
+  call->lost = 1;
+  if (srv->nlost == srv->caplost) {
+    srv->caplost = srv->caplost ? srv->caplost * 2 : 64;
+    srv->lost = xrealloc(srv->lost, srv->caplost * sizeof *srv->lost);
+  }
+  srv->lost[srv->nlost++] = call;
+}
+
 void h1_req_free(HttpServerObject* srv, HReq* r)
 {
   pthread_mutex_lock(&srv->mu);
   HttpCallObject* call = r->call;
+  h1_lost_locked(srv, r);
   if (call) call->req = NULL;
   OutBuf* q = r->qh;
   size_t queued = 0;
@@ -271,6 +286,12 @@ void h1_readable(HConn* c)
     }
     if (n == 0) { /* the client is done sending: answer what it sent, then close */
       c->eof = 1;
+      /* a client that closed and one that only shut its sending side look alike here: the
+       * work of its requests still under way is cancelled either way (as Go's net/http and
+       * nginx take it), and their answers are still written while the connection takes them */
+      pthread_mutex_lock(&c->srv->mu);
+      for (HReq* r = c->qhead; r; r = r->next) h1_lost_locked(c->srv, r);
+      pthread_mutex_unlock(&c->srv->mu);
       c->in_request = 0;
       h1_update_events(c);
       break;

@@ -143,6 +143,8 @@ static HttpCallObject* make_call(HttpServerObject* srv, HReq* r)
   call->srv = (HttpServerObject*)Py_NewRef(srv);
   call->streaming = 0;
   call->keep_alive = r->keep_alive && !r->refused;
+  call->lost = 0;
+  call->on_gone = NULL;
   pthread_mutex_lock(&srv->mu);
   call->req = r;
   pthread_mutex_unlock(&srv->mu);
@@ -199,18 +201,38 @@ static void release_gone(HttpCallObject** gone, size_t n)
   free(gone);
 }
 
+/* The calls whose clients left before their answers (h1_lost_locked): each one's on_gone, once. */
+static void call_lost(HttpServerObject* srv)
+{
+  for (size_t i = 0; i < srv->nlost; i++) {
+    HttpCallObject* call = srv->lost[i];
+    PyObject* fn = call->on_gone;
+    call->on_gone = NULL;
+    if (fn == NULL) continue;
+    PyObject* res = PyObject_CallNoArgs(fn);
+    if (res) Py_DECREF(res);
+    else PyErr_WriteUnraisable(fn);
+    Py_DECREF(fn);
+  }
+  srv->nlost = 0;
+}
+
 static void dispatch(HttpServerObject* srv)
 {
   size_t ngone;
   pthread_mutex_lock(&srv->mu);
   HttpCallObject** gone = take_gone_locked(srv, &ngone);
-  srv->in_dispatch = srv->ntodo || srv->ndone || ngone;
+  srv->in_dispatch = srv->ntodo || srv->ndone || srv->nlost || ngone;
   pthread_mutex_unlock(&srv->mu);
   srv->gone_waiting = 0;
   if (!srv->in_dispatch) return;
   PyEval_RestoreThread(srv->tstate);
+  call_lost(srv); /* (before done's references go: some of them hold these calls) */
   release_gone(gone, ngone);
-  for (size_t i = 0; i < srv->ndone; i++) Py_DECREF(srv->done[i]);
+  for (size_t i = 0; i < srv->ndone; i++) { /* (on_gone may hold what holds the call: a cycle) */
+    Py_CLEAR(srv->done[i]->on_gone);
+    Py_DECREF(srv->done[i]);
+  }
   srv->ndone = 0;
   for (size_t i = 0; i < srv->ntodo; i++) {
     HReq* r = srv->todo[i];
@@ -299,7 +321,7 @@ void* h1_main(void* arg)
   srv->next_sweep = srv->now + srv->sweep_every;
   for (;;) {
     int timeout = -1;
-    if (srv->ntodo || srv->ndone || srv->pend || srv->gone_waiting) {
+    if (srv->ntodo || srv->ndone || srv->nlost || srv->pend || srv->gone_waiting) {
       timeout = 0;
     } else {
       double wake_at = srv->conns || srv->accept_at > 0 ? srv->next_sweep : -1;
@@ -358,7 +380,7 @@ void* h1_main(void* arg)
     }
     if (srv->stopping && !srv->conns) {
       srv->ntodo = 0; /* (their connections are gone) */
-      if (!srv->ndone) break;
+      if (!srv->ndone && !srv->nlost) break;
     }
   }
   PyEval_RestoreThread(srv->tstate);

@@ -323,8 +323,43 @@ static PyObject* HttpCall_get_open(HttpCallObject* self, void* closure)
   return PyBool_FromLong(open);
 }
 
+/* With the GIL: fn (None: none) is called once if the call's client leaves before its answer is
+ * complete; at once if it already has. 0, or -1 with an exception (fn raised). */
+int h1_on_gone(PyObject* call, PyObject* fn)
+{
+  HttpCallObject* self = (HttpCallObject*)call;
+  HttpServerObject* srv = self->srv;
+  pthread_mutex_lock(&srv->mu);
+  int lost = self->lost;
+  pthread_mutex_unlock(&srv->mu);
+  if (lost && fn != Py_None) { /* (its dispatch found no on_gone, or will find none) */
+    PyObject* res = PyObject_CallNoArgs(fn);
+    Py_XDECREF(res);
+    return res ? 0 : -1;
+  }
+  Py_XSETREF(self->on_gone, fn != Py_None ? Py_NewRef(fn) : NULL);
+  return 0;
+}
+
+static PyObject* HttpCall_get_on_gone(HttpCallObject* self, void* closure)
+{
+  (void)closure;
+  return Py_NewRef(self->on_gone ? self->on_gone : Py_None);
+}
+
+static int HttpCall_set_on_gone(HttpCallObject* self, PyObject* fn, void* closure)
+{
+  (void)closure;
+  if (fn == NULL || (fn != Py_None && !PyCallable_Check(fn))) {
+    PyErr_SetString(PyExc_TypeError, "on_gone must be a callable or None");
+    return -1;
+  }
+  return h1_on_gone((PyObject*)self, fn);
+}
+
 static void HttpCall_dealloc(HttpCallObject* self)
 {
+  Py_CLEAR(self->on_gone);
   HttpServerObject* srv = self->srv;
   pthread_mutex_lock(&srv->mu);
   if (self->req) self->req->call = NULL; /* (the request holds a reference: not reached) */
@@ -349,6 +384,11 @@ static PyMethodDef HttpCall_methods[] = {
 
 static PyGetSetDef HttpCall_getset[] = {
     {"open", (getter)HttpCall_get_open, NULL, "the request's connection is still open", NULL},
+    {"on_gone", (getter)HttpCall_get_on_gone, (setter)HttpCall_set_on_gone,
+     "a callable (or None) called once, with no arguments, on the server's IO thread if the "
+     "request's client leaves (closes, resets or shuts its sending side) before its answer is "
+     "complete: the work for it should stop. Called at once if it already left.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 PyTypeObject HttpCallType = {
@@ -524,6 +564,7 @@ static void HttpServer_dealloc(HttpServerObject* self)
   if (self->ssl_ctx) ossl.SSL_CTX_free(self->ssl_ctx);
   free(self->todo);
   free(self->done);
+  free(self->lost);
   free(self->work);
   free(self->gone); /* (empty: each call in it holds the server) */
   pthread_mutex_destroy(&self->mu);

@@ -526,6 +526,16 @@ done:
   return result;
 }
 
+/* The HTTP call's on_gone for a request taken: its client left, so it is cancelled in Triton. */
+static PyObject* cancel_taken(PyObject* handle, PyObject* unused)
+{
+  (void)unused;
+  call_cancel((Call*)PyCapsule_GetPointer(handle, "embedtriton.request"));
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef cancel_taken_def = {"cancel", cancel_taken, METH_NOARGS, NULL};
+
 /* A URL segment as a str: printable ASCII, no escapes (else NULL, no exception). */
 static PyObject* url_text(const char* p, size_t n)
 {
@@ -582,7 +592,13 @@ static int http_fast(PyObject* call, const char* url, size_t url_len, const uint
       got = Py_NewRef(Py_None);
     }
   }
-  if (got != NULL && PyCapsule_CheckExact(got)) taken = 1;
+  if (got != NULL && PyCapsule_CheckExact(got)) {
+    taken = 1; /* (a client that leaves cancels it: the call holds the handle until it goes) */
+    PyObject* cancel = PyCFunction_New(&cancel_taken_def, got);
+    if (cancel == NULL || h2->http_on_gone(call, cancel) < 0)
+      PyErr_WriteUnraisable(PyTuple_GET_ITEM(ctx, 3));
+    Py_XDECREF(cancel);
+  }
   if (PyErr_Occurred()) /* (admit() raised, out of memory): the Python path answers, or says so */
     PyErr_WriteUnraisable(PyTuple_GET_ITEM(ctx, 3));
   Py_XDECREF(got);

@@ -15,7 +15,10 @@
  *       embedtriton._h2.HttpCall, http_call_type) whole, as HttpCall.respond() does: the status
  *       line, `fields` ("Name: value\r\n" lines, NUL-terminated, trusted), Content-Length and the
  *       body (copied). Returns whether the request was still open. Any thread, no GIL; takes
- *       the caller's reference to call over (the server's IO thread releases it). */
+ *       the caller's reference to call over (the server's IO thread releases it).
+ *   http_on_gone(call, fn): with the GIL, as setting HttpCall.on_gone: fn (a callable, or None) is
+ *       called once, with no arguments, if the request's client leaves before its answer is
+ *       complete (at once if it already has). 0, or -1 with an exception. */
 #ifndef EMBEDTRITON_H2_REPLY_H
 #define EMBEDTRITON_H2_REPLY_H
 
@@ -32,6 +35,7 @@ typedef struct H2Reply {
   PyTypeObject* call_type;
   int (*http_reply)(PyObject* call, int status, const char* fields, const void* body, size_t len);
   PyTypeObject* http_call_type;
+  int (*http_on_gone)(PyObject* call, PyObject* fn);
 } H2Reply;
 
 #endif
