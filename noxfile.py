@@ -58,6 +58,10 @@ TEST_TOOLS = (
 PYTRITON_CLIENT_DEPS = ("typing_inspect", "wrapt", "pyzmq", "sh", "typer", "importlib_metadata")
 
 
+# The test sessions' pytest: each test limited to 120 s; the slowest 15 listed (where CI's time goes).
+PYTEST = ("pytest", "-q", "--timeout", "120", "--durations=15")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite through the real Triton runtime, on current releases (numpy 2,
@@ -69,7 +73,7 @@ def tests(session: nox.Session) -> None:
     )  # fmt: skip
     # Current tritonclient wheels ship no perf_analyzer: its tests skip here and run in tests-oldest
     # (CI's EMBEDTRITON_REQUIRE_PERF_ANALYZER is for that session).
-    session.run("pytest", "-q", "--timeout", "120", *session.posargs, env={"EMBEDTRITON_REQUIRE_PERF_ANALYZER": ""})
+    session.run(*PYTEST, *session.posargs, env={"EMBEDTRITON_REQUIRE_PERF_ANALYZER": ""})
 
 
 @nox.session(name="tests-oldest", python=oldest_python())
@@ -91,7 +95,7 @@ def tests_oldest(session: nox.Session) -> None:
     # ./dev on the system's own Python needs none of these versions, and the test pip-installs nox
     # from PyPI (~100 s): it runs once, in the tests session.
     once = "tests/test_frictions.py::test_dev_runs_nox_with_an_externally_managed_system_python"
-    session.run("pytest", "-q", "--timeout", "120", "--deselect", once, *session.posargs)
+    session.run(*PYTEST, "--deselect", once, *session.posargs)
 
 
 # What `nox -s lint` checks with, pinned: a new mypy or clang-format release can judge the same
