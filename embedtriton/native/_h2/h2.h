@@ -239,7 +239,7 @@ struct CallObject {
 
 extern PyTypeObject ServerType, CallType;
 extern const H2Reply h2_reply;    /* (call.c) the C interface of h2_reply.h, module._REPLY */
-extern PyTypeObject HttpCallType; /* (http1_server.c) */
+extern PyTypeObject HttpCallType; /* (http1_call.c) */
 int h1_reply(PyObject* call, int status, const char* fields, const void* body, size_t len);
 int h1_on_gone(PyObject* call, PyObject* fn);
 

@@ -40,7 +40,8 @@
  *   http1_parse.c   the request parser (no Python, no IO)
  *   http1_conn.c    connections: reading, parsing into requests, writing, accepting, timers
  *   http1_loop.c    the IO thread: its loop, dispatch to Python, stopping
- *   http1_server.c  the HttpServer and HttpCall types
+ *   http1_server.c  the HttpServer type
+ *   http1_call.c    the HttpCall type, http_reply (h2_reply.h) and on_gone
  */
 #ifndef EMBEDTRITON_HTTP1_H
 #define EMBEDTRITON_HTTP1_H
