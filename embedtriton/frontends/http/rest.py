@@ -34,12 +34,13 @@ from .answers import Binary, Refused, Text, decompress, status_of
 from .generate import generate
 from .options import HttpOptions
 
-# A route's handler: (lower-cased headers, body, forwarded headers) -> (status, answer)
 log = logging.getLogger("embedtriton")
 
 # The transport's call (an _h2.HttpCall) of the request the current task answers, where there is
 # one (endpoint.py sets it): an inference submitted for it is cancelled if its client leaves.
 answering: contextvars.ContextVar[Any] = contextvars.ContextVar("answering", default=None)
+
+# A route's handler: (lower-cased headers, body, forwarded headers) -> (status, answer)
 Handler = Callable[[dict[bytes, bytes], bytes, Any], Awaitable[tuple[int, Any]]]
 
 # /v2/models/{m}[/versions/{v}]/<action> -> Triton's restricted-API group (http_server.cc)
