@@ -530,7 +530,9 @@ done:
 static PyObject* cancel_taken(PyObject* handle, PyObject* unused)
 {
   (void)unused;
-  call_cancel((Call*)PyCapsule_GetPointer(handle, "embedtriton.request"));
+  Call* c = (Call*)PyCapsule_GetPointer(handle, "embedtriton.request");
+  if (c == NULL) return NULL;
+  call_cancel(c);
   Py_RETURN_NONE;
 }
 
