@@ -31,6 +31,8 @@ class _Stats(TypedDict):
     idle_closed: int
     handshake_timeouts: int
     buffer_resets: int
+    evicted: int
+    written_now: int  # answers in C written by the thread that made them, the IO thread asleep
 
 @final
 class Server:
@@ -106,6 +108,7 @@ class _HttpStats(TypedDict):
     paused_now: int
     held_bytes: int
     buffered_bytes: int
+    written_now: int  # answers in C the thread that made them began to write
 
 # on_request(call, method, url, headers (lower-cased names: first value), body, names as sent or None)
 _OnRequest: TypeAlias = Callable[

@@ -46,8 +46,9 @@ static void refuse_large(CallObject* self, size_t len)
 }
 
 /* Queue one message (prefixed, compressed with enc or not) on the call's stream; takes ob over.
- * Returns whether it was queued (not when the call is over or over its buffer limits). */
-static int queue_message(CallObject* self, OutBuf* ob, int enc)
+ * Returns whether it was queued (not when the call is over or over its buffer limits). With
+ * need_wake, the IO thread is not woken: *need_wake says whether it must be. */
+static int queue_message(CallObject* self, OutBuf* ob, int enc, int* need_wake)
 {
   ServerObject* srv = self->srv;
   int queued = 0, w = 0;
@@ -83,12 +84,14 @@ static int queue_message(CallObject* self, OutBuf* ob, int enc)
   }
   pthread_mutex_unlock(&srv->mu);
   if (!queued) free(ob);
-  if (w) wake(srv);
+  if (need_wake) *need_wake |= w;
+  else if (w) wake(srv);
   return queued;
 }
 
-/* finish(code, message) of a call: whether it was still open; -1 when out of memory. */
-static int finish_call(CallObject* self, int code, const char* msg, size_t msglen)
+/* finish(code, message) of a call: whether it was still open; -1 when out of memory. need_wake as
+ * for queue_message. */
+static int finish_call(CallObject* self, int code, const char* msg, size_t msglen, int* need_wake)
 {
   ServerObject* srv = self->srv;
   char* enc = percent_encode(msg, msglen);
@@ -98,7 +101,8 @@ static int finish_call(CallObject* self, int code, const char* msg, size_t msgle
   if (self->st) done = finish_locked(srv, self->st, code, enc, 1, &w);
   else free(enc);
   pthread_mutex_unlock(&srv->mu);
-  if (w) wake(srv);
+  if (need_wake) *need_wake |= w;
+  else if (w) wake(srv);
   return done;
 }
 
@@ -134,7 +138,7 @@ static PyObject* Call_send(CallObject* self, PyObject* arg)
     memcpy(ob->data + 5, b.buf, len);
   }
   PyBuffer_Release(&b);
-  return PyBool_FromLong(queue_message(self, ob, enc));
+  return PyBool_FromLong(queue_message(self, ob, enc, NULL));
 }
 
 /* ---- the C interface (h2_reply.h): a unary call answered without the GIL ---- */
@@ -155,6 +159,7 @@ static int reply(PyObject* call, void* message, int code, const char* text)
 {
   CallObject* self = (CallObject*)call;
   OutBuf* ob = message;
+  int w = 0;
   if (ob) {
     size_t len = ob->len - 5;
     if (len > self->srv->max_msg) {
@@ -170,9 +175,14 @@ static int reply(PyObject* call, void* message, int code, const char* text)
         ob = z;
       }
     }
-    if (!queue_message(self, ob, enc)) return 0;
+    if (!queue_message(self, ob, enc, &w)) {
+      if (w) write_or_wake(self->srv);
+      return 0;
+    }
   }
-  return finish_call(self, code, text, strlen(text)) == 1;
+  int done = finish_call(self, code, text, strlen(text), &w) == 1;
+  if (w) write_or_wake(self->srv); /* (this thread writes the answer if the IO thread sleeps) */
+  return done;
 }
 
 const H2Reply h2_reply = {reply_message, reply,         reply_discard, &CallType,
@@ -212,7 +222,7 @@ static PyObject* Call_finish(CallObject* self, PyObject* args, PyObject* kw)
   Py_ssize_t msglen = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "i|s#:finish", kwlist, &code, &msg, &msglen))
     return NULL;
-  int done = finish_call(self, code, msg, (size_t)msglen);
+  int done = finish_call(self, code, msg, (size_t)msglen, NULL);
   if (done < 0) return PyErr_NoMemory();
   return PyBool_FromLong(done);
 }

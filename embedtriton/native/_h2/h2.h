@@ -189,6 +189,11 @@ struct ServerObject {
   nghttp2_session_callbacks* cbs;
   SSL_CTX* ssl_ctx;
 
+  /* Held by the IO thread but while it waits in epoll_wait, when a thread that answered a call may
+   * take it (write_or_wake) and write the answer itself; io_waiting: it is so waiting. */
+  pthread_mutex_t io_mu;
+  int io_waiting;
+
   /* guarded by mu */
   pthread_mutex_t mu;
   Stream* dirty_head;
@@ -219,7 +224,7 @@ struct ServerObject {
 
   /* counters written by the IO thread, read by stats() (relaxed atomics) */
   uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets,
-      n_evicted;
+      n_evicted, n_written_now;
   int64_t n_open;
 };
 
@@ -312,6 +317,7 @@ void sweep(ServerObject* srv);
 /* ---- loop.c, server.c: the IO thread and the registry -------------------- */
 
 void* io_main(void* arg);
+void write_or_wake(ServerObject* srv);
 PyObject* stop_all_servers(PyObject* mod, PyObject* unused);
 SSL_CTX* tls_context(PyObject* tls, const char* libpath, int h2);
 int listen_on(const char* host, int port, int* fd_out, int* bound);

@@ -139,6 +139,7 @@ struct HConn {
   size_t buffered; /* answer bytes queued (in its requests' queues and out): under mu */
   int dirty;       /* under mu */
   int aborted;     /* under mu: HttpCall.abort() asked to close it now */
+  int writer;      /* under mu: a thread is writing to it (h1_flush, or h1_reply's direct write) */
   HConn* dnext;
   double accepted_at, idle_since;
   char peer[PEER_LEN];
@@ -193,7 +194,7 @@ struct HttpServerObject {
   HttpServerObject* reg_next;
   /* counters (relaxed atomics) */
   uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_evicted, n_requests, n_timeouts,
-      n_paused;
+      n_paused, n_written_now;
   int64_t n_open, g_paused, g_held, g_buffered; /* gauges: now paused, bytes held and buffered */
 };
 

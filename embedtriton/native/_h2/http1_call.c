@@ -3,7 +3,9 @@
  * for C, and on_gone, the hook called if its client leaves before the answer. */
 #include "http1.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <sys/socket.h>
 
 static const char* reason(int status)
 {
@@ -192,6 +194,49 @@ static char* put_size(char* p, size_t n)
   return p;
 }
 
+/* A whole answer written on this thread (h1_reply, no GIL), when it is the connection's next one
+ * and nothing else is being written to it (plain TCP): the client reads it without waiting for the
+ * IO thread to wake, which then retires the request. 1 when it took ob (what the socket did not
+ * take is queued for the IO thread); 0 when the IO thread must write it (enqueue). */
+static int write_now(HttpCallObject* self, OutBuf* ob)
+{
+  HttpServerObject* srv = self->srv;
+  pthread_mutex_lock(&srv->mu);
+  HReq* r = self->req;
+  HConn* c = r != NULL ? r->conn : NULL;
+  /* (c->qhead and c->wh change only while c->writer is set, or, for qhead, while it is NULL) */
+  if (c == NULL || c->ssl != NULL || c->writer || c->aborted || c->wh != NULL || c->qhead != r ||
+      r->answered) {
+    pthread_mutex_unlock(&srv->mu);
+    return 0;
+  }
+  c->writer = 1;
+  r->answered = r->done = 1;
+  pthread_mutex_unlock(&srv->mu);
+  ssize_t w;
+  do w = send(c->fd, ob->data, ob->len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (w < 0 && errno == EINTR);
+  int failed = w < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
+  size_t sent = w > 0 ? (size_t)w : 0;
+  pthread_mutex_lock(&srv->mu);
+  if (failed) {
+    c->aborted = 1; /* (the IO thread closes it) */
+  } else if (sent < ob->len) {
+    ob->off = sent;
+    c->wh = c->wt = ob;
+    c->buffered += ob->len - sent;
+    STAT_ADD(srv->g_buffered, (int64_t)(ob->len - sent));
+    ob = NULL;
+  }
+  c->writer = 0;
+  STAT_ADD(srv->n_written_now, 1);
+  int wake = h1_mark_dirty_locked(srv, c);
+  pthread_mutex_unlock(&srv->mu);
+  free(ob);
+  if (wake) h1_wake(srv);
+  return 1;
+}
+
 /* The C interface (h2_reply.h, http_reply): a whole answer from any thread, without the GIL.
  * `fields`: preformatted "Name: value\r\n" lines (ours, not a client's); the body is copied.
  * Takes the caller's reference to call over. */
@@ -217,7 +262,7 @@ int h1_reply(PyObject* call, int status, const char* fields, const void* body, s
   p = put_text(p, self->keep_alive ? "\r\n\r\n" : "\r\nConnection: close\r\n\r\n");
   if (len) memcpy(p, body, len);
   ob->len = (size_t)(p + len - (char*)ob->data);
-  int open = enqueue(self, ob, 0, 1);
+  int open = write_now(self, ob) || enqueue(self, ob, 0, 1);
   give_back(self);
   return open;
 }

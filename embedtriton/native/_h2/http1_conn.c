@@ -316,10 +316,28 @@ out:
 
 /* Write what the connection holds; take the oldest request's answer as it comes, and move on to
  * the next request once an answer is complete and written. */
+static void flush_owned(HConn* c);
+
+/* Write what is queued, if no other thread is writing to c (h1_reply's direct write, which marks
+ * c dirty when it is done: it is flushed again then). */
 void h1_flush(HConn* c)
 {
   HttpServerObject* srv = c->srv;
   if (c->dead || c->handshaking) return;
+  pthread_mutex_lock(&srv->mu);
+  int mine = !c->writer;
+  c->writer = 1;
+  pthread_mutex_unlock(&srv->mu);
+  if (!mine) return;
+  flush_owned(c);
+  pthread_mutex_lock(&srv->mu);
+  c->writer = 0;
+  pthread_mutex_unlock(&srv->mu);
+}
+
+static void flush_owned(HConn* c)
+{
+  HttpServerObject* srv = c->srv;
   for (;;) {
     size_t wrote = 0;
     int blocked = 0;

@@ -376,7 +376,13 @@ void* h1_main(void* arg)
     HConn* next;
     for (HConn* c = srv->conns; c; c = next) {
       next = c->next;
-      if (c->dead || (srv->stopping && (srv->hard || c->handshaking || h1_idle(c)))) h1_close(c);
+      if (c->dead || (srv->stopping && (srv->hard || c->handshaking || h1_idle(c)))) {
+        pthread_mutex_lock(&srv->mu);
+        int writing = c->writer; /* (h1_reply's direct write: closed once it is done) */
+        c->writer = 1;           /* (closing: nobody else writes to it from here on) */
+        pthread_mutex_unlock(&srv->mu);
+        if (!writing) h1_close(c);
+      }
     }
     if (srv->stopping && !srv->conns) {
       srv->ntodo = 0; /* (their connections are gone) */

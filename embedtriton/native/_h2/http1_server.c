@@ -204,7 +204,7 @@ static PyObject* HttpServer_stats(HttpServerObject* self, PyObject* unused)
 {
   (void)unused;
   return Py_BuildValue(
-      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:L,s:L}", "connections",
+      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:L,s:L,s:K}", "connections",
       (long long)STAT_GET(self->n_open), "accepted", (unsigned long long)STAT_GET(self->n_accepted),
       "refused", (unsigned long long)STAT_GET(self->n_refused), "emfile",
       (unsigned long long)STAT_GET(self->n_emfile), "evicted",
@@ -214,7 +214,8 @@ static PyObject* HttpServer_stats(HttpServerObject* self, PyObject* unused)
       (unsigned long long)STAT_GET(self->n_timeouts), "paused",
       (unsigned long long)STAT_GET(self->n_paused), "paused_now",
       (long long)STAT_GET(self->g_paused), "held_bytes", (long long)STAT_GET(self->g_held),
-      "buffered_bytes", (long long)STAT_GET(self->g_buffered));
+      "buffered_bytes", (long long)STAT_GET(self->g_buffered), "written_now",
+      (unsigned long long)STAT_GET(self->n_written_now));
 }
 
 static PyMethodDef HttpServer_methods[] = {
@@ -228,7 +229,8 @@ static PyMethodDef HttpServer_methods[] = {
      "stats() -> dict of counters: connections (open now), accepted, refused, emfile, evicted, "
      "idle_closed, requests, request_timeouts, paused (times a connection was read no further "
      "for backpressure); gauges: paused_now (connections not read now), held_bytes (requests read, "
-     "not yet handed over), buffered_bytes (answers not yet written)"},
+     "not yet handed over), buffered_bytes (answers not yet written); written_now: answers the "
+     "thread that made them began to write (the IO thread did not have to wake for them)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef HttpServer_members[] = {

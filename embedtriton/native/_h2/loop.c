@@ -117,8 +117,8 @@ static void dispatch(ServerObject* srv)
   srv->tstate = PyEval_SaveThread();
 }
 
-/* Apply what send()/finish() queued. */
-static void apply_dirty(ServerObject* srv)
+/* Apply what send()/finish() queued: the number of streams (in srv->work). */
+static size_t apply_dirty(ServerObject* srv)
 {
   size_t n = 0;
   pthread_mutex_lock(&srv->mu);
@@ -189,6 +189,28 @@ static void apply_dirty(ServerObject* srv)
       st->headers_sent = st->trailers_sent = 1;
     }
   }
+  return n;
+}
+
+/* What send()/finish() queued, from a thread that is not the IO thread (a C answer, h2_reply.h):
+ * written now when the IO thread waits in epoll_wait, as it would after the wake-up, which on a VM
+ * is slow to come (tens of µs: its idle vCPU halts); the IO thread is woken all the same, to retire
+ * the calls. When the IO thread is busy it writes the answer itself in its iteration. */
+void write_or_wake(ServerObject* srv)
+{
+  if (pthread_mutex_trylock(&srv->io_mu) == 0) {
+    if (srv->io_waiting) {
+      size_t n = apply_dirty(srv);
+      for (size_t i = 0; i < n; i++)
+        if (srv->work[i]->conn) conn_flush(srv->work[i]->conn);
+      STAT_ADD(srv->n_written_now, 1);
+      pthread_mutex_lock(&srv->mu);
+      srv->wake_pending = 1; /* (the wake-up below) */
+      pthread_mutex_unlock(&srv->mu);
+    }
+    pthread_mutex_unlock(&srv->io_mu);
+  }
+  wake(srv);
 }
 
 static void begin_stop(ServerObject* srv, double grace)
@@ -215,6 +237,7 @@ void* io_main(void* arg)
   ServerObject* srv = arg;
   PyGILState_STATE gs = PyGILState_Ensure();
   srv->tstate = PyEval_SaveThread();
+  pthread_mutex_lock(&srv->io_mu);
   struct epoll_event evs[128];
   srv->now = now_s();
   srv->next_sweep = srv->now + srv->sweep_every;
@@ -233,7 +256,11 @@ void* io_main(void* arg)
         timeout = left <= 0 ? 0 : (int)(left * 1000) + 1;
       }
     }
+    srv->io_waiting = timeout != 0; /* (write_or_wake may write meanwhile) */
+    if (timeout != 0) pthread_mutex_unlock(&srv->io_mu);
     int n = epoll_wait(srv->epfd, evs, 128, timeout);
+    if (timeout != 0) pthread_mutex_lock(&srv->io_mu);
+    srv->io_waiting = 0;
     if (n < 0) n = 0;
     srv->now = now_s();
     srv->iter++;
@@ -290,6 +317,7 @@ void* io_main(void* arg)
     }
     if (srv->stopping && !srv->conns && !srv->nev) break;
   }
+  pthread_mutex_unlock(&srv->io_mu);
   PyEval_RestoreThread(srv->tstate);
   /* Empty this thread's Python state while it is still the current one: PyGILState_Release
    * clears it after detaching, and some extensions' objects that a collection on this thread

@@ -153,6 +153,7 @@ static PyObject* Server_new(PyTypeObject* type, PyObject* args, PyObject* kw)
   self->listen_fd = self->epfd = self->evfd = self->reserve_fd = -1;
   pthread_mutex_init(&self->mu, NULL);
   pthread_mutex_init(&self->join_mu, NULL);
+  pthread_mutex_init(&self->io_mu, NULL);
   (void)args, (void)kw;
   return (PyObject*)self;
 }
@@ -334,13 +335,14 @@ static void Server_dealloc(ServerObject* self)
   free(self->rbuf);
   pthread_mutex_destroy(&self->mu);
   pthread_mutex_destroy(&self->join_mu);
+  pthread_mutex_destroy(&self->io_mu);
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
 static PyObject* Server_stats(ServerObject* self, PyObject* unused)
 {
   (void)unused;
-  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "connections",
+  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "connections",
                        (long long)STAT_GET(self->n_open), "buffer_resets",
                        (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted",
                        (unsigned long long)STAT_GET(self->n_accepted), "refused",
@@ -348,7 +350,8 @@ static PyObject* Server_stats(ServerObject* self, PyObject* unused)
                        (unsigned long long)STAT_GET(self->n_emfile), "idle_closed",
                        (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
                        (unsigned long long)STAT_GET(self->n_handshake_timeouts), "evicted",
-                       (unsigned long long)STAT_GET(self->n_evicted));
+                       (unsigned long long)STAT_GET(self->n_evicted), "written_now",
+                       (unsigned long long)STAT_GET(self->n_written_now));
 }
 
 static PyMethodDef Server_methods[] = {
@@ -361,7 +364,8 @@ static PyMethodDef Server_methods[] = {
      "descriptors, with a call open on every connection), emfile (accepts that failed for want of "
      "descriptors), "
      "evicted (idle connections closed to admit a new one), idle_closed, handshake_timeouts, "
-     "buffer_resets (calls reset for queueing more than max_buffered_bytes allows)"},
+     "buffer_resets (calls reset for queueing more than max_buffered_bytes allows), written_now "
+     "(answers in C written by the thread that made them, the IO thread asleep)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef Server_members[] = {
