@@ -92,7 +92,7 @@ int wait_for(atomic_int* state, int spin, uint64_t timeout_ns)
  *   core the lingering thread leaves.
  * One thread lingers at a time. Lingers that time out make the next ones skip (1, 3, 7, then
  * 15 executes), so a server that sees one request now and then spins rarely. */
-uint64_t linger_ns = 50000; /* EMBEDTRITON_LINGER_US overrides */
+uint64_t linger_ns = 250000; /* EMBEDTRITON_LINGER_US overrides */
 atomic_uint handed_over = 0;
 static atomic_int lingering = 0;
 static int linger_misses = 0, linger_skip = 0; /* (the lingering thread's) */
