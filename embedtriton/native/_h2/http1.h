@@ -103,6 +103,7 @@ struct HReq {
   int refused; /* an HTTP status: not a request but why the connection is read no further */
   char* refusal;
   int dispatched;
+  void* prepared; /* (dispatch) the fast handler's state between its prepare() and submit() */
   /* the answer: guarded by srv->mu */
   OutBuf *qh, *qt;
   int answered; /* respond() or begin() was called */
@@ -146,16 +147,10 @@ struct HConn {
   HConn *prev, *next;
 };
 
-/* A handler in C for some requests (set_fast(): _native's inference, h2_reply.h), called in
- * dispatch with the GIL before on_request: 1 taken (it answers the call), 0 declined (on_request
- * gets the request), -1 with an exception. */
-typedef int (*H1Fast)(PyObject* call, const char* url, size_t url_len, const uint8_t* body,
-                      size_t body_len, long long header_len, PyObject* ctx);
-
 struct HttpServerObject {
   PyObject_HEAD
   PyObject *on_request, *on_refused;
-  H1Fast fast; /* (GIL) */
+  const H1FastOps* fast; /* a handler in C for some requests (set_fast(), h2_reply.h) (GIL) */
   PyObject* fast_ctx;
   int port, listen_fd, epfd, evfd, reserve_fd;
   pthread_t thread;

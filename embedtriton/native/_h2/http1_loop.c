@@ -104,36 +104,36 @@ static int names_compression(const uint8_t* p, size_t n)
   return 0;
 }
 
-/* The request to srv->fast, if it may take it (a POST to /v2/models/ with no Content-Encoding,
- * no compressed answer accepted, a numeric Inference-Header-Content-Length if any): 1 taken,
- * 0 declined, -1 error. */
-static int try_fast(HttpServerObject* srv, HReq* r)
+/* The request to srv->fast's prepare(), if it may take it (a POST to /v2/models/ with no
+ * Content-Encoding, no compressed answer accepted, a numeric Inference-Header-Content-Length if
+ * any): its state for submit(), or NULL when declined. */
+static void* try_fast(HttpServerObject* srv, HReq* r)
 {
   const uint8_t* b = r->blob;
   Head* h = &r->head;
   static const char prefix[] = "/v2/models/";
   if (!span_is(b, h->method, "post") || h->url.len < sizeof prefix - 1 ||
       memcmp(b + h->url.off, prefix, sizeof prefix - 1) != 0)
-    return 0;
+    return NULL;
   long long header_len = -1;
   int seen_accept = 0, seen_length = 0;
   for (size_t i = 0; i + 1 < h->nfields; i += 2) {
     Span n = h->fields[i], v = h->fields[i + 1];
-    if (span_is(b, n, "content-encoding")) return 0;
+    if (span_is(b, n, "content-encoding")) return NULL;
     if (span_is(b, n, "accept-encoding") && !seen_accept++) {
-      if (names_compression(b + v.off, v.len)) return 0;
+      if (names_compression(b + v.off, v.len)) return NULL;
     } else if (span_is(b, n, "inference-header-content-length") && !seen_length++) {
-      if (v.len == 0 || v.len > 18) return 0;
+      if (v.len == 0 || v.len > 18) return NULL;
       header_len = 0;
       for (uint32_t k = 0; k < v.len; k++) {
         uint8_t d = b[v.off + k];
-        if (d < '0' || d > '9') return 0;
+        if (d < '0' || d > '9') return NULL;
         header_len = header_len * 10 + (d - '0');
       }
     }
   }
-  return srv->fast((PyObject*)r->call, (const char*)b + h->url.off, h->url.len, b + r->head_len,
-                   r->body_len, header_len, srv->fast_ctx);
+  return srv->fast->prepare((PyObject*)r->call, (const char*)b + h->url.off, h->url.len,
+                            b + r->head_len, r->body_len, header_len, srv->fast_ctx);
 }
 
 static HttpCallObject* make_call(HttpServerObject* srv, HReq* r)
@@ -217,6 +217,8 @@ static void call_lost(HttpServerObject* srv)
   srv->nlost = 0;
 }
 
+static void to_python(HttpServerObject* srv, HReq* r);
+
 static void dispatch(HttpServerObject* srv)
 {
   size_t ngone;
@@ -234,6 +236,10 @@ static void dispatch(HttpServerObject* srv)
     Py_DECREF(srv->done[i]);
   }
   srv->ndone = 0;
+  /* Requests the fast handler prepared (with the GIL) are submitted after the loop, without it:
+   * the model thread runs meanwhile (an execute begins by taking the GIL). */
+  const H1FastOps* fast = srv->fast;
+  size_t nprepared = 0;
   for (size_t i = 0; i < srv->ntodo; i++) {
     HReq* r = srv->todo[i];
     HConn* c = r ? r->conn : NULL;
@@ -245,16 +251,40 @@ static void dispatch(HttpServerObject* srv)
       fallback(srv, r);
       continue;
     }
-    int taken = !r->refused && srv->fast != NULL ? try_fast(srv, r) : 0;
-    if (taken != 0) {
-      free(r->blob);
-      r->blob = NULL;
-      if (taken < 0) {
-        PyErr_WriteUnraisable(srv->fast_ctx);
-        fallback(srv, r);
-      }
+    if (!r->refused && fast != NULL && (r->prepared = try_fast(srv, r)) != NULL) {
+      srv->todo[nprepared++] = r; /* (i >= nprepared: the list is compacted as it is read) */
       continue;
     }
+    to_python(srv, r);
+  }
+  srv->ntodo = 0;
+  srv->tstate = PyEval_SaveThread();
+  size_t ndeclined = 0;
+  for (size_t i = 0; i < nprepared; i++) {
+    HReq* r = srv->todo[i];
+    if (fast->submit(r->prepared)) {
+      r->prepared = NULL;
+      free(r->blob);
+      r->blob = NULL;
+    } else {
+      srv->todo[ndeclined++] = r;
+    }
+  }
+  if (ndeclined == 0) return;
+  PyEval_RestoreThread(srv->tstate); /* (rare: a request the C path does not take after all) */
+  for (size_t i = 0; i < ndeclined; i++) {
+    HReq* r = srv->todo[i];
+    fast->abandon(r->prepared);
+    r->prepared = NULL;
+    to_python(srv, r);
+  }
+  srv->tstate = PyEval_SaveThread();
+}
+
+/* With the GIL: hand r to on_request (or on_refused). */
+static void to_python(HttpServerObject* srv, HReq* r)
+{
+  {
     PyObject *fn, *args;
     if (r->refused) {
       fn = srv->on_refused;
@@ -275,8 +305,6 @@ static void dispatch(HttpServerObject* srv)
       fallback(srv, r);
     }
   }
-  srv->ntodo = 0;
-  srv->tstate = PyEval_SaveThread();
 }
 
 /* Write what respond()/send() queued since. */

@@ -181,16 +181,14 @@ static void HttpServer_dealloc(HttpServerObject* self)
   Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-#define H1_FAST_CAPSULE "embedtriton._native._HTTP_FAST"
-
 /* set_fast(capsule, ctx) / set_fast(None, None): the C handler tried before on_request. */
 static PyObject* HttpServer_set_fast(HttpServerObject* self, PyObject* args)
 {
   PyObject *capsule, *ctx;
   if (!PyArg_ParseTuple(args, "OO:set_fast", &capsule, &ctx)) return NULL;
-  H1Fast fast = NULL;
+  const H1FastOps* fast = NULL;
   if (capsule != Py_None) {
-    fast = (H1Fast)PyCapsule_GetPointer(capsule, H1_FAST_CAPSULE);
+    fast = PyCapsule_GetPointer(capsule, H1_FAST_CAPSULE);
     if (fast == NULL) return NULL;
   }
   PyObject* old = self->fast_ctx;

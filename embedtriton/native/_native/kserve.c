@@ -256,7 +256,7 @@ static int fine(TRITONSERVER_Error* err)
  * the call, or NULL when it is declined (nothing left behind). */
 static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long long version,
                            const KsRequest* r, PyObject* call, PyObject* data, const CallOps* ops,
-                           const GrpcCall* http)
+                           const GrpcCall* http, int moved)
 {
   char text[256]; /* one name at a time, NUL-terminated for Triton (which copies it) */
 #define TEXT(s) (s.n < sizeof text ? (memcpy(text, s.p, s.n), text[s.n] = 0, text) : NULL)
@@ -318,8 +318,9 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
   c->request = req;
   c->out_device = -1;
   c->keep = c->keep_inline;
-  c->keep[c->n_keep++] = Py_NewRef(data);
-  c->future = Py_NewRef(call);
+  /* moved: the caller's references to data and call are the call's now (it may have no GIL) */
+  c->keep[c->n_keep++] = moved ? data : Py_NewRef(data);
+  c->future = moved ? call : Py_NewRef(call);
   g->call = call;
   g->model = r->model;
   g->version = r->version;
@@ -343,8 +344,13 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
     held_release(c);
     call_claim(c);
     api.TRITONSERVER_InferenceRequestDelete(req);
-    call_drop_inputs(c);
-    Py_CLEAR(c->future);
+    if (moved) { /* (the caller's again) */
+      c->n_keep = 0;
+      c->future = NULL;
+    } else {
+      call_drop_inputs(c);
+      Py_CLEAR(c->future);
+    }
     free(g->copies);
     free(g); /* (its values and outputs are the caller's again) */
     return NULL;
@@ -380,13 +386,13 @@ static int ks_entry(PyObject* table, PyObject* bound_models, PyObject* key, PyOb
  * Python path queues): the call, or NULL when declined. */
 static GrpcCall* ks_submit_open(TRITONSERVER_Server* server, const char* model, long long version,
                                 const KsRequest* r, PyObject* call, PyObject* data,
-                                const CallOps* ops, const GrpcCall* http)
+                                const CallOps* ops, const GrpcCall* http, int moved)
 {
   pthread_rwlock_rdlock(&servers_lock);
   Gate* gate = server_is_open(server) ? gate_find(server, model, version) : NULL;
   GrpcCall* g = NULL;
   if (server_is_open(server) && gate == NULL)
-    g = ks_submit(server, model, version, r, call, data, ops, http);
+    g = ks_submit(server, model, version, r, call, data, ops, http, moved);
   pthread_rwlock_unlock(&servers_lock);
   if (gate != NULL) gate_release_ref(gate);
   return g;
@@ -437,7 +443,7 @@ PyObject* py_grpc_model_infer(PyObject* self, PyObject* const* args, Py_ssize_t 
   if (found == ENTRY_DECLINED) goto decline;
   const char* model = PyUnicode_AsUTF8(PyTuple_GET_ITEM(key, 0));
   if (model == NULL) goto fail;
-  GrpcCall* g = ks_submit_open(server, model, version, r, call, data, &grpc_ops, NULL);
+  GrpcCall* g = ks_submit_open(server, model, version, r, call, data, &grpc_ops, NULL, 0);
   if (g == NULL) goto decline;
   atomic_fetch_add(&n_taken, 1);
   result = handle_of(g);
@@ -453,42 +459,155 @@ done:
   return result;
 }
 
-/* An HTTP/REST inference request (its body; the URL's model and version; header_len:
+/* ---- HTTP/REST inference: the IO thread's two steps (h2_reply.h, H1FastOps) ----
+ * An HTTP/REST inference request (its body; the URL's model and version; header_len:
  * Inference-Header-Content-Length, -1 without one) decoded (kserve_json.c), handed to Triton and
- * answered in C, as grpc_model_infer does a ModelInfer, with the same table: its capsule when
- * taken, None when declined, (model, version) when the table has no valid entry for them. */
-static PyObject* http_infer(PyObject* call, PyObject* body, PyObject* name, PyObject* vers,
-                            long long header_len, PyObject* table, PyObject* bound_models,
-                            PyObject* server_arg)
+ * answered in C, with grpc_model_infer's table. prepare(), with the GIL, finds the model's entry
+ * and makes and holds the Python objects; submit(), without it, decodes and hands the request
+ * over, so that the model thread runs while the IO thread hands a batch of requests over. */
+
+/* What a taken request's on_gone cancels: its call, once submit() took it. (A capsule's.) */
+typedef struct {
+  Call* c; /* the cancel handle's reference, from submit() on */
+} CancelSlot;
+
+static void slot_free(PyObject* capsule)
+{
+  CancelSlot* slot = PyCapsule_GetPointer(capsule, "embedtriton.http_request");
+  if (slot != NULL && slot->c != NULL) call_unref(slot->c);
+  free(slot);
+}
+
+/* The HTTP call's on_gone for a request taken: its client left, so it is cancelled in Triton. */
+static PyObject* cancel_taken(PyObject* capsule, PyObject* unused)
+{
+  (void)unused;
+  CancelSlot* slot = PyCapsule_GetPointer(capsule, "embedtriton.http_request");
+  if (slot == NULL) return NULL;
+  if (slot->c != NULL) call_cancel(slot->c);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef cancel_taken_def = {"cancel", cancel_taken, METH_NOARGS, NULL};
+
+typedef struct {
+  PyObject *call, *body, *name, *vers; /* references, the call's once taken */
+  const char *model, *version_text;    /* (UTF-8 of name and vers) */
+  Py_ssize_t model_n, version_n;
+  long long number, header_len;
+  TRITONSERVER_Server* server;
+  CancelSlot* slot;
+} HttpState;
+
+/* A URL segment as text: NULL (no exception) unless plain printable ASCII, no escapes */
+static PyObject* url_text(const char* p, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    if (p[i] < 0x20 || p[i] > 0x7e || p[i] == '%' || p[i] == '?' || p[i] == '/') return NULL;
+  return PyUnicode_FromStringAndSize(p, (Py_ssize_t)n);
+}
+
+/* The table's entry for (name, vers): ENTRY_* as ks_entry, after admit() when it has none yet. */
+static int http_entry(PyObject* ctx, PyObject* name, PyObject* vers, long long* number,
+                      TRITONSERVER_Server** server)
+{
+  PyObject* key = PyTuple_Pack(2, name, vers);
+  if (key == NULL) return -1;
+  PyObject *table = PyTuple_GET_ITEM(ctx, 0), *bound = PyTuple_GET_ITEM(ctx, 1),
+           *server_arg = PyTuple_GET_ITEM(ctx, 2);
+  int found = server_arg == Py_None ? ENTRY_DECLINED
+                                    : ks_entry(table, bound, key, server_arg, number, server);
+  if (found == ENTRY_MISSING) { /* no entry for the model yet: admit(), then again */
+    PyObject* made = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(ctx, 3), name, vers, NULL);
+    found = made != NULL ? ks_entry(table, bound, key, server_arg, number, server) : -1;
+    Py_XDECREF(made);
+    if (found == ENTRY_MISSING) found = ENTRY_DECLINED; /* (its binding changed meanwhile) */
+  }
+  Py_DECREF(key);
+  return found;
+}
+
+static void state_free(HttpState* st)
+{
+  Py_XDECREF(st->call);
+  Py_XDECREF(st->body);
+  Py_XDECREF(st->name);
+  Py_XDECREF(st->vers);
+  free(st);
+}
+
+/* prepare (GIL): ctx is (table, bound, server, admit). */
+static void* http_prepare(PyObject* call, const char* url, size_t url_len, const uint8_t* data,
+                          size_t data_len, long long header_len, PyObject* ctx)
 {
   grpc_release();
-  PyObject *key = NULL, *result = Py_None;
+  if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 4 || url_len < 11 ||
+      memcmp(url, "/v2/models/", 11) != 0)
+    return NULL;
+  const char *segs[6], *end = url + url_len;
+  size_t lens[6];
+  int n = 0;
+  for (const char* p = url + 1; n < 6;) { /* (url starts "/v2/models/") */
+    const char* slash = memchr(p, '/', (size_t)(end - p));
+    const char* stop = slash != NULL ? slash : end;
+    segs[n] = p, lens[n++] = (size_t)(stop - p);
+    if (slash == NULL) break;
+    p = slash + 1;
+  }
+  int versioned = n == 6 && lens[3] == 8 && memcmp(segs[3], "versions", 8) == 0;
+  if (!(n == 4 || versioned) || lens[n - 1] != 5 || memcmp(segs[n - 1], "infer", 5) != 0 ||
+      (segs[n - 1] + 5 != end))
+    return NULL;
+  if (!api_loaded || load_h2() < 0 || !PyObject_TypeCheck(call, h2->http_call_type)) {
+    PyErr_Clear();
+    return NULL;
+  }
+  HttpState* st = calloc(1, sizeof *st);
+  if (st == NULL) return NULL;
+  st->header_len = header_len;
+  st->name = url_text(segs[2], lens[2]);
+  st->vers = st->name == NULL ? NULL
+             : versioned      ? url_text(segs[4], lens[4])
+                              : PyUnicode_FromStringAndSize("", 0);
+  int found = st->vers != NULL ? http_entry(ctx, st->name, st->vers, &st->number, &st->server) : -1;
+  if (found == ENTRY_TAKEN) {
+    st->model = PyUnicode_AsUTF8AndSize(st->name, &st->model_n);
+    st->version_text = PyUnicode_AsUTF8AndSize(st->vers, &st->version_n);
+    st->body = PyBytes_FromStringAndSize((const char*)data, (Py_ssize_t)data_len);
+    st->slot = calloc(1, sizeof *st->slot);
+  }
+  PyObject* capsule = found == ENTRY_TAKEN && st->model && st->version_text && st->body && st->slot
+                          ? PyCapsule_New(st->slot, "embedtriton.http_request", slot_free)
+                          : NULL;
+  if (capsule == NULL) free(st->slot); /* (the capsule owns it from here on) */
+  /* a client that leaves cancels it (once submit() took it): the call holds the capsule */
+  PyObject* cancel = capsule != NULL ? PyCFunction_New(&cancel_taken_def, capsule) : NULL;
+  Py_XDECREF(capsule);
+  int ok = cancel != NULL && h2->http_on_gone(call, cancel) == 0;
+  Py_XDECREF(cancel);
+  if (!ok) { /* (not in the table, or admit() raised, or out of memory): the Python path's */
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(PyTuple_GET_ITEM(ctx, 3));
+    if (found == ENTRY_DECLINED) atomic_fetch_add(&n_http_declined, 1);
+    state_free(st);
+    return NULL;
+  }
+  st->call = Py_NewRef(call);
+  return st;
+}
+
+/* submit (no GIL, the thread that prepared it): decoded and handed to Triton, or declined. */
+static int http_submit(void* state)
+{
+  HttpState* st = state;
   GrpcCall http = {0};
-  Py_ssize_t name_n, vers_n;
-  const char* model = PyUnicode_AsUTF8AndSize(name, &name_n);
-  const char* version_text = PyUnicode_AsUTF8AndSize(vers, &vers_n);
-  if (model == NULL || version_text == NULL) return NULL;
   KjRequest* q = scratch();
-  if (q == NULL || !api_loaded || server_arg == Py_None || load_h2() < 0 ||
-      !PyObject_TypeCheck(call, h2->http_call_type) ||
-      kj_decode((const uint8_t*)PyBytes_AS_STRING(body), (size_t)PyBytes_GET_SIZE(body), header_len,
-                q) < 0)
+  if (q == NULL || kj_decode((const uint8_t*)PyBytes_AS_STRING(st->body),
+                             (size_t)PyBytes_GET_SIZE(st->body), st->header_len, q) < 0)
     goto decline;
   http.values = q->values; /* (freed below unless the call takes it) */
-  q->r.model = (Slice){(const uint8_t*)model, (size_t)name_n};
-  q->r.version = (Slice){(const uint8_t*)version_text, (size_t)vers_n};
+  q->r.model = (Slice){(const uint8_t*)st->model, (size_t)st->model_n};
+  q->r.version = (Slice){(const uint8_t*)st->version_text, (size_t)st->version_n};
   if (ks_plain(&q->r) < 0) goto decline;
-  key = PyTuple_Pack(2, name, vers);
-  long long number;
-  TRITONSERVER_Server* server;
-  int found = key != NULL ? ks_entry(table, bound_models, key, server_arg, &number, &server) : -1;
-  if (found == ENTRY_MISSING) {
-    result = key;
-    key = NULL;
-    goto done;
-  }
-  if (found < 0) goto fail;
-  if (found == ENTRY_DECLINED) goto decline;
   /* what the answer needs: the names asked for point into the body, which the call keeps */
   http.answer = (KjAnswer){.model = q->r.model,
                            .version = q->r.version,
@@ -503,117 +622,38 @@ static PyObject* http_infer(PyObject* call, PyObject* body, PyObject* name, PyOb
       http.answer.out_bits |= (uint64_t)(q->out_flag[k] != 0) << k;
     http.answer.outputs = http.outputs;
   }
-  GrpcCall* g = ks_submit_open(server, model, number, &q->r, call, body, &http_ops, &http);
+  GrpcCall* g = ks_submit_open(st->server, st->model, st->number, &q->r, st->call, st->body,
+                               &http_ops, &http, 1);
   if (g == NULL) goto decline;
-  http.values = NULL; /* (the call's now) */
-  http.outputs = NULL;
-  /* the URL's names, which the answer writes */
-  g->c.keep[g->c.n_keep++] = Py_NewRef(name);
-  g->c.keep[g->c.n_keep++] = Py_NewRef(vers);
+  /* taken: the references are the call's, the URL's names too (the answer writes them) */
+  g->c.keep[g->c.n_keep++] = st->name;
+  g->c.keep[g->c.n_keep++] = st->vers;
+  st->slot->c = &g->c; /* (the cancel handle's reference) */
   atomic_fetch_add(&n_http_taken, 1);
-  result = handle_of(g);
-  goto done;
+  free(st);
+  delete_buried(GRAVE_STEP_ASYNC);
+  return 1;
 decline:
   atomic_fetch_add(&n_http_declined, 1);
-  result = Py_NewRef(Py_None);
-  goto done;
-fail:
-  result = NULL;
-done:
   free(http.values);
   free(http.outputs);
-  Py_XDECREF(key);
-  return result;
+  return 0;
 }
 
-/* The HTTP call's on_gone for a request taken: its client left, so it is cancelled in Triton. */
-static PyObject* cancel_taken(PyObject* handle, PyObject* unused)
+/* abandon (GIL): submit() declined; the call's on_gone goes (the Python path sets its own). */
+static void http_abandon(void* state)
 {
-  (void)unused;
-  Call* c = (Call*)PyCapsule_GetPointer(handle, "embedtriton.request");
-  if (c == NULL) return NULL;
-  call_cancel(c);
-  Py_RETURN_NONE;
+  HttpState* st = state;
+  if (h2->http_on_gone(st->call, Py_None) < 0) PyErr_WriteUnraisable(st->call);
+  state_free(st);
 }
 
-static PyMethodDef cancel_taken_def = {"cancel", cancel_taken, METH_NOARGS, NULL};
-
-/* A URL segment as a str: printable ASCII, no escapes (else NULL, no exception). */
-static PyObject* url_text(const char* p, size_t n)
-{
-  for (size_t i = 0; i < n; i++)
-    if (p[i] < 0x20 || p[i] > 0x7e || p[i] == '%' || p[i] == '?' || p[i] == '/') return NULL;
-  return PyUnicode_FromStringAndSize(p, (Py_ssize_t)n);
-}
-
-/* _h2's HttpServer calls this (set_fast, _HTTP_FAST) in its dispatch, with the GIL, for a POST
- * to /v2/models/ that asks for no compression: the request taken by http_infer (1), or declined
- * to on_request (0; an error is reported as unraisable and declined too). ctx: (table, bound,
- * server, admit) where admit(model, version) makes the table's entry. The URL's path is
- * /v2/models/<model>[/versions/<version>]/infer exactly: no query, no escapes. */
-static int http_fast(PyObject* call, const char* url, size_t url_len, const uint8_t* data,
-                     size_t data_len, long long header_len, PyObject* ctx)
-{
-  if (!PyTuple_Check(ctx) || PyTuple_GET_SIZE(ctx) != 4 || url_len < 11 ||
-      memcmp(url, "/v2/models/", 11) != 0)
-    return 0;
-  const char *segs[6], *end = url + url_len;
-  size_t lens[6];
-  int n = 0;
-  for (const char* p = url + 1; n < 6;) { /* (url starts "/v2/models/") */
-    const char* slash = memchr(p, '/', (size_t)(end - p));
-    const char* stop = slash != NULL ? slash : end;
-    segs[n] = p, lens[n++] = (size_t)(stop - p);
-    if (slash == NULL) break;
-    p = slash + 1;
-  }
-  int versioned = n == 6 && lens[3] == 8 && memcmp(segs[3], "versions", 8) == 0;
-  if (!(n == 4 || versioned) || lens[n - 1] != 5 || memcmp(segs[n - 1], "infer", 5) != 0 ||
-      (segs[n - 1] + 5 != end))
-    return 0;
-  PyObject* name = url_text(segs[2], lens[2]);
-  PyObject* vers =
-      name != NULL ? (versioned ? url_text(segs[4], lens[4]) : PyUnicode_FromStringAndSize("", 0))
-                   : NULL;
-  PyObject* body =
-      vers != NULL ? PyBytes_FromStringAndSize((const char*)data, (Py_ssize_t)data_len) : NULL;
-  int taken = 0;
-  PyObject* table = PyTuple_GET_ITEM(ctx, 0);
-  PyObject* got = body != NULL ? http_infer(call, body, name, vers, header_len, table,
-                                            PyTuple_GET_ITEM(ctx, 1), PyTuple_GET_ITEM(ctx, 2))
-                               : NULL;
-  if (got != NULL && PyTuple_Check(got)) { /* no entry for the model yet: admit(), then again */
-    Py_DECREF(got);
-    PyObject* made = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(ctx, 3), name, vers, NULL);
-    got = made != NULL ? http_infer(call, body, name, vers, header_len, table,
-                                    PyTuple_GET_ITEM(ctx, 1), PyTuple_GET_ITEM(ctx, 2))
-                       : NULL;
-    Py_XDECREF(made);
-    if (got != NULL && PyTuple_Check(got)) { /* (its binding changed meanwhile: Python's) */
-      Py_DECREF(got);
-      got = Py_NewRef(Py_None);
-    }
-  }
-  if (got != NULL && PyCapsule_CheckExact(got)) {
-    taken = 1; /* (a client that leaves cancels it: the call holds the handle until it goes) */
-    PyObject* cancel = PyCFunction_New(&cancel_taken_def, got);
-    if (cancel == NULL || h2->http_on_gone(call, cancel) < 0)
-      PyErr_WriteUnraisable(PyTuple_GET_ITEM(ctx, 3));
-    Py_XDECREF(cancel);
-  }
-  if (PyErr_Occurred()) /* (admit() raised, out of memory): the Python path answers, or says so */
-    PyErr_WriteUnraisable(PyTuple_GET_ITEM(ctx, 3));
-  Py_XDECREF(got);
-  Py_XDECREF(name);
-  Py_XDECREF(vers);
-  Py_XDECREF(body);
-  return taken;
-}
+static const H1FastOps http_fast_ops = {http_prepare, http_submit, http_abandon};
 
 /* The capsule _h2's HttpServer.set_fast takes (embedtriton._native._HTTP_FAST). */
 PyObject* http_fast_capsule(void)
 {
-  return PyCapsule_New((void*)http_fast, "embedtriton._native._HTTP_FAST", NULL);
+  return PyCapsule_New((void*)&http_fast_ops, H1_FAST_CAPSULE, NULL);
 }
 
 /* grpc_release(): let go of the calls answered since the last grpc_model_infer (their _h2

@@ -38,4 +38,25 @@ typedef struct H2Reply {
   int (*http_on_gone)(PyObject* call, PyObject* fn);
 } H2Reply;
 
+/* The other way round: the C handler _native offers _h2's HttpServer for plain HTTP/REST
+ * inference requests (a PyCapsule, embedtriton._native._HTTP_FAST, set_fast()). The IO thread hands
+ * a batch of requests over in two steps, so that the GIL is held only for the Python objects:
+ *
+ *   prepare(call, url, url_len, body, body_len, header_len, ctx): with the GIL, before on_request:
+ *       the request's state when the handler may take it (its model is in the table: the Python
+ *       objects it needs are made and held), NULL when it declines (on_request gets it).
+ *       header_len: Inference-Header-Content-Length, -1 without one. ctx: set_fast()'s.
+ *   submit(state): without the GIL, on the same thread: decode and hand the request to Triton.
+ *       1 taken: the handler answers the call (http_reply) and let go of the state; 0 declined.
+ *   abandon(state): with the GIL, after submit() declined: let go of the state (then on_request
+ *       gets the request, which words what is wrong with it). */
+#define H1_FAST_CAPSULE "embedtriton._native._HTTP_FAST"
+
+typedef struct H1FastOps {
+  void* (*prepare)(PyObject* call, const char* url, size_t url_len, const uint8_t* body,
+                   size_t body_len, long long header_len, PyObject* ctx);
+  int (*submit)(void* state);
+  void (*abandon)(void* state);
+} H1FastOps;
+
 #endif
