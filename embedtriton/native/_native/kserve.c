@@ -334,7 +334,7 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
   /* the caller's (dropped once it answered), Triton's two, the cancel handle's */
   atomic_init(&c->refs, 4);
   held_add(c);
-  in_flight_add();
+  atomic_fetch_add(&in_flight, 1);
   /* With the GIL, as submit() hands over an asynchronous call: letting it go for the hand-over,
    * which does not block, would let the model thread in and leave the IO thread queueing for
    * the GIL behind it at each request (a convoy under load). (A model with a batch rule, whose

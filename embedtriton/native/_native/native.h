@@ -168,7 +168,6 @@ int wait_interruptible(atomic_int* state);
 int wait_released(atomic_int* state, PyThreadState* ts);
 void flush_wakes(void);
 void linger(int with_batcher);
-void in_flight_add(void); /* in_flight + 1, its peak noted for linger() */
 PyObject* py_linger_stats(PyObject* self, PyObject* unused);
 PyObject* py_response_stats(PyObject* self, PyObject* unused);
 

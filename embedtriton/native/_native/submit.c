@@ -433,7 +433,7 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
     goto fail;
   }
   held_add(c);
-  in_flight_add();
+  atomic_fetch_add(&in_flight, 1);
   int admitted = GATE_GO;
   if (gate != NULL) {
     const char* id = request_id != Py_None ? PyUnicode_AsUTF8(request_id) : NULL;

@@ -93,17 +93,7 @@ int wait_for(atomic_int* state, int spin, uint64_t timeout_ns)
  * One thread lingers at a time. Lingers that time out make the next ones skip (1, 3, 7, then
  * 15 executes), so a server that sees one request now and then spins rarely. */
 uint64_t linger_ns = 250000; /* EMBEDTRITON_LINGER_US overrides */
-#define LINGER_BUSY_NS 50000 /* its most, when more than one call was in flight since the last */
 atomic_uint handed_over = 0;
-static atomic_int in_flight_peak = 0; /* the most calls in flight since the last linger */
-
-/* A call handed to Triton (in_flight), its peak noted for linger(). */
-void in_flight_add(void)
-{
-  int n = atomic_fetch_add(&in_flight, 1) + 1;
-  if (n > atomic_load_explicit(&in_flight_peak, memory_order_relaxed))
-    atomic_store_explicit(&in_flight_peak, n, memory_order_relaxed);
-}
 static atomic_int lingering = 0;
 static int linger_misses = 0, linger_skip = 0; /* (the lingering thread's) */
 static atomic_llong n_lingers = 0, n_caught = 0;
@@ -116,13 +106,8 @@ void linger(int with_batcher)
     atomic_store(&lingering, 0);
     return;
   }
-  /* A lone client (one call at a time since the last linger) may be far from its next request:
-   * a network client's comes 100-150 us after its answer left. With more in flight the next
-   * request is near, and a long spin takes a core from the clients and the IO thread. */
-  int lone = atomic_exchange(&in_flight_peak, 0) <= 1;
   unsigned seen = atomic_load(&handed_over);
-  uint64_t until =
-      now_ns() + (lone || linger_ns < LINGER_BUSY_NS ? linger_ns : (uint64_t)LINGER_BUSY_NS);
+  uint64_t until = now_ns() + linger_ns;
   int caught = 0;
   for (int i = 0; !caught; i++) {
     caught = with_batcher ? atomic_load_explicit(&in_flight, memory_order_acquire) != 0
