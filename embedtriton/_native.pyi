@@ -137,7 +137,7 @@ def response_stats() -> tuple[int, int]:
 
 def linger_stats() -> tuple[int, int]:
     """(lingers, caught): how often a model thread lingered after an execute that left nothing
-    in flight (EMBEDTRITON_LINGER_US, default 50), and how often the next request came meanwhile."""
+    in flight (EMBEDTRITON_LINGER_US, default 250), and how often the next request came meanwhile."""
 
 def grpc_stats() -> tuple[int, int]:
     """(taken, declined): the ModelInfer calls grpc_model_infer took and declined."""
