@@ -13,6 +13,16 @@ import time
 from pathlib import Path
 
 
+def wait_for(condition, seconds: float = 10.0) -> bool:
+    """Whether condition() came true within seconds (polled every 10 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 class Served:
     """An ``embedtriton serve`` child process serving the models of a bind function."""
 

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+from serving import wait_for
 
 from embedtriton import ModelConfig, Server, Tensor, _native
 
@@ -70,15 +71,6 @@ def post(port: int, x: int) -> tuple[int, bytes]:
         return r.status, r.read()
     finally:
         conn.close()
-
-
-def wait_for(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def leave(port: int, data: bytes, how: str) -> bytes:
