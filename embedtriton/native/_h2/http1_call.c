@@ -213,6 +213,7 @@ static int write_now(HttpCallObject* self, OutBuf* ob)
   c->writer = 1;
   r->answered = r->done = 1;
   pthread_mutex_unlock(&srv->mu);
+  STAT_ADD(srv->n_written_now, 1); /* (first: the client may read stats() once it has it) */
   ssize_t w;
   do w = send(c->fd, ob->data, ob->len, MSG_NOSIGNAL | MSG_DONTWAIT);
   while (w < 0 && errno == EINTR);
@@ -229,7 +230,6 @@ static int write_now(HttpCallObject* self, OutBuf* ob)
     ob = NULL;
   }
   c->writer = 0;
-  STAT_ADD(srv->n_written_now, 1);
   int wake = h1_mark_dirty_locked(srv, c);
   pthread_mutex_unlock(&srv->mu);
   free(ob);

@@ -200,10 +200,10 @@ void write_or_wake(ServerObject* srv)
 {
   if (pthread_mutex_trylock(&srv->io_mu) == 0) {
     if (srv->io_waiting) {
+      STAT_ADD(srv->n_written_now, 1); /* (first: the client may read stats() once it has it) */
       size_t n = apply_dirty(srv);
       for (size_t i = 0; i < n; i++)
         if (srv->work[i]->conn) conn_flush(srv->work[i]->conn);
-      STAT_ADD(srv->n_written_now, 1);
       pthread_mutex_lock(&srv->mu);
       srv->wake_pending = 1; /* (the wake-up below) */
       pthread_mutex_unlock(&srv->mu);

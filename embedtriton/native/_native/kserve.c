@@ -622,14 +622,19 @@ static int http_submit(void* state)
       http.answer.out_bits |= (uint64_t)(q->out_flag[k] != 0) << k;
     http.answer.outputs = http.outputs;
   }
+  /* Counted before it is handed over: its answer may reach the client (written by Triton's
+   * thread) before this thread runs again. */
+  atomic_fetch_add(&n_http_taken, 1);
   GrpcCall* g = ks_submit_open(st->server, st->model, st->number, &q->r, st->call, st->body,
                                &http_ops, &http, 1);
-  if (g == NULL) goto decline;
+  if (g == NULL) {
+    atomic_fetch_sub(&n_http_taken, 1);
+    goto decline;
+  }
   /* taken: the references are the call's, the URL's names too (the answer writes them) */
   g->c.keep[g->c.n_keep++] = st->name;
   g->c.keep[g->c.n_keep++] = st->vers;
   st->slot->c = &g->c; /* (the cancel handle's reference) */
-  atomic_fetch_add(&n_http_taken, 1);
   free(st);
   delete_buried(GRAVE_STEP_ASYNC);
   return 1;
