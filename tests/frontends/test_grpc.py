@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -78,7 +79,12 @@ def test_health_metadata_config_statistics_index(endpoint):
     config = client.get_model_config("AddSub").config
     assert config.max_batch_size == 8 and config.backend == "embedtriton"
     client.infer("AddSub", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
-    assert client.get_inference_statistics("AddSub").model_stats[0].inference_count >= 1
+    # (Triton reports a request's statistics after its answer is sent, which may reach us first)
+    count = lambda: client.get_inference_statistics("AddSub").model_stats[0].inference_count  # noqa: E731
+    deadline = time.monotonic() + 5
+    while count() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert count() >= 1
     assert {m.name for m in client.get_model_repository_index().models} == {"AddSub", "Echo", "Sum"}
 
 

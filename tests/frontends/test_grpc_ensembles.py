@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -55,7 +57,12 @@ def test_a_pipeline_in_one_grpc_call(add_sub, add_sub_tensors):
         result = client.infer("Pipeline", [text])
         np.testing.assert_array_equal(result.as_numpy("VEC"), [[5.0] * 4, [2.0] * 4])
         assert client.get_model_config("Pipeline").config.platform == "ensemble"
-        assert client.get_inference_statistics("Embed").model_stats[0].inference_count == 2
+        # (Triton reports a request's statistics after its answer is sent, which may reach us first)
+        count = lambda: client.get_inference_statistics("Embed").model_stats[0].inference_count  # noqa: E731
+        deadline = time.monotonic() + 5
+        while count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert count() == 2
         assert {m.name for m in client.get_model_repository_index().models} == {"Tokenize", "Embed", "Pipeline"}
         client.unload_model("Embed")  # the ensemble is unavailable, and says why
         with pytest.raises(InferenceServerException, match=r"its step model \['Embed'\] is not loaded"):
