@@ -314,8 +314,6 @@ out:
   pending_set(c, more);
 }
 
-/* Write what the connection holds; take the oldest request's answer as it comes, and move on to
- * the next request once an answer is complete and written. */
 static void flush_owned(HConn* c);
 
 /* Write what is queued, if no other thread is writing to c (h1_reply's direct write, which marks
@@ -335,6 +333,8 @@ void h1_flush(HConn* c)
   pthread_mutex_unlock(&srv->mu);
 }
 
+/* (h1_flush, holding the writer token) Write what the connection holds; take the oldest request's
+ * answer as it comes, and move on to the next request once an answer is complete and written. */
 static void flush_owned(HConn* c)
 {
   HttpServerObject* srv = c->srv;
