@@ -217,7 +217,28 @@ static void call_lost(HttpServerObject* srv)
   srv->nlost = 0;
 }
 
-static void to_python(HttpServerObject* srv, HReq* r);
+/* With the GIL: hand r to on_request (or on_refused). */
+static void to_python(HttpServerObject* srv, HReq* r)
+{
+  PyObject *fn, *args;
+  if (r->refused) {
+    fn = srv->on_refused;
+    args = Py_BuildValue("(OisN)", r->call, r->refused, r->refusal ? r->refusal : "",
+                         PyBytes_FromStringAndSize((const char*)r->blob, (Py_ssize_t)r->head_len));
+  } else {
+    fn = srv->on_request;
+    args = request_args(srv, r);
+  }
+  free(r->blob);
+  r->blob = NULL;
+  PyObject* res = args ? PyObject_Call(fn, args, NULL) : NULL;
+  Py_XDECREF(args);
+  if (res) Py_DECREF(res);
+  else {
+    PyErr_WriteUnraisable(fn);
+    fallback(srv, r);
+  }
+}
 
 static void dispatch(HttpServerObject* srv)
 {
@@ -279,32 +300,6 @@ static void dispatch(HttpServerObject* srv)
     to_python(srv, r);
   }
   srv->tstate = PyEval_SaveThread();
-}
-
-/* With the GIL: hand r to on_request (or on_refused). */
-static void to_python(HttpServerObject* srv, HReq* r)
-{
-  {
-    PyObject *fn, *args;
-    if (r->refused) {
-      fn = srv->on_refused;
-      args =
-          Py_BuildValue("(OisN)", r->call, r->refused, r->refusal ? r->refusal : "",
-                        PyBytes_FromStringAndSize((const char*)r->blob, (Py_ssize_t)r->head_len));
-    } else {
-      fn = srv->on_request;
-      args = request_args(srv, r);
-    }
-    free(r->blob);
-    r->blob = NULL;
-    PyObject* res = args ? PyObject_Call(fn, args, NULL) : NULL;
-    Py_XDECREF(args);
-    if (res) Py_DECREF(res);
-    else {
-      PyErr_WriteUnraisable(fn);
-      fallback(srv, r);
-    }
-  }
 }
 
 /* Write what respond()/send() queued since. */

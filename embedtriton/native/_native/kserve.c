@@ -26,7 +26,7 @@
  * inputs of MAX_DIMS dimensions) is kept per thread, not allocated per request: a malloc and
  * free of that size at each request took glibc's large-chunk path (and malloc_consolidate),
  * ~3 % of the HTTP IO thread's samples at c16. Freed when its thread ends. Never nested: what
- * uses it (grpc_model_infer, http_infer) calls neither again before it is done with it. */
+ * uses it (grpc_model_infer, http_submit) calls neither again before it is done with it. */
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 
@@ -536,7 +536,9 @@ static void state_free(HttpState* st)
   free(st);
 }
 
-/* prepare (GIL): ctx is (table, bound, server, admit). */
+/* prepare (GIL), for a POST to /v2/models/ that asks for no compression. ctx: (table, bound,
+ * server, admit), where admit(model, version) makes the table's entry. The URL's path is
+ * /v2/models/<model>[/versions/<version>]/infer exactly: no query, no escapes. */
 static void* http_prepare(PyObject* call, const char* url, size_t url_len, const uint8_t* data,
                           size_t data_len, long long header_len, PyObject* ctx)
 {
