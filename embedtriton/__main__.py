@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle connection is closed")
     serve.add_argument(
+        "--max-buffered-bytes",
+        type=int,
+        default=512 * 1024 * 1024,
+        help="request bytes each endpoint holds across its connections (beyond: HTTP 503, gRPC RESOURCE_EXHAUSTED)",
+    )
+    serve.add_argument(
         "--no-shared-memory",
         action="store_true",
         help="refuse system shared memory (clients could name any /dev/shm object the server can open)",
@@ -328,6 +334,7 @@ def _serve_endpoints(server: Server, args: argparse.Namespace, stop: threading.E
                 infer_response_compression_level=args.grpc_infer_response_compression_level,
                 restricted_protocol=args.grpc_restricted_protocol,
                 header_forward_pattern=args.grpc_header_forward_pattern,
+                max_buffered_bytes=args.max_buffered_bytes,
             )
         if args.http and not stop.is_set():
             server.serve_http(  # it logs where it serves
@@ -341,6 +348,7 @@ def _serve_endpoints(server: Server, args: argparse.Namespace, stop: threading.E
                 shared_memory=not args.no_shared_memory,
                 restricted_api=args.http_restricted_api,
                 header_forward_pattern=args.http_header_forward_pattern,
+                max_buffered_bytes=args.max_buffered_bytes,
                 openai=args.openai,
                 openai_api_key=(args.openai_api_key or os.environ.get("EMBEDTRITON_OPENAI_API_KEY") or None)
                 if args.openai

@@ -33,6 +33,8 @@ class _Stats(TypedDict):
     buffer_resets: int
     evicted: int
     written_now: int  # answers in C written by the thread that made them, the IO thread asleep
+    incoming_bytes: int  # (gauge) bytes of incomplete request messages held, across connections
+    budget_refusals: int  # calls failed (RESOURCE_EXHAUSTED) for max_incoming_bytes
 
 @final
 class Server:
@@ -54,13 +56,15 @@ class Server:
         idle_timeout: float = 300.0,
         handshake_timeout: float = 10.0,
         max_header_list_bytes: int = 16384,
-        max_buffered_bytes: int = 67108864,
+        max_buffered_bytes: int = 67108864,  # per connection: replies queued, request messages arriving
+        max_incoming_bytes: int = 536870912,  # request messages arriving on all connections together
     ) -> None: ...
     def stop(self, grace: float = 0, /) -> None:
         """Stop accepting, let calls finish for up to grace seconds, cancel the rest, join the IO thread."""
     def stats(self) -> _Stats:
         """Counters: connections (open now), accepted, refused (over max_connections or out of file
-        descriptors), emfile, idle_closed, handshake_timeouts, buffer_resets."""
+        descriptors), emfile, idle_closed, handshake_timeouts, buffer_resets, budget_refusals; the
+        gauge incoming_bytes."""
 
 @final
 class Call:
@@ -109,6 +113,8 @@ class _HttpStats(TypedDict):
     held_bytes: int
     buffered_bytes: int
     written_now: int  # answers in C the thread that made them began to write
+    incoming_bytes: int  # (gauge) what counts against max_buffered_bytes: held_bytes and grown input buffers
+    budget_refusals: int  # requests refused (503) for max_buffered_bytes
 
 # on_request(call, method, url, headers (lower-cased names: first value), body, names as sent or None)
 _OnRequest: TypeAlias = Callable[
@@ -140,12 +146,13 @@ class HttpServer:
         tls: _Tls | None = None,
         libpath: str | None = None,
         names: bool = False,
+        max_buffered_bytes: int = 536870912,  # request bytes held across connections (else 503)
     ) -> None: ...
     def stop(self, grace: float = 0, /) -> None:
         """Stop accepting, let requests in progress finish for up to grace seconds, close every
         connection, join the IO thread."""
     def stats(self) -> _HttpStats:
-        """Counters, and gauges: paused_now, held_bytes, buffered_bytes."""
+        """Counters, and gauges: paused_now, held_bytes, buffered_bytes, incoming_bytes."""
     def set_fast(self, handler: Any, ctx: Any, /) -> None:
         """A C handler (``_native._HTTP_FAST``) tried, with ``ctx``, before on_request for each POST
         to /v2/models/ that asks for no compression; ``set_fast(None, None)`` removes it."""

@@ -69,7 +69,8 @@ class Server(CoreServer):
         ``max_message_bytes``, ``tls_cert``, ``tls_key``, ``tls_client_ca``, ``transport``
         (``"native"`` or ``"grpcio"``), ``limits`` (:class:`GrpcLimits`), ``shared_memory``,
         ``infer_response_compression_level``, ``restricted_protocol`` (Triton's
-        ``--grpc-restricted-protocol`` specs) and ``header_forward_pattern``.
+        ``--grpc-restricted-protocol`` specs), ``header_forward_pattern`` and
+        ``max_buffered_bytes`` (request bytes arriving, across connections).
         Returns the port. Needs ``pip install "embedtriton[grpc]"``.
         """
         options = _endpoint_options("gRPC", options or GrpcOptions(), address, settings, skip_none=True)
@@ -94,7 +95,8 @@ class Server(CoreServer):
 
         ``address`` (``"127.0.0.1:8000"`` by default; ``"host:0"`` picks a free port) and
         ``settings`` override the fields of ``options`` (:class:`HttpOptions`):
-        ``max_body_bytes``, ``max_header_bytes``, ``max_connections``, ``idle_timeout_s``,
+        ``max_body_bytes``, ``max_header_bytes``, ``max_buffered_bytes`` (request bytes held
+        across connections), ``max_connections``, ``idle_timeout_s``,
         ``request_timeout_s``, ``shared_memory``, ``tls_cert``, ``tls_key``, ``tls_client_ca``,
         ``restricted_api`` (Triton's ``--http-restricted-api`` specs), ``header_forward_pattern``,
         ``openai`` (also answer OpenAI's ``/v1/`` routes for the models bound with

@@ -26,13 +26,21 @@ def wait_for(condition, seconds: float = 10.0) -> bool:
 class Served:
     """An ``embedtriton serve`` child process serving the models of a bind function."""
 
-    def __init__(self, folder: Path, bind_source: str, *options: str, nofile: int | None = None) -> None:
-        """``nofile``: the child's descriptor limit (RLIMIT_NOFILE, soft and hard: it cannot raise it)."""
+    def __init__(
+        self, folder: Path, bind_source: str, *options: str, nofile: int | None = None, env: dict | None = None
+    ) -> None:
+        """``nofile``: the child's descriptor limit (RLIMIT_NOFILE, soft and hard: it cannot raise it);
+        ``env``: the child's environment (this process's by default)."""
         (folder / "served_models.py").write_text(textwrap.dedent(bind_source))
         command = [sys.executable, "-m", "embedtriton", "serve", "served_models:bind", "--grpc", "127.0.0.1:0"]
         limit = None if nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
         self.process = subprocess.Popen(
-            [*command, "--metrics", "", *options], cwd=folder, stderr=subprocess.PIPE, text=True, preexec_fn=limit
+            [*command, "--metrics", "", *options],
+            cwd=folder,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=limit,
+            env=env,
         )
         self.lines: list[str] = []
         deadline = time.monotonic() + 60

@@ -139,6 +139,45 @@ def test_an_endless_header_line_gets_431_before_it_ends(port):
         assert s.recv(4096).startswith(b"HTTP/1.1 431")
 
 
+# HttpOptions: the head as received may take max_header_bytes + 4 * min(max_header_bytes, 4096) + 512 bytes
+RAW_HEAD_LIMIT = MAX_HEADER + 4 * MAX_HEADER + 512
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["lines", "partial-line"])
+def test_a_head_padded_with_spaces_gets_431_once_past_its_raw_limit(port, partial):
+    """Lines of spaces count next to nothing against max_header_bytes (names and trimmed values:
+    5 bytes a line here), but the head as received is bounded too: the client that sent just past
+    RAW_HEAD_LIMIT bytes of it, whole lines or ending in a partial one, and waits, gets 431 at once
+    (before, it was read on and on: 8 clients made a server hold 44 MB)."""
+    line = b"X-Pad:" + b" " * 1000 + b"\r\n"
+    head = b"GET /v2/health/live HTTP/1.1\r\n"
+    while len(head) + len(line) <= RAW_HEAD_LIMIT:
+        head += line
+    head += line[: RAW_HEAD_LIMIT + 1 - len(head)] if partial else line
+    assert RAW_HEAD_LIMIT < len(head) <= RAW_HEAD_LIMIT + len(line)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head)  # and nothing more: the connection stays open
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+    assert b"request headers over the limit of 1024 bytes" in answer and b"Connection: close" in answer
+    assert live(port)
+
+
+@pytest.mark.parametrize("method", [b"GET", b"M" * 400], ids=["GET", "long-method"])
+def test_the_largest_heads_within_max_header_bytes_pass_the_raw_limit(port, method):
+    """The raw limit leaves room for the framing of every head within max_header_bytes: here the
+    most fields it allows (1009 of them with a one-byte name and no value, ``X: `` and CRLF, 5 bytes
+    as sent for 1 counted; with the URL, 1024 counted), with a long method too."""
+    url = b"/v2/health/live"
+    head = method + b" " + url + b" HTTP/1.1\r\n" + b"X: \r\n" * (MAX_HEADER - len(url)) + b"\r\n"
+    assert len(head) <= RAW_HEAD_LIMIT
+    answer = exchange(port, head)
+    assert answer.startswith(b"HTTP/1.1 ") and not answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    if method == b"GET":
+        assert answer.startswith(b"HTTP/1.1 200")
+    assert exchange(port, head.replace(url, url + b"x", 1)).startswith(b"HTTP/1.1 431")  # (a byte more is over)
+
+
 def test_an_oversized_body_gets_413_before_it_is_sent(port):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"POST /v2/models/Double/infer HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1))

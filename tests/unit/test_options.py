@@ -12,6 +12,7 @@ import pytest
 from embedtriton import (
     GrpcLimits,
     GrpcOptions,
+    HttpOptions,
     InvalidArgumentError,
     RequestOptions,
     ServerConfig,
@@ -28,6 +29,7 @@ from embedtriton.core.request import (
     with_deadline,
 )
 from embedtriton.frontends.grpc.options import normalize_address
+from embedtriton.server import _endpoint_options
 from embedtriton.triton import devices
 
 INPUTS = {"x": object()}
@@ -126,6 +128,27 @@ def test_grpc_options_compression_levels(level):
 def test_grpc_options_are_frozen():
     with pytest.raises(AttributeError):
         GrpcOptions().transport = "grpcio"  # type: ignore[misc]
+
+
+# -- max_buffered_bytes: request bytes held across connections -----------------------------------
+
+
+def test_max_buffered_bytes_is_a_budget_across_connections_apart_from_the_per_connection_bound():
+    assert HttpOptions().max_buffered_bytes == GrpcOptions().max_buffered_bytes == 512 * 1024 * 1024
+    assert GrpcOptions().limits.max_buffered_bytes == 64 * 1024 * 1024  # (GrpcLimits': one connection's)
+    # serve_http(..., max_buffered_bytes=...) and serve_grpc(...) take it as a setting
+    http = _endpoint_options("HTTP", HttpOptions(), None, {"max_buffered_bytes": 1 << 20})
+    grpc = _endpoint_options("gRPC", GrpcOptions(), None, {"max_buffered_bytes": 1 << 20}, skip_none=True)
+    assert http.max_buffered_bytes == grpc.max_buffered_bytes == 1 << 20
+    assert grpc.limits.max_buffered_bytes == 64 * 1024 * 1024
+
+
+@pytest.mark.parametrize("options", [HttpOptions, GrpcOptions])
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "10", None])
+def test_max_buffered_bytes_must_be_a_positive_integer(options, value):
+    with pytest.raises(InvalidArgumentError) as info:
+        options(max_buffered_bytes=value)
+    assert str(info.value) == f"{options.__name__}.max_buffered_bytes must be a positive integer, not {value!r}"
 
 
 # -- ServerConfig --------------------------------------------------------------------------------

@@ -53,7 +53,9 @@ class GrpcEndpoint:
         self.max_connections = connection_cap(options.limits.max_connections, "gRPC")
         address = str(options.address)  # (GrpcOptions normalized it to "host:port")
         if options.transport == "native":
-            self._start_native(address, options.max_message_bytes, options.tls, options.limits)
+            self._start_native(
+                address, options.max_message_bytes, options.tls, options.limits, options.max_buffered_bytes
+            )
         else:
             self._start_grpcio(
                 address,
@@ -63,12 +65,18 @@ class GrpcEndpoint:
                 options.limits,
             )
 
-    def _start_native(self, address: str, max_message_bytes: int, tls: Any, limits: GrpcLimits) -> None:
+    def _start_native(
+        self, address: str, max_message_bytes: int, tls: Any, limits: GrpcLimits, max_incoming_bytes: int
+    ) -> None:
         from ... import _h2
 
         host, _, port = address.rpartition(":")  # GrpcOptions checked and normalized it
         host = host.strip("[]")
-        transport_options = {**limits.transport_options(), "max_connections": self.max_connections}
+        transport_options = {
+            **limits.transport_options(),
+            "max_connections": self.max_connections,
+            "max_incoming_bytes": max_incoming_bytes,  # (GrpcOptions.max_buffered_bytes: across connections)
+        }
         try:
             self._h2_server = _h2.Server(
                 host, int(port), self.service, max_message_bytes, tls, _nghttp2_path(), **transport_options

@@ -31,8 +31,10 @@ class GrpcLimits:
     queued for a client that does not read them (beyond, its call is reset, RESOURCE_EXHAUSTED, and
     its requests cancelled) and request messages still arriving (memory follows the bytes received,
     never a declared length; beyond, the call fails with RESOURCE_EXHAUSTED); at least one message
-    of ``max_message_bytes`` always fits. The grpcio transport takes ``max_connections`` (it
-    refuses connections over the cap, closing none), ``idle_timeout_s`` and ``handshake_timeout_s``.
+    of ``max_message_bytes`` always fits. It bounds one connection: the bound on the request
+    messages arriving on all connections together is ``GrpcOptions.max_buffered_bytes``. The
+    grpcio transport takes ``max_connections`` (it refuses connections over the cap, closing
+    none), ``idle_timeout_s`` and ``handshake_timeout_s``.
     """
 
     max_connections: int = 1024
@@ -76,6 +78,14 @@ class GrpcOptions:
     SystemSharedMemoryRegister and CudaSharedMemoryRegister: shared memory is for same-host
     clients trusted with the server's ``/dev/shm`` objects and GPU memory they share.
 
+    ``max_buffered_bytes`` (native transport): the budget of incoming request bytes across all
+    connections, the request messages still arriving on every call of every client together
+    (memory follows the bytes received, never a declared length). The call whose message would
+    take it over fails with RESOURCE_EXHAUSTED ("the server holds more than N bytes of incoming
+    request messages (max_buffered_bytes); retry later") and the rest of its message is skipped;
+    messages already received are served. Not to be confused with ``GrpcLimits.max_buffered_bytes``,
+    which bounds each connection alone (replies queued for it, and its request messages arriving).
+
     Compressed requests (gzip, deflate: ``compression_algorithm=`` in tritonclient) are accepted
     on both transports. ``infer_response_compression_level`` (Triton's
     ``--grpc-infer-response-compression-level``): ``"none"``, ``"low"``, ``"medium"`` or
@@ -108,6 +118,7 @@ class GrpcOptions:
     infer_response_compression_level: str = "none"
     restricted_protocol: str | Sequence[str] = field(default=(), repr=False)
     header_forward_pattern: str | None = None
+    max_buffered_bytes: int = 512 * 1024 * 1024  # request bytes arriving, across connections
     restrictions: RestrictedApis = field(init=False, repr=False, compare=False)
     forward: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
@@ -130,6 +141,9 @@ class GrpcOptions:
         size = self.max_message_bytes
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise InvalidArgumentError(f"max_message_bytes must be > 0, not {self.max_message_bytes}")
+        budget = self.max_buffered_bytes
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
+            raise InvalidArgumentError(f"GrpcOptions.max_buffered_bytes must be a positive integer, not {budget!r}")
         if self.transport not in ("native", "grpcio"):
             raise InvalidArgumentError(f"transport must be 'native' or 'grpcio', not {self.transport!r}")
         level = self.infer_response_compression_level

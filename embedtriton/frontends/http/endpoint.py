@@ -87,6 +87,7 @@ class RestEndpoint(RestApi):
                 max_connections=self.max_connections, max_body_bytes=options.max_body_bytes,
                 max_header_bytes=options.max_header_bytes, idle_timeout=float(options.idle_timeout_s),
                 request_timeout=float(options.request_timeout_s), tls=tls, names=options.forward is not None,
+                max_buffered_bytes=options.max_buffered_bytes,
             )  # fmt: skip
         except OSError as exc:
             self._loop.close()
@@ -102,7 +103,8 @@ class RestEndpoint(RestApi):
     def stats(self) -> dict[str, Any]:
         """The transport's counters: connections (open now), accepted, refused, evicted,
         idle_closed, requests, request_timeouts, paused (times a client was read no further until
-        it read its answers)..."""
+        it read its answers), budget_refusals (503s for max_buffered_bytes), incoming_bytes (what
+        counts against it now)..."""
         return dict(self._http.stats())
 
     # -- called by the HttpServer on its IO thread, with the GIL

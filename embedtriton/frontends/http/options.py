@@ -16,7 +16,22 @@ from ..security import HTTP_GROUPS, RestrictedApis, forward_pattern, specs
 class HttpOptions:
     """Settings of the HTTP/REST endpoint (``Server.serve_http(options=...)``).
 
-    ``max_body_bytes`` and ``max_header_bytes`` bound what a request may carry (413 / 431);
+    ``max_body_bytes`` and ``max_header_bytes`` bound what a request may carry (413 / 431).
+    ``max_header_bytes`` counts the URL and the header names and values (without the whitespace
+    around them); the head as received (request line and header lines with their whitespace and
+    line ends) may take at most ``max_header_bytes + 4 * min(max_header_bytes, 4096) + 512``
+    bytes, checked as it arrives, else 431 too: room for the framing of every head within
+    ``max_header_bytes`` (a method up to 498 bytes, ``" HTTP/1.1"``, ``": "`` and CRLF per field,
+    at most 4096 fields), not for lines padded with spaces.
+    ``max_buffered_bytes`` bounds the request bytes the endpoint holds across all its connections
+    (what it received and has not handed to the route yet: bodies arriving beyond a first 64 KiB
+    read buffer per connection, requests read and waiting; memory follows the bytes received,
+    never a declared Content-Length). The request that would take it over gets 503
+    (``{"error": "the server holds more than N bytes of incoming requests (max_buffered_bytes);
+    retry later"}``) after the answers to the requests before it on its connection, which then
+    closes; what it sent is freed at once, requests already handed over are answered. A body
+    counts up to twice its size while it arrives (its buffer doubles as it grows): keep
+    ``max_buffered_bytes`` above twice ``max_body_bytes``.
     ``max_connections``, ``idle_timeout_s`` and ``request_timeout_s`` bound what a client may
     hold (a request not whole in time gets 408). ``max_connections`` is lowered to fit the
     process's descriptor limit (``min(max_connections, (limit - descriptors open - 64) // 2)``;
@@ -57,6 +72,7 @@ class HttpOptions:
     header_forward_pattern: str | None = None
     openai: bool = False  # also answer OpenAI's routes under /v1/ (docs/openai.md)
     openai_api_key: str | None = field(default=None, repr=False)  # those routes then need "Bearer <key>"
+    max_buffered_bytes: int = 512 * 1024 * 1024  # request bytes held across connections (else 503)
     restrictions: RestrictedApis = field(init=False, repr=False, compare=False)
     forward: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
@@ -70,7 +86,7 @@ class HttpOptions:
             RestrictedApis(restricted, option="http-restricted-api", noun="api", extra_groups=HTTP_GROUPS),
         )
         object.__setattr__(self, "forward", forward_pattern(self.header_forward_pattern, "header_forward_pattern"))
-        for name in ("max_body_bytes", "max_header_bytes", "max_connections"):
+        for name in ("max_body_bytes", "max_header_bytes", "max_buffered_bytes", "max_connections"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InvalidArgumentError(f"HttpOptions.{name} must be a positive integer, not {value!r}")

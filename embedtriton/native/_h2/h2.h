@@ -18,7 +18,9 @@
  * closed to admit the newcomer: evict_idle), handshake_timeout,
  * idle_timeout, max_header_list_bytes (and MAX_HEADER_FIELDS),
  * max_buffered_bytes (queued response bytes per connection, half of it per
- * stream), the rapid-reset and CONTINUATION limits of nghttp2 (RESET_BURST,
+ * stream; incomplete request messages per connection), max_incoming_bytes
+ * (incomplete request messages across connections: GrpcOptions.max_buffered_bytes),
+ * the rapid-reset and CONTINUATION limits of nghttp2 (RESET_BURST,
  * RESET_RATE, MAX_CONTINUATIONS), a reserve descriptor for EMFILE when no
  * connection can make room, and max_message_bytes on compressed request
  * messages once inflated too.
@@ -161,7 +163,8 @@ struct Conn {
   uint8_t* out;
   size_t outlen, outoff, outcap;
   size_t queued;  /* the sum of its streams' queued (srv->mu) */
-  size_t partial; /* bytes allocated for its streams' incomplete request messages (IO thread) */
+  size_t partial; /* bytes allocated for its streams' incomplete request messages (IO thread; their
+                     sum over connections is srv->g_partial) */
   Stream* streams;
   int nstreams;
   char peer[PEER_LEN];
@@ -203,6 +206,7 @@ struct ServerObject {
   /* limits (set before the IO thread starts) */
   int max_conns;
   size_t max_hdr, max_buf, max_buf_stream;
+  size_t max_incoming; /* bytes of incomplete request messages across connections */
   double idle_timeout, handshake_timeout, sweep_every;
 
   /* IO thread only */
@@ -225,7 +229,9 @@ struct ServerObject {
   /* counters written by the IO thread, read by stats() (relaxed atomics) */
   uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_handshake_timeouts, n_buffer_resets,
       n_evicted, n_written_now;
+  uint64_t n_budget; /* calls failed for max_incoming */
   int64_t n_open;
+  int64_t g_partial; /* gauge (written by the IO thread only): the connections' partial, summed */
 };
 
 #define STAT_ADD(field, v) __atomic_add_fetch(&(field), (v), __ATOMIC_RELAXED)

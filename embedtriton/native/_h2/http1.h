@@ -18,13 +18,18 @@
  *   5. timers (request, idle and TLS handshake timeouts, accept pauses), closing.
  *
  * Limits (as the asyncio endpoint had them): max_header_bytes (the URL and the header names and
- * values, 431), max_body_bytes (Content-Length, 413), chunked bodies refused (411), anything
+ * values, 431; the raw head, whitespace and line ends included, at most head_raw_limit() bytes,
+ * 431 too), max_body_bytes (Content-Length, 413), chunked bodies refused (411), anything
  * else malformed (400), request_timeout (a request begun must arrive whole, else 408 after the
  * answers before it, then close), idle_timeout, max_connections (an idle connection makes room,
  * one that never spoke first), backpressure: a connection is read no further while it has
  * MAX_PIPELINED requests unanswered, HELD_BYTES of requests not yet handed over, or BUF_HIGH bytes
  * of answers its client has not read; at most MAX_INFLIGHT of its requests are with Python at
- * once, and none is handed over while its answers are over BUF_HIGH.
+ * once, and none is handed over while its answers are over BUF_HIGH. Across connections,
+ * max_buffered_bytes bounds the request bytes the server holds (h1_incoming: what input buffers
+ * grew to beyond their first H1_READ, for requests arriving, and the requests read but not handed
+ * over); the request that would take them over it is refused (503, after the answers before it,
+ * then close) and what its connection held is freed at once.
  *
  * A client that leaves (its connection closed, reset, or shut for writing by the client) before
  * a request it sent was answered: the request's call is "lost" and its on_gone is called in the
@@ -57,6 +62,24 @@
 #define H1_READ (64 * 1024)   /* bytes one recv() asks for */
 #define MAX_FIELDS 4096       /* header fields of one request */
 
+/* A connection's input buffer: H1_READ bytes at first, grown (doubling, within max_buffered_bytes)
+ * only when less than H1_READ_MIN of it is free for the next read (or than the rest of a body, if
+ * that is less: a request that fits in the first buffer never grows it). */
+#define H1_READ_MIN (8 * 1024)
+
+/* The raw head (the request line and the header lines as received, whitespace and line ends
+ * included) is refused (431) past this many bytes, checked as it arrives: max_header_bytes counts
+ * only the URL and the header names and trimmed values, so without it a client could send endless
+ * lines of spaces. Every head within max_header_bytes fits: its framing is the method, " ", " "
+ * and "HTTP/1.1" on the request line, ": " and a CRLF per field, and a last CRLF, with at most
+ * min(max_hdr, MAX_FIELDS) fields (each counts a byte of name at least); RAW_HEAD_SLACK leaves
+ * room for a method of up to 498 bytes. */
+#define RAW_HEAD_SLACK 512
+static inline size_t head_raw_limit(size_t max_hdr)
+{
+  return max_hdr + 4 * (max_hdr < MAX_FIELDS ? max_hdr : MAX_FIELDS) + RAW_HEAD_SLACK;
+}
+
 /* ---- http1_parse.c -------------------------------------------------------- */
 
 typedef struct {
@@ -79,7 +102,8 @@ typedef struct {
 
 /* Parse the lines of buf[0:len) from h->scan on. Returns 1 when the head is complete (h->scan is
  * then the body's first byte), 0 when it needs more bytes, or an HTTP status (400, 411, 413, 431)
- * with its message in err. */
+ * with its message in err. A head still arriving is all of buf: its bytes, a partial line
+ * included, are held to head_raw_limit(max_hdr). */
 int head_parse(Head* h, const uint8_t* buf, size_t len, size_t max_hdr, size_t max_body, char* err,
                size_t errsize);
 void head_reset(Head* h);
@@ -161,6 +185,7 @@ struct HttpServerObject {
   /* limits */
   int max_conns;
   size_t max_hdr, max_body;
+  size_t max_buffered; /* request bytes held across connections (h1_incoming) */
   double idle_timeout, request_timeout, sweep_every;
   /* guarded by mu */
   pthread_mutex_t mu;
@@ -189,8 +214,9 @@ struct HttpServerObject {
   HttpServerObject* reg_next;
   /* counters (relaxed atomics) */
   uint64_t n_accepted, n_refused, n_emfile, n_idle_closed, n_evicted, n_requests, n_timeouts,
-      n_paused, n_written_now;
+      n_paused, n_written_now, n_budget; /* n_budget: requests refused for max_buffered_bytes */
   int64_t n_open, g_paused, g_held, g_buffered; /* gauges: now paused, bytes held and buffered */
+  int64_t g_input; /* gauge (IO thread): what input buffers grew to beyond their first H1_READ */
 };
 
 struct HttpCallObject {

@@ -52,6 +52,69 @@ static void pending_set(HConn* c, int on)
 }
 
 /* ------------------------------------------------------------------------ */
+/* input buffers, and max_buffered_bytes                                     */
+
+/* What counts against max_buffered_bytes, across connections: what their input buffers grew to
+ * beyond their first H1_READ (a request larger than that arriving: memory follows the bytes
+ * received, never a declared length) and the requests read but not yet handed to Python (held). */
+static size_t h1_incoming(HttpServerObject* srv)
+{
+  return (size_t)(STAT_GET(srv->g_input) + STAT_GET(srv->g_held));
+}
+
+static size_t beyond_first(size_t cap)
+{
+  return cap > H1_READ ? cap - H1_READ : 0;
+}
+
+/* c's input buffer made cap bytes (freed at 0), with the count of what buffers grew to. */
+static void in_resize(HConn* c, size_t cap)
+{
+  STAT_ADD(c->srv->g_input, (int64_t)beyond_first(cap) - (int64_t)beyond_first(c->incap));
+  if (cap) {
+    c->in = xrealloc(c->in, cap);
+  } else {
+    free(c->in);
+    c->in = NULL;
+  }
+  c->incap = cap;
+}
+
+/* The size c's input buffer keeps once `taken` more bytes are taken out of it: one grown for a
+ * large request goes back to its first H1_READ when what is left fits well in that. */
+static size_t in_kept(HConn* c, size_t taken)
+{
+  return c->incap > H1_READ && c->inlen - c->inoff - taken <= H1_READ / 2 ? H1_READ : c->incap;
+}
+
+/* (h1_parse, once a request's bytes are taken) Give back what a large request grew c's input to. */
+static void in_shrink(HConn* c)
+{
+  size_t keep = in_kept(c, 0), left = c->inlen - c->inoff;
+  if (keep == c->incap) return;
+  memmove(c->in, c->in + c->inoff, left);
+  c->inoff = 0;
+  c->inlen = left;
+  in_resize(c, keep);
+}
+
+/* Whether `more` request bytes fit within max_buffered_bytes, once `less` are given back. If not,
+ * the request arriving on c is refused (503, after the answers before it; what c held is freed). */
+static int within_budget(HConn* c, size_t more, size_t less)
+{
+  HttpServerObject* srv = c->srv;
+  if (h1_incoming(srv) - less + more <= srv->max_buffered) return 1;
+  char m[200];
+  snprintf(m, sizeof m,
+           "the server holds more than %zu bytes of incoming requests (max_buffered_bytes); "
+           "retry later",
+           srv->max_buffered);
+  STAT_ADD(srv->n_budget, 1);
+  h1_refuse(c, 503, m);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* requests                                                                  */
 
 /* r's call (if it was handed over) lost its client before the answer was complete: listed for
@@ -129,7 +192,8 @@ void h1_schedule(HConn* c)
   }
 }
 
-/* Read no further: answer `status` after the requests before, then close. */
+/* Read no further: answer `status` after the requests before, then close. What it read of the
+ * request is freed now. */
 void h1_refuse(HConn* c, int status, const char* message)
 {
   HReq* r = req_new(c);
@@ -144,6 +208,7 @@ void h1_refuse(HConn* c, int status, const char* message)
   c->stopped = 1;
   c->in_request = c->in_body = 0;
   c->inoff = c->inlen = 0;
+  in_resize(c, 0);
   h1_update_events(c);
   h1_schedule(c);
 }
@@ -188,8 +253,10 @@ void h1_parse(HConn* c)
     }
     size_t head_len = c->head.scan;
     if (have - head_len < c->body_want) break;
-    HReq* r = req_new(c);
     size_t total = head_len + c->body_want;
+    /* held from now on, copied out of the input buffer, which gives back what it grew to for it */
+    if (!within_budget(c, total, c->incap - in_kept(c, total))) break;
+    HReq* r = req_new(c);
     r->blob = malloc(total ? total : 1);
     if (!r->blob) abort();
     memcpy(r->blob, buf, total);
@@ -198,13 +265,14 @@ void h1_parse(HConn* c)
     r->head = c->head; /* its own copy of the field spans */
     r->head.fields = malloc((c->head.nfields ? c->head.nfields : 1) * sizeof(Span));
     if (!r->head.fields) abort();
-    memcpy(r->head.fields, c->head.fields, c->head.nfields * sizeof(Span));
+    if (c->head.nfields) memcpy(r->head.fields, c->head.fields, c->head.nfields * sizeof(Span));
     r->head.capfields = c->head.nfields;
     r->keep_alive = c->head.minor == 1 ? !c->head.conn_close : c->head.conn_keep_alive;
     c->held += total;
     STAT_ADD(srv->g_held, (int64_t)total);
     STAT_ADD(srv->n_requests, 1);
     c->inoff += total;
+    in_shrink(c);
     c->in_request = c->in_body = 0;
     if (!r->keep_alive) c->stopped = 1; /* what follows is not read */
   }
@@ -250,7 +318,9 @@ static void tls_handshake(HConn* c)
 }
 
 /* Read what one connection has, up to READ_BUDGET bytes in READ_CALLS reads; what is left waits on
- * srv->pend for the next iteration. */
+ * srv->pend for the next iteration. The input buffer starts at H1_READ bytes and grows (doubling,
+ * within max_buffered_bytes) only for a request that does not fit in it; of a head, no more than
+ * its raw limit is read. */
 void h1_readable(HConn* c)
 {
   c->served = c->srv->iter;
@@ -264,20 +334,30 @@ void h1_readable(HConn* c)
   int calls = 0;
   while (reading(c) && got < READ_BUDGET && calls < READ_CALLS) {
     calls++;
-    if (c->incap - c->inlen < H1_READ) {
+    size_t want = H1_READ_MIN; /* free room wanted, or the rest of a body if that is less */
+    if (c->in_body) {
+      size_t rest = c->head.scan + c->body_want - (c->inlen - c->inoff);
+      if (rest && rest < want) want = rest;
+    }
+    if (c->incap - c->inlen < want) {
       if (c->inoff > 0 && c->inoff >= c->inlen / 2) { /* compact first */
         memmove(c->in, c->in + c->inoff, c->inlen - c->inoff);
         c->inlen -= c->inoff;
         c->inoff = 0;
       }
-      if (c->incap - c->inlen < H1_READ) {
+      if (c->incap - c->inlen < want) {
         size_t cap = c->incap ? c->incap : H1_READ;
         while (cap - c->inlen < H1_READ) cap *= 2;
-        c->in = xrealloc(c->in, cap);
-        c->incap = cap;
+        size_t grown = beyond_first(cap) - beyond_first(c->incap);
+        if (grown && !within_budget(c, grown, 0)) break; /* refused: 503 */
+        in_resize(c, cap);
       }
     }
     size_t ask = c->incap - c->inlen;
+    if (c->in_request && !c->in_body) { /* a head arriving: read no more than its raw limit */
+      size_t lim = head_raw_limit(c->srv->max_hdr) + 1, head = c->inlen - c->inoff;
+      if (head < lim && lim - head < ask) ask = lim - head;
+    }
     ssize_t n = h1_recv(c, c->in + c->inlen, ask);
     if (n == -1) break;
     if (n == -2) {
@@ -305,11 +385,6 @@ void h1_readable(HConn* c)
     more = 1;
   }
   more = more && reading(c) && (got >= READ_BUDGET || calls >= READ_CALLS);
-  if (c->incap > 4 * H1_READ && c->inlen == 0) { /* give back what a large body grew */
-    free(c->in);
-    c->in = NULL;
-    c->incap = 0;
-  }
 out:
   pending_set(c, more);
 }
@@ -519,7 +594,7 @@ void h1_close(HConn* c)
   }
   epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close(c->fd);
-  free(c->in);
+  in_resize(c, 0);
   free(c->head.fields);
   if (c->prev) c->prev->next = c->next;
   else srv->conns = c->next;

@@ -1,7 +1,7 @@
 /* The HTTP/1.1 request parser of the REST endpoint: a request head parsed line by line as its
  * bytes arrive (so that a head over the limit is refused before it is all in), bounded by
- * max_header_bytes, with the checks the endpoint answers for (400, 411, 413, 431). Lines end with
- * CRLF or a bare LF. No Python and no IO here. */
+ * max_header_bytes and, as received, by head_raw_limit(), with the checks the endpoint answers for
+ * (400, 411, 413, 431). Lines end with CRLF or a bare LF. No Python and no IO here. */
 #include "http1.h"
 
 #include <stdio.h>
@@ -122,15 +122,18 @@ static int header_line(Head* h, const uint8_t* base, size_t off, size_t n, size_
 int head_parse(Head* h, const uint8_t* buf, size_t len, size_t max_hdr, size_t max_body, char* err,
                size_t errsize)
 {
+  size_t raw_max = head_raw_limit(max_hdr);
   for (;;) {
     const uint8_t* nl = h->scan < len ? memchr(buf + h->scan, '\n', len - h->scan) : NULL;
     if (!nl) {
-      /* a line this long would count past the limit once in */
-      if (len - h->scan > max_hdr + 256) return too_large(max_hdr, err, errsize);
+      /* a line this long would count past the limit once in; and what arrived of the head (all of
+       * buf: its lines and this partial one) is over the raw limit */
+      if (len - h->scan > max_hdr + 256 || len > raw_max) return too_large(max_hdr, err, errsize);
       return 0;
     }
     size_t off = h->scan, end = (size_t)(nl - buf);
     h->scan = end + 1;
+    if (h->scan > raw_max) return too_large(max_hdr, err, errsize); /* padded lines */
     if (end > off && buf[end - 1] == '\r') end--;
     size_t n = end - off;
     for (size_t k = off; k < end; k++)

@@ -40,28 +40,30 @@ static int HttpServer_init(HttpServerObject* self, PyObject* args, PyObject* kw)
                            "tls",
                            "libpath",
                            "names",
+                           "max_buffered_bytes",
                            NULL};
   const char *host, *libpath = NULL;
   int port, names = 0;
   PyObject *on_request, *on_refused, *tls = Py_None;
-  Py_ssize_t max_conns = 1024, max_body = 64 << 20, max_hdr = 16384;
+  Py_ssize_t max_conns = 1024, max_body = 64 << 20, max_hdr = 16384, max_buffered = 512 << 20;
   double idle = 300.0, req = 30.0;
   if (self->started || self->on_request) {
     PyErr_SetString(PyExc_RuntimeError, "HttpServer.__init__ called twice");
     return -1;
   }
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOO|$nnnddOzp:HttpServer", kwlist, &host, &port,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOO|$nnnddOzpn:HttpServer", kwlist, &host, &port,
                                    &on_request, &on_refused, &max_conns, &max_body, &max_hdr, &idle,
-                                   &req, &tls, &libpath, &names))
+                                   &req, &tls, &libpath, &names, &max_buffered))
     return -1;
   if (max_conns <= 0 || max_conns > INT_MAX || max_body <= 0 || max_hdr <= 0 ||
-      max_hdr > INT32_MAX / 8 || !(idle > 0) || !(req > 0)) {
+      max_hdr > INT32_MAX / 8 || max_buffered <= 0 || !(idle > 0) || !(req > 0)) {
     PyErr_SetString(PyExc_ValueError, "HttpServer: limits must be positive");
     return -1;
   }
   self->max_conns = (int)max_conns;
   self->max_body = (size_t)max_body;
   self->max_hdr = (size_t)max_hdr;
+  self->max_buffered = (size_t)max_buffered;
   self->idle_timeout = idle;
   self->request_timeout = req;
   self->names = names;
@@ -202,7 +204,7 @@ static PyObject* HttpServer_stats(HttpServerObject* self, PyObject* unused)
 {
   (void)unused;
   return Py_BuildValue(
-      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:L,s:L,s:K}", "connections",
+      "{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:L,s:L,s:K,s:L,s:K}", "connections",
       (long long)STAT_GET(self->n_open), "accepted", (unsigned long long)STAT_GET(self->n_accepted),
       "refused", (unsigned long long)STAT_GET(self->n_refused), "emfile",
       (unsigned long long)STAT_GET(self->n_emfile), "evicted",
@@ -213,7 +215,9 @@ static PyObject* HttpServer_stats(HttpServerObject* self, PyObject* unused)
       (unsigned long long)STAT_GET(self->n_paused), "paused_now",
       (long long)STAT_GET(self->g_paused), "held_bytes", (long long)STAT_GET(self->g_held),
       "buffered_bytes", (long long)STAT_GET(self->g_buffered), "written_now",
-      (unsigned long long)STAT_GET(self->n_written_now));
+      (unsigned long long)STAT_GET(self->n_written_now), "incoming_bytes",
+      (long long)(STAT_GET(self->g_input) + STAT_GET(self->g_held)), "budget_refusals",
+      (unsigned long long)STAT_GET(self->n_budget));
 }
 
 static PyMethodDef HttpServer_methods[] = {
@@ -226,9 +230,12 @@ static PyMethodDef HttpServer_methods[] = {
     {"stats", (PyCFunction)HttpServer_stats, METH_NOARGS,
      "stats() -> dict of counters: connections (open now), accepted, refused, emfile, evicted, "
      "idle_closed, requests, request_timeouts, paused (times a connection was read no further "
-     "for backpressure); gauges: paused_now (connections not read now), held_bytes (requests read, "
-     "not yet handed over), buffered_bytes (answers not yet written); written_now: answers the "
-     "thread that made them began to write (the IO thread did not have to wake for them)"},
+     "for backpressure), budget_refusals (requests refused, 503, for max_buffered_bytes); gauges: "
+     "paused_now (connections not read now), held_bytes (requests read, not yet handed over), "
+     "incoming_bytes (what counts against max_buffered_bytes: held_bytes and what input buffers "
+     "grew to beyond their first 64 KiB), buffered_bytes (answers not yet written); written_now: "
+     "answers the thread that made them began to write (the IO thread did not have to wake for "
+     "them)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef HttpServer_members[] = {
@@ -242,7 +249,7 @@ PyTypeObject HttpServerType = {
     .tp_doc =
         "HttpServer(host, port, on_request, on_refused, *, max_connections, max_body_bytes, "
         "max_header_bytes, idle_timeout, request_timeout, tls=None, libpath=None, "
-        "names=False): HTTP/1.1 on one IO thread.",
+        "names=False, max_buffered_bytes=536870912): HTTP/1.1 on one IO thread.",
     .tp_new = HttpServer_new,
     .tp_init = (initproc)HttpServer_init,
     .tp_dealloc = (destructor)HttpServer_dealloc,

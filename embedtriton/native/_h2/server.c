@@ -177,20 +177,22 @@ static int Server_init(ServerObject* self, PyObject* args, PyObject* kw)
                            "idle_timeout",
                            "handshake_timeout",
                            "max_header_list_bytes",
-                           "max_buffered_bytes", /* kw */
+                           "max_buffered_bytes",
+                           "max_incoming_bytes", /* kw */
                            NULL};
   const char *host, *libpath = NULL;
   int port;
   PyObject *handler, *tls = Py_None;
-  Py_ssize_t max_msg, max_conns = 1024, max_hdr = 16384, max_buf = 64 << 20;
+  Py_ssize_t max_msg, max_conns = 1024, max_hdr = 16384, max_buf = 64 << 20,
+                      max_incoming = 512 << 20;
   double idle = 300.0, hs = 10.0;
   if (self->started || self->on_message) {
     PyErr_SetString(PyExc_RuntimeError, "Server.__init__ called twice");
     return -1;
   }
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz$nddnn:Server", kwlist, &host, &port, &handler,
-                                   &max_msg, &tls, &libpath, &max_conns, &idle, &hs, &max_hdr,
-                                   &max_buf))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "siOn|Oz$nddnnn:Server", kwlist, &host, &port,
+                                   &handler, &max_msg, &tls, &libpath, &max_conns, &idle, &hs,
+                                   &max_hdr, &max_buf, &max_incoming))
     return -1;
   if (max_msg < 0) {
     PyErr_SetString(PyExc_ValueError, "max_message_bytes must be >= 0");
@@ -208,6 +210,10 @@ static int Server_init(ServerObject* self, PyObject* args, PyObject* kw)
     PyErr_SetString(PyExc_ValueError, "max_buffered_bytes must be a positive int");
     return -1;
   }
+  if (max_incoming <= 0) {
+    PyErr_SetString(PyExc_ValueError, "max_incoming_bytes must be a positive int");
+    return -1;
+  }
   if (positive(idle, "idle_timeout") < 0 || positive(hs, "handshake_timeout") < 0) return -1;
   self->max_msg = (size_t)max_msg;
   self->max_conns = (int)max_conns;
@@ -216,6 +222,7 @@ static int Server_init(ServerObject* self, PyObject* args, PyObject* kw)
   self->max_hdr = (size_t)max_hdr;
   self->max_buf = (size_t)max_buf;
   self->max_buf_stream = (size_t)max_buf / 2;
+  self->max_incoming = (size_t)max_incoming;
   /* timers are checked this often: a tenth of the shorter timeout, between 10 ms and 1 s */
   double shorter = idle < hs ? idle : hs;
   self->sweep_every = shorter / 10 < 0.01 ? 0.01 : shorter / 10 > 1.0 ? 1.0 : shorter / 10;
@@ -342,7 +349,7 @@ static void Server_dealloc(ServerObject* self)
 static PyObject* Server_stats(ServerObject* self, PyObject* unused)
 {
   (void)unused;
-  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "connections",
+  return Py_BuildValue("{s:L,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:L,s:K}", "connections",
                        (long long)STAT_GET(self->n_open), "buffer_resets",
                        (unsigned long long)STAT_GET(self->n_buffer_resets), "accepted",
                        (unsigned long long)STAT_GET(self->n_accepted), "refused",
@@ -351,7 +358,9 @@ static PyObject* Server_stats(ServerObject* self, PyObject* unused)
                        (unsigned long long)STAT_GET(self->n_idle_closed), "handshake_timeouts",
                        (unsigned long long)STAT_GET(self->n_handshake_timeouts), "evicted",
                        (unsigned long long)STAT_GET(self->n_evicted), "written_now",
-                       (unsigned long long)STAT_GET(self->n_written_now));
+                       (unsigned long long)STAT_GET(self->n_written_now), "incoming_bytes",
+                       (long long)STAT_GET(self->g_partial), "budget_refusals",
+                       (unsigned long long)STAT_GET(self->n_budget));
 }
 
 static PyMethodDef Server_methods[] = {
@@ -365,7 +374,9 @@ static PyMethodDef Server_methods[] = {
      "descriptors), "
      "evicted (idle connections closed to admit a new one), idle_closed, handshake_timeouts, "
      "buffer_resets (calls reset for queueing more than max_buffered_bytes allows), written_now "
-     "(answers in C written by the thread that made them, the IO thread asleep)"},
+     "(answers in C written by the thread that made them, the IO thread asleep), budget_refusals "
+     "(calls failed for max_incoming_bytes); a gauge: incoming_bytes (bytes of incomplete request "
+     "messages held, across connections)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef Server_members[] = {
@@ -380,7 +391,9 @@ PyTypeObject ServerType = {
         "Server(host, port, handler, max_message_bytes, tls=None, libpath=None, *, "
         "max_connections=1024, "
         "idle_timeout=300.0, handshake_timeout=10.0, max_header_list_bytes=16384, "
-        "max_buffered_bytes=67108864): gRPC over HTTP/2 on one IO thread.",
+        "max_buffered_bytes=67108864, max_incoming_bytes=536870912): gRPC over HTTP/2 on one IO "
+        "thread. max_buffered_bytes bounds each connection (replies queued, incomplete request "
+        "messages), max_incoming_bytes the incomplete request messages of all connections.",
     .tp_new = Server_new,
     .tp_init = (initproc)Server_init,
     .tp_dealloc = (destructor)Server_dealloc,

@@ -125,6 +125,15 @@ static void push_event(ServerObject* srv, int type, Stream* st, uint8_t* data, s
   srv->ev[srv->nev++] = (Event){type, st, data, len};
 }
 
+/* The bytes allocated for incomplete request messages change by d: on c (max_buffered_bytes, per
+ * connection) and across connections (max_incoming_bytes). */
+static void partial_add(Conn* c, int64_t d)
+{
+  if (d < 0) c->partial -= (size_t)-d;
+  else c->partial += (size_t)d;
+  STAT_ADD(c->srv->g_partial, d);
+}
+
 /* The stream is over for nghttp2 (closed) or its connection died. */
 void stream_detach(Stream* st)
 {
@@ -134,7 +143,7 @@ void stream_detach(Stream* st)
   else c->streams = st->cnext;
   if (st->cnext) st->cnext->cprev = st->cprev;
   c->nstreams--;
-  c->partial -= st->msg_cap; /* an incomplete request message goes with its stream */
+  partial_add(c, -(int64_t)st->msg_cap); /* an incomplete request message goes with its stream */
   st->msg_cap = 0;
   c->last_active =
       c->srv
@@ -366,21 +375,33 @@ static int on_frame_recv(nghttp2_session* sess, const nghttp2_frame* f, void* ud
 /* Grow (or first allocate) st's message buffer to cap bytes, within the connection's bound on
  * incomplete request messages (max_buffered_bytes, and never less than one message of
  * max_message_bytes): without it, a client could open 1024 streams and leave a large message
- * half-sent on each. Beyond the bound the call fails with RESOURCE_EXHAUSTED and the rest of its
+ * half-sent on each; and within the server's, across connections (max_incoming_bytes), against
+ * many clients doing so. Beyond either the call fails with RESOURCE_EXHAUSTED and the rest of its
  * message is skipped. Returns 0 when it failed. */
 static int grow_message(Conn* c, Stream* st, size_t cap)
 {
-  size_t bound = c->srv->max_buf > c->srv->max_msg ? c->srv->max_buf : c->srv->max_msg;
+  ServerObject* srv = c->srv;
+  size_t bound = srv->max_buf > srv->max_msg ? srv->max_buf : srv->max_msg;
   size_t more = cap - st->msg_cap; /* msg_cap is 0 while st->msg is NULL */
+  int over_conn = c->partial + more > bound;
+  int over_all = !over_conn && (size_t)STAT_GET(srv->g_partial) + more > srv->max_incoming;
   uint8_t* grown = NULL;
-  if (c->partial + more <= bound) grown = realloc(st->msg, cap ? cap : 1);
+  if (!over_conn && !over_all) grown = realloc(st->msg, cap ? cap : 1);
   if (!grown) {
     char m[200];
-    if (c->partial + more > bound)
+    if (over_conn) {
       snprintf(m, sizeof m,
                "the connection holds more than %zu bytes of incomplete request messages", bound);
-    else snprintf(m, sizeof m, "out of memory for the request message");
-    c->partial -= st->msg_cap;
+    } else if (over_all) {
+      snprintf(m, sizeof m,
+               "the server holds more than %zu bytes of incoming request messages "
+               "(max_buffered_bytes); retry later",
+               srv->max_incoming);
+      STAT_ADD(srv->n_budget, 1);
+    } else {
+      snprintf(m, sizeof m, "out of memory for the request message");
+    }
+    partial_add(c, -(int64_t)st->msg_cap);
     free(st->msg);
     st->msg = NULL;
     st->msg_cap = 0;
@@ -389,7 +410,7 @@ static int grow_message(Conn* c, Stream* st, size_t cap)
     finish_internal(st, 8, m);
     return 0;
   }
-  c->partial += more;
+  partial_add(c, (int64_t)more);
   st->msg = grown;
   st->msg_cap = cap;
   return 1;
@@ -473,7 +494,7 @@ static int on_data_chunk(nghttp2_session* sess, uint8_t flags, int32_t id, const
       data += take;
       len -= take;
       if (st->msg_have == st->msg_len) {
-        c->partial -= st->msg_cap; /* complete: the app owns it from here */
+        partial_add(c, -(int64_t)st->msg_cap); /* complete: the app owns it from here */
         st->msg_cap = 0;
         uint8_t* msg = st->msg;
         st->msg = NULL;
