@@ -198,7 +198,7 @@ void h1_parse(HConn* c)
     r->head = c->head; /* its own copy of the field spans */
     r->head.fields = malloc((c->head.nfields ? c->head.nfields : 1) * sizeof(Span));
     if (!r->head.fields) abort();
-    memcpy(r->head.fields, c->head.fields, c->head.nfields * sizeof(Span));
+    if (c->head.nfields) memcpy(r->head.fields, c->head.fields, c->head.nfields * sizeof(Span));
     r->head.capfields = c->head.nfields;
     r->keep_alive = c->head.minor == 1 ? !c->head.conn_close : c->head.conn_keep_alive;
     c->held += total;
