@@ -165,6 +165,20 @@ def tests_asan(session: nox.Session) -> None:
             session.error(f"{len(found)} sanitizer report(s) in {reports}")
 
 
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The coverage-guided fuzz targets of the C parsers (tests/fuzz/: libFuzzer, ASan, UBSan,
+    LeakSanitizer; an atheris differential of the gRPC decoder): `nox -s fuzz -- --seconds N`
+    runs each for N seconds (default 10) from its seed corpus and fails on any crash, leak or
+    sanitizer report, with a table of executions, edges and time (tests/fuzz/fuzz.py --help)."""
+    asan_runtime(session)  # clang and its runtimes, or the one command that installs them
+    if not glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a"):
+        session.error(f"clang's libFuzzer is not installed ({CLANG_RT})")
+    # embedtriton itself: the atheris target calls its decoder; the rest builds its own objects
+    install(session, "atheris", "numpy>=2", "tritonclient[grpc,http]", "hypothesis", "openai>=1.40,<4")
+    session.run("python", "tests/fuzz/fuzz.py", *session.posargs)
+
+
 # What `nox -s lint` checks with, pinned: a new mypy or clang-format release can judge the same
 # code differently. The stubs are typeshed's for the dependencies that ship no types.
 LINT_TOOLS = (
