@@ -98,6 +98,87 @@ def tests_oldest(session: nox.Session) -> None:
     session.run(*PYTEST, "--deselect", once, *session.posargs)
 
 
+# The C that reads network bytes, under AddressSanitizer and UndefinedBehaviorSanitizer: the decoders
+# (protobuf, JSON, binary tensors, inflate), the HTTP/1.1 and HTTP/2 transports, and every adversarial test.
+ASAN_TESTS = (
+    "tests/adversarial", "tests/frontends/test_h2.py", "tests/frontends/test_http_in_c.py",
+    "tests/frontends/test_grpc_in_c.py", "tests/frontends/test_grpc_compression.py", "tests/frontends/test_http.py",
+    "tests/unit/test_kserve.py",
+)  # fmt: skip
+
+
+CLANG_RT = "Debian: apt install clang libclang-rt-14-dev"  # clang, its sanitizer runtimes and libFuzzer
+
+
+def asan_runtime(session: nox.Session) -> str:
+    """The path of clang's shared ASan runtime (UBSan's handlers are in it too)."""
+    try:
+        out = subprocess.run(["clang", "-print-file-name=libclang_rt.asan-x86_64.so"], capture_output=True, text=True)
+    except OSError:
+        session.error(f"clang is not installed ({CLANG_RT})")
+    path = out.stdout.strip()
+    if not os.path.isabs(path) or not os.path.exists(path):
+        session.error(f"clang's sanitizer runtime is not installed ({CLANG_RT})")
+    return path
+
+
+@nox.session(name="tests-asan")
+def tests_asan(session: nox.Session) -> None:
+    """The decoder, transport and adversarial tests against modules built with
+    EMBEDTRITON_SANITIZE=address,undefined: the ASan runtime preloaded, Python's allocator off
+    (PYTHONMALLOC=malloc, so its objects get redzones too), every UBSan finding fatal. A report from
+    any process (servers the tests start included) fails the session: they are written to
+    build/sanitize/reports/ and printed."""
+    session.install("--no-deps", TRITON_RUNTIME)
+    session.install(*TEST_TOOLS, "numpy>=2", "tritonclient[grpc,http]")
+    session.install(".[grpc,http]", env={"EMBEDTRITON_SANITIZE": "address,undefined"})
+    asan = asan_runtime(session)
+    for module in ("_native", "_h2"):  # the installed modules (-I: not the source folder's package)
+        path = session.run("python", "-I", "-c", f"import embedtriton.{module} as m; print(m.__file__)", silent=True,
+                           env={"LD_PRELOAD": asan, "ASAN_OPTIONS": "detect_leaks=0"})  # fmt: skip
+        linked = subprocess.run(["ldd", str(path).strip()], capture_output=True, text=True).stdout
+        if "libclang_rt.asan" not in linked:
+            session.error(f"{path} is not the sanitized build (ldd: {linked})")
+    reports = os.path.abspath("build/sanitize/reports")
+    os.makedirs(reports, exist_ok=True)
+    for old in glob.glob(f"{reports}/*"):
+        os.remove(old)
+    env = {
+        "LD_PRELOAD": asan,
+        "PYTHONMALLOC": "malloc",
+        # leaks: CPython and Triton keep their allocations to the end; the fuzz targets check ours
+        # (nox -s fuzz). allocator_may_return_null: a huge request is an error to report, as malloc does.
+        "ASAN_OPTIONS": f"detect_leaks=0:allocator_may_return_null=1:log_path={reports}/asan",
+        "UBSAN_OPTIONS": f"halt_on_error=1:print_stacktrace=1:log_path={reports}/ubsan",
+        "EMBEDTRITON_REQUIRE_PERF_ANALYZER": "",
+    }
+    # RSS measures mean nothing here: ASan holds freed blocks in quarantine (they run in `tests`)
+    rss = ["-k", "not memory_stays_flat"]
+    try:
+        session.run(*PYTEST, *rss, *(session.posargs or ASAN_TESTS), env=env)
+    finally:
+        found = sorted(glob.glob(f"{reports}/*"))
+        for report in found:
+            with open(report) as f:
+                print(f"==== {report}\n{f.read()}", file=sys.stderr)
+        if found:
+            session.error(f"{len(found)} sanitizer report(s) in {reports}")
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The coverage-guided fuzz targets of the C parsers (tests/fuzz/: libFuzzer, ASan, UBSan,
+    LeakSanitizer; an atheris differential of the gRPC decoder): `nox -s fuzz -- --seconds N`
+    runs each for N seconds (default 10) from its seed corpus and fails on any crash, leak or
+    sanitizer report, with a table of executions, edges and time (tests/fuzz/fuzz.py --help)."""
+    asan_runtime(session)  # clang and its runtimes, or the one command that installs them
+    if not glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a"):
+        session.error(f"clang's libFuzzer is not installed ({CLANG_RT})")
+    # embedtriton itself: the atheris target calls its decoder; the rest builds its own objects
+    install(session, "atheris", "numpy>=2", "tritonclient[grpc,http]", "hypothesis", "openai>=1.40,<4")
+    session.run("python", "tests/fuzz/fuzz.py", *session.posargs)
+
+
 # What `nox -s lint` checks with, pinned: a new mypy or clang-format release can judge the same
 # code differently. The stubs are typeshed's for the dependencies that ship no types.
 LINT_TOOLS = (

@@ -18,11 +18,30 @@ INCLUDE = f"{NATIVE}/include"
 # completion helpers of the per-request path), as it did when each module was one file.
 # EMBEDTRITON_NO_LTO=1 builds without it, for toolchains whose linker cannot run GCC's LTO plugin.
 LTO = [] if os.environ.get("EMBEDTRITON_NO_LTO") == "1" else ["-flto"]
-CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-fvisibility=hidden", *LTO]
+# EMBEDTRITON_SANITIZE=address,undefined (or one of them) builds the modules under the sanitizers
+# for `nox -s tests-asan` (docs/development.md): no LTO, -O1 with frame pointers and debug
+# information (readable reports), every UBSan check fatal. The compiler is clang (CC overrides it):
+# its shared ASan runtime carries UBSan too, so one LD_PRELOAD serves both and every report honours
+# log_path (gcc's separate libubsan writes to stderr only, where pytest's capture loses it). Python
+# is not built with them: the runtime must be preloaded. The objects go to build/sanitize/.
+SANITIZERS = ("address", "undefined")
+SANITIZE = [s for s in os.environ.get("EMBEDTRITON_SANITIZE", "").replace(" ", "").split(",") if s]
+if any(s not in SANITIZERS for s in SANITIZE):
+    raise SystemExit(f"EMBEDTRITON_SANITIZE takes {', '.join(SANITIZERS)} (comma-separated), not {SANITIZE}")
+if SANITIZE:
+    os.environ.setdefault("CC", "clang")
+    os.environ.setdefault("CXX", "clang++")
+    os.environ.setdefault("LDSHARED", f"{os.environ['CC']} -shared")
+    OPT = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={','.join(SANITIZE)}", "-fno-sanitize-recover=all"]
+    LTO = []
+    LINK = ["-shared-libasan"] if "address" in SANITIZE else []
+else:
+    OPT, LINK = ["-O2"], []
+CFLAGS = [*OPT, "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-fvisibility=hidden", *LTO]
 
 
 def exports(module: str) -> list[str]:
-    return ["-O2", *LTO, f"-Wl,--version-script={NATIVE}/{module}/exports.map"]
+    return [*OPT, *LTO, *LINK, f"-Wl,--version-script={NATIVE}/{module}/exports.map"]
 
 
 def files(pattern: str) -> list[str]:
@@ -50,6 +69,7 @@ class BuildExt(build_ext):
 
 setup(
     cmdclass={"build_ext": BuildExt},
+    options={"build": {"build_base": "build/sanitize"}} if SANITIZE else {},
     ext_modules=[
         Extension(
             "embedtriton._native",

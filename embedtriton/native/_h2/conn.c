@@ -202,7 +202,7 @@ static void format_peer(const struct sockaddr_storage* sa, char* out)
   }
 }
 
-static void conn_new(ServerObject* srv, int fd, const struct sockaddr_storage* sa)
+void h2_conn_new(ServerObject* srv, int fd, const struct sockaddr_storage* sa)
 {
   Conn* c = calloc(1, sizeof *c);
   if (!c) {
@@ -363,7 +363,7 @@ void accept_some(ServerObject* srv)
     STAT_ADD(srv->n_accepted, 1);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    conn_new(srv, fd, &sa);
+    h2_conn_new(srv, fd, &sa);
   }
 }
 

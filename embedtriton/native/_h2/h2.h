@@ -314,6 +314,9 @@ nghttp2_session_callbacks* make_callbacks(void);
 
 /* ---- conn.c: connections ------------------------------------------------- */
 
+struct sockaddr_storage;
+/* A new connection on an accepted socket (also how tests/fuzz/h2_session.c opens one). */
+void h2_conn_new(ServerObject* srv, int fd, const struct sockaddr_storage* sa);
 void conn_readable(Conn* c);
 void conn_flush(Conn* c);
 void conn_close(Conn* c);
@@ -323,6 +326,8 @@ void sweep(ServerObject* srv);
 /* ---- loop.c, server.c: the IO thread and the registry -------------------- */
 
 void* io_main(void* arg);
+/* Apply what send()/finish() queued to the sessions: the number of streams (in srv->work). */
+size_t h2_apply_dirty(ServerObject* srv);
 void write_or_wake(ServerObject* srv);
 PyObject* stop_all_servers(PyObject* mod, PyObject* unused);
 SSL_CTX* tls_context(PyObject* tls, const char* libpath, int h2);

@@ -118,7 +118,7 @@ static void dispatch(ServerObject* srv)
 }
 
 /* Apply what send()/finish() queued: the number of streams (in srv->work). */
-static size_t apply_dirty(ServerObject* srv)
+size_t h2_apply_dirty(ServerObject* srv)
 {
   size_t n = 0;
   pthread_mutex_lock(&srv->mu);
@@ -201,7 +201,7 @@ void write_or_wake(ServerObject* srv)
   if (pthread_mutex_trylock(&srv->io_mu) == 0) {
     if (srv->io_waiting) {
       STAT_ADD(srv->n_written_now, 1); /* (first: the client may read stats() once it has it) */
-      size_t n = apply_dirty(srv);
+      size_t n = h2_apply_dirty(srv);
       for (size_t i = 0; i < n; i++)
         if (srv->work[i]->conn) conn_flush(srv->work[i]->conn);
       pthread_mutex_lock(&srv->mu);
@@ -288,7 +288,7 @@ void* io_main(void* arg)
       if (c->served != srv->iter) conn_readable(c);
     }
     dispatch(srv);
-    apply_dirty(srv);
+    h2_apply_dirty(srv);
 
     pthread_mutex_lock(&srv->mu);
     int stop_req = srv->stop_req;

@@ -365,7 +365,7 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
   for (Py_ssize_t v = 0; v < b->n_views; v++) {
     if (is_hold(b->views[v])) continue;
     detach_view((PyArrayObject*)b->views[v]);
-    Py_DECREF(b->views[v]);
+    Py_CLEAR(b->views[v]); /* (the loop below must not read the type of a view freed here) */
   }
   /* ... and let go of the holds on GPU inputs: a request whose GPU input the callable still
    * uses is released when its last view goes (its buffer cannot be copied under a cupy or
@@ -373,7 +373,7 @@ static void finish_batch(Batch* b, PyObject* result, TRITONSERVER_Error* batch_e
   TRITONBACKEND_Request** kept = NULL;
   uint32_t n_kept = 0;
   for (Py_ssize_t v = 0; v < b->n_views; v++) {
-    if (!is_hold(b->views[v])) continue;
+    if (b->views[v] == NULL || !is_hold(b->views[v])) continue;
     TRITONBACKEND_Request* r = hold_drop(b->views[v]);
     if (r != NULL && kept == NULL) kept = calloc(count, sizeof(*kept));
     if (r != NULL && kept != NULL) kept[n_kept++] = r;

@@ -93,7 +93,7 @@ static char* put_i64(char* p, int64_t v)
 /* A double as Python's repr: the fewest significant digits that read back, fixed notation for
  * decimal exponents -4..15 ("3.0", "0.0001"), scientific beyond ("1e+16", "1.5e-05"); json.dumps'
  * NaN and Infinity. At most 25 bytes. */
-static char* put_double(char* p, double v)
+char* kj_double_text(char* p, double v)
 {
   if (isnan(v)) return put(p, "NaN");
   if (isinf(v)) return put(p, v > 0 ? "Infinity" : "-Infinity");
@@ -174,9 +174,9 @@ static char* put_element(char* p, TRITONSERVER_DataType t, const uint8_t* at)
     case TRITONSERVER_TYPE_INT16: return put_i64(p, v.i16);
     case TRITONSERVER_TYPE_INT32: return put_i64(p, v.i32);
     case TRITONSERVER_TYPE_INT64: return put_i64(p, v.i64);
-    case TRITONSERVER_TYPE_FP16: return put_double(p, half_to_double(v.u16));
-    case TRITONSERVER_TYPE_FP32: return put_double(p, v.f32);
-    default: return put_double(p, v.f64);
+    case TRITONSERVER_TYPE_FP16: return kj_double_text(p, half_to_double(v.u16));
+    case TRITONSERVER_TYPE_FP32: return kj_double_text(p, v.f32);
+    default: return kj_double_text(p, v.f64);
   }
 }
 
@@ -306,13 +306,13 @@ char* kj_error(const char* message, size_t* len)
   return text;
 }
 
-/* kserve_json_encode_double(x) -> str: put_double's text (tests: Python's repr). */
+/* kserve_json_encode_double(x) -> str: kj_double_text's text (tests: Python's repr). */
 PyObject* py_kserve_json_double(PyObject* self, PyObject* arg)
 {
   (void)self;
   double v = PyFloat_AsDouble(arg);
   if (v == -1.0 && PyErr_Occurred()) return NULL;
   char text[40];
-  char* end = put_double(text, v);
+  char* end = kj_double_text(text, v);
   return PyUnicode_FromStringAndSize(text, end - text);
 }

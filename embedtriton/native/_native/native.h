@@ -595,6 +595,9 @@ void kj_clear(KjRequest* q);
  * follow it, else 0), or NULL with *e set. */
 char* kj_encode(const KjAnswer* a, TRITONSERVER_InferenceResponse* resp, size_t* len,
                 size_t* header_len, KsError* e);
+/* A double as Python's repr writes it (json.dumps' NaN, Infinity), at most 25 bytes at p: the
+ * end. */
+char* kj_double_text(char* p, double v);
 /* {"error": message} (malloc'd), NULL when out of memory. */
 char* kj_error(const char* message, size_t* len);
 PyObject* py_kserve_json_decode(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
