@@ -139,6 +139,28 @@ def test_an_endless_header_line_gets_431_before_it_ends(port):
         assert s.recv(4096).startswith(b"HTTP/1.1 431")
 
 
+@pytest.mark.parametrize("cut", [False, True], ids=["whole", "cut"])
+def test_a_long_line_gets_the_same_answer_however_it_arrives(port, cut):
+    """A line longer than a line may be (max_header_bytes + 256) with a bad byte in it: the server
+    refuses it before it ends (431) when it arrives in pieces, so it must do so when it arrives whole
+    too, not look at its bytes first (400). Found by the http1_conn fuzz target, which sends every
+    input cut and whole (tests/fuzz/corpus/http1_conn/regress-line-limit)."""
+    line = b"X: " + b"\0" * (MAX_HEADER + 300) + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        if cut:
+            s.sendall(b"GET / HTTP/1.1\r\n" + line[: MAX_HEADER + 280])
+            time.sleep(0.2)
+            try:
+                s.sendall(line[MAX_HEADER + 280 :])
+            except OSError:  # (refused and closed already)
+                pass
+        else:
+            s.sendall(b"GET / HTTP/1.1\r\n" + line)
+        answer = read_all(s)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+    assert live(port)
+
+
 # HttpOptions: the head as received may take max_header_bytes + 4 * min(max_header_bytes, 4096) + 512 bytes
 RAW_HEAD_LIMIT = MAX_HEADER + 4 * MAX_HEADER + 512
 

@@ -3,17 +3,19 @@
  * socket, as the IO thread drives it, without the interpreter: nghttp2's own fuzz target feeds a
  * server session arbitrary frames; this one feeds ours, with our callbacks, limits and answers.
  *
- * The input's first byte picks max_message_bytes, the responses' compression and how the
- * application answers; the rest follows the client connection preface (added here, so that the
- * fuzzer spends its time on frames) and is written into a socketpair in pieces cut at points the
- * input chooses. After each piece: conn_readable (read, nghttp2, our callbacks), the events handed
- * to a stand-in application (which answers through h2_reply, as kserve.c does), apply_dirty and
- * conn_flush (nghttp2 writes); the client reads what comes back. conn_close ends it.
+ * The input's first byte picks max_message_bytes, the responses' compression, how the
+ * application answers and the budget across connections (max_incoming_bytes); the rest follows the
+ * client connection preface (added here, so that the fuzzer spends its time on frames) and is
+ * written into a socketpair in pieces cut at points the input chooses. After each piece:
+ * conn_readable (read, nghttp2, our callbacks), the events handed to a stand-in application (which
+ * answers through h2_reply, as kserve.c does), apply_dirty and conn_flush (nghttp2 writes); the
+ * client reads what comes back. conn_close ends it.
  *
  * Invariants, besides ASan, UBSan and LeakSanitizer (every stream, message and buffer freed):
  *  - a message handed to the application is at most max_message_bytes;
  *  - the connection's count of bytes held for incomplete messages is the sum of its streams' and
- *    within the bound (max_buffered_bytes, at least one max_message_bytes);
+ *    within the bound (max_buffered_bytes, at least one max_message_bytes); the server's, across
+ *    connections, is the same and within max_incoming_bytes, and back to zero after the close;
  *  - its list of streams has nstreams entries; after the close, none is left and every event has
  *    been handed over. */
 #include "h2.h"
@@ -133,6 +135,11 @@ static void check_conn(const Conn* c)
   size_t bound = srv->max_buf > srv->max_msg ? srv->max_buf : srv->max_msg;
   CHECK(c->partial <= bound, "%zu bytes of incomplete messages over the bound of %zu", c->partial,
         bound);
+  CHECK(STAT_GET(srv->g_partial) == (int64_t)c->partial,
+        "the server counts %lld, its connection %zu", (long long)STAT_GET(srv->g_partial),
+        c->partial);
+  CHECK(c->partial <= srv->max_incoming, "%zu bytes of incomplete messages over max_incoming %zu",
+        c->partial, srv->max_incoming);
 }
 
 static void drain(int fd)
@@ -150,6 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
   static const size_t max_msg[] = {16, 4096, 1 << 20};
   srv->max_msg = max_msg[data[0] % 3];
   App app = {(data[0] / 3) % 3, (data[0] / 9) % 3}; /* comp: identity, deflate or gzip */
+  srv->max_incoming = data[0] / 27 % 2 ? 4096 : (size_t)512 << 20;
   size_t n = sizeof PREFACE - 1 + size - 1;
   uint8_t* stream = malloc(n);
   if (!stream) abort();
@@ -186,6 +194,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
   conn_close(c);
   application(&app); /* the streams' close events */
   CHECK(srv->nconns == 0 && srv->conns == NULL, "%d connections left", srv->nconns);
+  CHECK(STAT_GET(srv->g_partial) == 0, "%lld bytes of incomplete messages counted after the close",
+        (long long)STAT_GET(srv->g_partial));
   pthread_mutex_lock(&srv->mu);
   CHECK(srv->dirty_head == NULL, "a stream left on the dirty list");
   pthread_mutex_unlock(&srv->mu);

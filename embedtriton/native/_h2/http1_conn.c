@@ -372,7 +372,7 @@ void h1_readable(HConn* c)
       pthread_mutex_lock(&c->srv->mu);
       for (HReq* r = c->qhead; r; r = r->next) h1_lost_locked(c->srv, r);
       pthread_mutex_unlock(&c->srv->mu);
-      c->in_request = 0;
+      c->in_request = c->in_body = 0; /* (a request cut short is dropped whole) */
       h1_update_events(c);
       break;
     }

@@ -134,6 +134,9 @@ int head_parse(Head* h, const uint8_t* buf, size_t len, size_t max_hdr, size_t m
     size_t off = h->scan, end = (size_t)(nl - buf);
     h->scan = end + 1;
     if (h->scan > raw_max) return too_large(max_hdr, err, errsize); /* padded lines */
+    /* the partial line's limit above, for a line that arrived whole: the answer must not depend on
+     * where the client's bytes were cut (a long line with a bad byte is 431 either way) */
+    if (end - off > max_hdr + 256) return too_large(max_hdr, err, errsize);
     if (end > off && buf[end - 1] == '\r') end--;
     size_t n = end - off;
     for (size_t k = off; k < end; k++)
