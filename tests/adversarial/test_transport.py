@@ -26,6 +26,7 @@ import h2.connection  # noqa: E402
 import h2.events  # noqa: E402
 import h2.exceptions  # noqa: E402
 import h2.settings  # noqa: E402
+from serving import SANITIZED  # noqa: E402
 
 MAX_MSG = 4 << 20
 REQUEST_HEADERS = [
@@ -486,7 +487,7 @@ def test_header_bomb(start, handler):
     sid = bomb.request("Echo", body=None, headers=[(b"x-bomb", b"a" * 4000)] * 30000)  # HEADERS only: stays open
     status, message, _ = bomb.response(sid, timeout=3.0)
     grown = rss_mib() - before
-    assert grown < 16, f"RSS grew by {grown:.0f} MiB"
+    assert grown < 16 or SANITIZED, f"RSS grew by {grown:.0f} MiB"
     assert status == 8 and "16384" in message, (status, message)
     assert settings.get(h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE) == 16384
     assert handler.messages == [] and handler.half_closes == []
@@ -699,7 +700,7 @@ def test_zero_window_client_bounded(start, handler):
         time.sleep(0.01)
     handler.pour.join(10)
     grown = rss_mib() - before
-    assert grown < 48, f"RSS grew by {grown:.0f} MiB"
+    assert grown < 48 or SANITIZED, f"RSS grew by {grown:.0f} MiB"
     assert False in handler.poured and handler.poured.index(False) <= 33, handler.poured.count(True)
     assert handler.cancel_event.wait(3.0)
     reset = client.wait(lambda e: isinstance(e, h2.events.StreamReset) and e.stream_id == sid, 3.0)
@@ -754,7 +755,7 @@ def test_incomplete_request_messages_are_bounded(start, handler):
         prefix_only.append(sid)
     client.flush()
     assert client.call("Echo", b"still here")[:3:2] == (0, b"still here")
-    assert rss_mib() - before < 16
+    assert rss_mib() - before < 16 or SANITIZED
     halves = []
     chunk = b"h" * (16 << 10)
     for _ in range(32):  # then 512 KiB of each of 32 new calls: 16 MiB claimed against an 8 MiB bound
@@ -772,7 +773,7 @@ def test_incomplete_request_messages_are_bounded(start, handler):
         halves.append(sid)
     statuses = [client.response(sid, timeout=5.0)[:2] for sid in halves[-8:]]
     grown = rss_mib() - before
-    assert grown < 40, f"RSS grew by {grown:.0f} MiB"
+    assert grown < 40 or SANITIZED, f"RSS grew by {grown:.0f} MiB"
     assert all(s == 8 and "incomplete request messages" in m for s, m in statuses), statuses
     other = Raw(srv.port)  # the client hurts only itself: other connections are served
     assert other.call("Echo", b"other")[:3:2] == (0, b"other")
@@ -827,7 +828,7 @@ def test_decompression_bomb(start, handler):
         assert status == 8, (status, message)
         assert message == f"received message after decompression larger than max (more than {MAX_MSG} bytes)"
     peak = _vm_mib("VmHWM") - before
-    assert peak < 16, f"the peak RSS rose by {peak:.0f} MiB"
+    assert peak < 16 or SANITIZED, f"the peak RSS rose by {peak:.0f} MiB"
     assert handler.messages == []
     assert client.call("Echo", b"after")[:3:2] == (0, b"after")
     exact, over = _gzip_of_zeros(MAX_MSG), _gzip_of_zeros(MAX_MSG + 1)

@@ -208,6 +208,42 @@ def from_strategies() -> tuple[list[bytes], list[tuple[bytes, int]]]:
     return messages, bodies
 
 
+def h2_frames() -> list[bytes]:
+    """Client connections no stock client makes, written with the h2 package: many streams at once,
+    a message split across DATA frames and padded, trailers, resets, pings, window updates,
+    priority, a compressed message, a CONTINUATION, and a GOAWAY."""
+    import h2.config
+    import h2.connection
+    import h2.settings
+
+    path = b"/inference.GRPCInferenceService/ModelInfer"
+    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", b"x"),
+               (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
+    message = bytes([0]) + (12).to_bytes(4, "big") + b"\x0a\x06AddSub\x12\x011\x1a\x00"
+    out = []
+    for variant in range(4):
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        conn.initiate_connection()
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+        for sid in (1, 3, 5):
+            extra = [(b"grpc-encoding", b"gzip")] if variant == 1 and sid == 3 else []
+            conn.send_headers(sid, headers + extra + [(b"x-pad", b"v" * (sid * 100))])
+            body = message if not extra else bytes([1]) + len(gz := gzip.compress(message[5:])).to_bytes(4, "big") + gz
+            conn.send_data(sid, body[:3], pad_length=4 if variant == 2 else None)
+            conn.send_data(sid, body[3:])
+            if variant == 3 and sid == 5:
+                conn.reset_stream(sid)
+            else:
+                conn.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)  # client trailers
+        conn.ping(b"12345678")
+        conn.increment_flow_control_window(1 << 16)
+        conn.prioritize(1, weight=200, depends_on=0, exclusive=False)
+        if variant == 3:
+            conn.close_connection()
+        out.append(conn.data_to_send())
+    return out
+
+
 def numbers() -> list[bytes]:
     texts = ["0", "-0", "1", "-1", "0.1", "1e308", "1e309", "2.2250738585072014e-308", "4.9e-324", "1e-400",
              "123456789012345", "1234567890123456", "9007199254740993", "0.30000000000000004", "3.4028235e38",
@@ -246,6 +282,9 @@ def main() -> None:
                     write("inflate", bytes([enc | 4 << 1]) + payload)
                 continue
             messages.append(payload)
+    for stream in h2_frames():
+        write("h2_session", bytes([2]) + stream[24:])
+        write("h2_session", bytes([1 + 27]) + stream[24:])  # 4 KiB messages, a 4 KiB budget
     pb, js = from_strategies()
     messages += pb
     bodies += js
