@@ -129,10 +129,10 @@ def tests_asan(session: nox.Session) -> None:
     (PYTHONMALLOC=malloc, so its objects get redzones too), every UBSan finding fatal. A report from
     any process (servers the tests start included) fails the session: they are written to
     build/sanitize/reports/ and printed."""
+    asan = asan_runtime(session)  # clang and its runtimes, or the one command that installs them
     session.install("--no-deps", TRITON_RUNTIME)
     session.install(*TEST_TOOLS, "numpy>=2", "tritonclient[grpc,http]")
     session.install(".[grpc,http]", env={"EMBEDTRITON_SANITIZE": "address,undefined"})
-    asan = asan_runtime(session)
     for module in ("_native", "_h2"):  # the installed modules (-I: not the source folder's package)
         path = session.run("python", "-I", "-c", f"import embedtriton.{module} as m; print(m.__file__)", silent=True,
                            env={"LD_PRELOAD": asan, "ASAN_OPTIONS": "detect_leaks=0"})  # fmt: skip
