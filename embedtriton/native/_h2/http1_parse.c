@@ -125,18 +125,15 @@ int head_parse(Head* h, const uint8_t* buf, size_t len, size_t max_hdr, size_t m
   size_t raw_max = head_raw_limit(max_hdr);
   for (;;) {
     const uint8_t* nl = h->scan < len ? memchr(buf + h->scan, '\n', len - h->scan) : NULL;
-    if (!nl) {
-      /* a line this long would count past the limit once in; and what arrived of the head (all of
-       * buf: its lines and this partial one) is over the raw limit */
-      if (len - h->scan > max_hdr + 256 || len > raw_max) return too_large(max_hdr, err, errsize);
-      return 0;
-    }
-    size_t off = h->scan, end = (size_t)(nl - buf);
+    size_t off = h->scan, end = nl ? (size_t)(nl - buf) : len; /* the line, whole or partial */
+    /* A line this long would count past the limit once in, and the head as received (its lines
+     * padded or not, up to this line's end) is held to its raw limit: checked alike whether the
+     * line is whole or still arriving, before anything else, so that the answer does not depend on
+     * where the client's bytes were cut (a long line with a bad byte is 431 either way). */
+    if (end - off > max_hdr + 256 || (nl ? end + 1 : len) > raw_max)
+      return too_large(max_hdr, err, errsize);
+    if (!nl) return 0;
     h->scan = end + 1;
-    if (h->scan > raw_max) return too_large(max_hdr, err, errsize); /* padded lines */
-    /* the partial line's limit above, for a line that arrived whole: the answer must not depend on
-     * where the client's bytes were cut (a long line with a bad byte is 431 either way) */
-    if (end - off > max_hdr + 256) return too_large(max_hdr, err, errsize);
     if (end > off && buf[end - 1] == '\r') end--;
     size_t n = end - off;
     for (size_t k = off; k < end; k++)
