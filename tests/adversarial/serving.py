@@ -7,9 +7,11 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +29,18 @@ def wait_for(condition, seconds: float = 10.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def read_all(s: socket.socket, limit: float = 10.0) -> bytes:
+    """What the server sends until it closes (a close with bytes it did not read is a reset)."""
+    s.settimeout(limit)
+    chunks = []
+    try:
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
 
 
 class Served:
@@ -60,6 +74,21 @@ class Served:
         assert found and "ready:" in text, text
         self.port = int(found.group(1))
         self.address = f"127.0.0.1:{self.port}"
+        http = re.search(r"serving HTTP on .* \(port (\d+)\)", text)
+        self.http_port = int(http.group(1)) if http else None  # (with --http)
+
+    def keep_reading(self) -> None:
+        """Read the rest of its log (into ``lines``) in a thread, so that a chatty server never
+        blocks on a full pipe."""
+
+        def drain() -> None:
+            try:
+                for line in self.process.stderr:
+                    self.lines.append(line)
+            except (OSError, ValueError):
+                pass
+
+        threading.Thread(target=drain, daemon=True).start()
 
     def alive(self) -> bool:
         return self.process.poll() is None

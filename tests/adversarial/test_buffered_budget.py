@@ -18,12 +18,11 @@ import os
 import re
 import select
 import socket
-import threading
 import time
 
 import numpy as np
 import pytest
-from serving import Served
+from serving import Served, read_all
 
 _h2 = pytest.importorskip("embedtriton._h2")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -69,18 +68,8 @@ def served(tmp_path_factory):
     process = Served(
         tmp_path_factory.mktemp("budget"), MODELS, "--http", "127.0.0.1:0", "--max-buffered-bytes", str(BUDGET), env=env
     )
-    found = re.search(r"serving HTTP on .* \(port (\d+)\)", "".join(process.lines))
-    assert found, "".join(process.lines)
-    process.http_port = int(found.group(1))
-
-    def drain() -> None:  # keep reading its log, so that a chatty server never blocks on a full pipe
-        try:
-            for line in process.process.stderr:
-                process.lines.append(line)
-        except (OSError, ValueError):
-            pass
-
-    threading.Thread(target=drain, daemon=True).start()
+    assert process.http_port, "".join(process.lines)
+    process.keep_reading()
     yield process
     process.close()
 
@@ -133,17 +122,6 @@ def grpc_infer(port: int) -> tuple[float | str, float]:
     finally:
         client.close()
     return y, time.monotonic() - started
-
-
-def read_all(s: socket.socket) -> bytes:
-    """What the server sends until it closes (a close with bytes it did not read is a reset)."""
-    chunks = []
-    try:
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-    except ConnectionResetError:
-        pass
-    return b"".join(chunks)
 
 
 def served_again(infer, ok) -> bool:

@@ -10,7 +10,6 @@ hard (so raising the soft limit cannot help); the idle clients connect and send 
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
@@ -56,18 +55,8 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fds")
     process = Served(folder, MODELS, "--http", "127.0.0.1:0", nofile=NOFILE)
     process.folder = folder
-    found = re.search(r"serving HTTP on .* \(port (\d+)\)", "".join(process.lines))
-    assert found, "".join(process.lines)
-    process.http_port = int(found.group(1))
-
-    def drain() -> None:  # keep reading its log, so that a chatty server never blocks on a full pipe
-        try:
-            for line in process.process.stderr:
-                process.lines.append(line)
-        except (OSError, ValueError):
-            pass
-
-    threading.Thread(target=drain, daemon=True).start()
+    assert process.http_port, "".join(process.lines)
+    process.keep_reading()
     yield process
     process.close()
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serving import read_all
 
 from embedtriton import ModelConfig, Server, Tensor, batch
 
@@ -51,17 +52,6 @@ def infer_request(value: float = 1.0, request_id: str = "", extra: bytes = b"", 
     return b"POST /v2/models/Double/infer HTTP/%s\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s" % (
         version, extra, len(data), data
     )  # fmt: skip
-
-
-def read_all(s: socket.socket, limit: float = 10.0) -> bytes:
-    s.settimeout(limit)
-    chunks = []
-    try:
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-    except ConnectionResetError:
-        pass
-    return b"".join(chunks)
 
 
 def exchange(port: int, data: bytes, shut: bool = True) -> bytes:
