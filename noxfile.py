@@ -176,8 +176,9 @@ def fuzz(session: nox.Session) -> None:
     asan_runtime(session)  # clang and its runtimes, or the one command that installs them
     if not glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a"):
         session.error(f"clang's libFuzzer is not installed ({CLANG_RT})")
-    # embedtriton itself: the atheris target calls its decoder; the rest builds its own objects
-    install(session, "atheris", "numpy>=2", "tritonclient[grpc,http]", "hypothesis", "openai>=1.40,<4", "h2")
+    # embedtriton itself: the atheris target calls its decoder, fuzz.py asks the gRPC endpoint which
+    # libnghttp2 it would weigh (hence [grpc]); the C targets build their own objects
+    install(session, "atheris", "tritonclient[grpc,http]", "hypothesis", "openai>=1.40,<4", "h2", extras="grpc")
     session.run("python", "tests/fuzz/fuzz.py", *session.posargs)
 
 

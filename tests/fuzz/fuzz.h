@@ -1,7 +1,8 @@
 /* What the fuzz targets beside this file share: an invariant check that stops the run (libFuzzer
  * keeps the input that broke it), an exactly sized heap copy of the input (one byte read past the
- * end is an ASan report, where a Python bytes object or the fuzzer's own buffer would hide it), and
- * a small generator that cuts an input into pieces at points the input itself chooses. */
+ * end is an ASan report, where a Python bytes object or the fuzzer's own buffer would hide it), a
+ * small generator that cuts an input into pieces at points the input itself chooses, and a socket
+ * drain for the targets that talk through one. */
 #ifndef EMBEDTRITON_FUZZ_H
 #define EMBEDTRITON_FUZZ_H
 
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CHECK(cond, ...)                                                           \
   do {                                                                             \
@@ -51,6 +53,14 @@ static inline size_t cut_next(Cuts* c, size_t max)
   /* mostly small pieces (the edge cases), now and then a large one */
   size_t n = (c->s & 3) == 0 ? (c->s >> 2) % max : (c->s >> 2) % 16;
   return n ? n : 1;
+}
+
+/* Read and drop what a socket has for now (the client's side of the server's answers). */
+static inline void drain(int fd)
+{
+  uint8_t sink[65536];
+  while (read(fd, sink, sizeof sink) > 0) {
+  }
 }
 
 #endif

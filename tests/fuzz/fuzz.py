@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import os
 import re
 import shutil
@@ -132,23 +133,13 @@ def build(targets: list[Target]) -> None:
                  "-ldl", "-lpthread", "-lz", "-lm", "-o", str(exe)])  # fmt: skip
 
 
-def nghttp2() -> str:
-    """The libnghttp2 the gRPC transport would load (the system's, else the Triton wheel's copy)."""
-    import ctypes.util
+@functools.cache
+def runtime_nghttp2() -> str:
+    """The Triton runtime's own libnghttp2, which the h2_session target (as the gRPC transport,
+    load_nghttp2) weighs against the system's; "" without the runtime."""
+    from embedtriton.frontends.grpc.endpoint import _nghttp2_path
 
-    if os.environ.get("EMBEDTRITON_NGHTTP2"):
-        return os.environ["EMBEDTRITON_NGHTTP2"]
-    found = ctypes.util.find_library("nghttp2")
-    if found:
-        return found
-    try:
-        import nvidia_pytriton  # noqa: F401  (the wheel's libraries folder)
-    except ImportError:
-        pass
-    for site in sys.path:
-        for lib in Path(site).glob("nvidia_pytriton.libs/libnghttp2-*.so*") if Path(site).is_dir() else []:
-            return str(lib)
-    sys.exit("fuzz: no libnghttp2 (Debian: apt install libnghttp2-14; or pip install --no-deps nvidia-pytriton)")
+    return _nghttp2_path() or ""
 
 
 @dataclass
@@ -184,7 +175,7 @@ def fuzz(t: Target, seconds: int, runs: int, log: Path) -> Result:
         cmd = [str(BUILD / t.name), *flags, str(corpus), str(seeds)]
     else:  # atheris: the same flags, given to its libFuzzer
         cmd = [sys.executable, str(HERE / f"{t.name}.py"), *flags, str(corpus), str(seeds)]
-    env = dict(os.environ, EMBEDTRITON_NGHTTP2=nghttp2(), ASAN_OPTIONS="detect_leaks=1",
+    env = dict(os.environ, EMBEDTRITON_FUZZ_NGHTTP2=runtime_nghttp2(), ASAN_OPTIONS="detect_leaks=1",
                UBSAN_OPTIONS="print_stacktrace=1")  # fmt: skip
     start = time.monotonic()
     with open(log, "w") as out:
@@ -208,7 +199,7 @@ def merge(t: Target) -> None:
     seeds, found = HERE / "corpus" / t.name, BUILD / "corpus" / t.name
     seeds.mkdir(parents=True, exist_ok=True)
     exe = [str(BUILD / t.name)] if t.module else [sys.executable, str(HERE / f"{t.name}.py")]
-    env = dict(os.environ, EMBEDTRITON_NGHTTP2=nghttp2())
+    env = dict(os.environ, EMBEDTRITON_FUZZ_NGHTTP2=runtime_nghttp2())
     subprocess.run([*exe, "-merge=1", f"-max_len={t.max_len}", str(seeds), str(found)], env=env, check=True)
 
 

@@ -34,14 +34,26 @@ static ServerObject* srv;
 int LLVMFuzzerInitialize(int* argc, char*** argv)
 {
   (void)argc, (void)argv;
-  const char* lib = getenv("EMBEDTRITON_NGHTTP2");
-  void* h = dlopen(lib && lib[0] ? lib : "libnghttp2.so.14", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    fprintf(stderr, "h2_session: no libnghttp2 (%s): set EMBEDTRITON_NGHTTP2\n", dlerror());
+  /* The library the transport would load: load_nghttp2 takes EMBEDTRITON_NGHTTP2, else the better
+   * of the system's and the Triton runtime's copy (its path from fuzz.py). It words a failure as a
+   * Python exception, and no interpreter runs here: one of them must open first. */
+  const char* forced = getenv("EMBEDTRITON_NGHTTP2");
+  const char* runtime = getenv("EMBEDTRITON_FUZZ_NGHTTP2");
+  if (runtime && !runtime[0]) runtime = NULL;
+  const char* tried[2] = {forced && forced[0] ? forced : "libnghttp2.so.14",
+                          forced && forced[0] ? NULL : runtime};
+  int found = 0;
+  for (int i = 0; i < 2 && !found; i++) {
+    void* h = tried[i] ? dlopen(tried[i], RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (h) dlclose(h), found = 1;
+  }
+  if (!found) {
+    fprintf(stderr,
+            "h2_session: no libnghttp2 (apt install libnghttp2-14, or the nvidia-pytriton "
+            "wheel; EMBEDTRITON_NGHTTP2 names one)\n");
     exit(2);
   }
-  dlclose(h);
-  if (load_nghttp2(NULL) != 0) exit(2);
+  if (load_nghttp2(runtime) != 0) exit(2);
   srv = calloc(1, sizeof *srv);
   if (!srv) abort();
   pthread_mutex_init(&srv->mu, NULL);
@@ -140,13 +152,6 @@ static void check_conn(const Conn* c)
         c->partial);
   CHECK(c->partial <= srv->max_incoming, "%zu bytes of incomplete messages over max_incoming %zu",
         c->partial, srv->max_incoming);
-}
-
-static void drain(int fd)
-{
-  uint8_t sink[65536];
-  while (read(fd, sink, sizeof sink) > 0) {
-  }
 }
 
 static const char PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -102,13 +102,6 @@ static void take(Run* run, HttpServerObject* srv, HReq* r)
   h1_reply((PyObject*)call, r->refused ? r->refused : 200, "", "ok", 2);
 }
 
-static void drain(int fd)
-{
-  uint8_t sink[65536];
-  while (read(fd, sink, sizeof sink) > 0) {
-  }
-}
-
 /* What the IO thread does after a read, until nothing moves: hand over, answer, write (which may
  * resume a paused connection and parse what it had read), and the client reads its answers. */
 static void serve(Run* run, HttpServerObject* srv, HConn* c, int client)
