@@ -48,7 +48,7 @@ CFLAGS = ["-g", "-O1", "-fno-omit-frame-pointer", "-Wall", "-Wno-unused-function
 @dataclass(frozen=True)
 class Target:
     name: str
-    module: str  # the native module it links: "_native" or "_h2" (None: a Python target)
+    module: str  # the native module it links: "_native" or "_h2" ("": a Python target)
     dict: str | None
     max_len: int
     about: str

@@ -44,6 +44,7 @@
  *
  *   http1_parse.c   the request parser (no Python, no IO)
  *   http1_conn.c    connections: reading, parsing into requests, writing, accepting, timers
+ *   http1_input.c   a connection's input buffer, and max_buffered_bytes across connections
  *   http1_loop.c    the IO thread: its loop, dispatch to Python, stopping
  *   http1_server.c  the HttpServer type
  *   http1_call.c    the HttpCall type, http_reply (h2_reply.h) and on_gone
@@ -230,6 +231,19 @@ struct HttpCallObject {
 };
 
 extern PyTypeObject HttpServerType, HttpCallType;
+
+/* ---- http1_input.c --------------------------------------------------------- */
+
+/* Room for the next read of c (compacted first, grown within max_buffered_bytes): 1, or 0 when the
+ * request arriving on c was refused for the budget (503; its input freed). */
+int h1_in_room(HConn* c);
+/* Before a request's `total` bytes are taken out of c's input and held: 1 if they fit within the
+ * budget (the input giving back what it grew to for them), else 0, refused as above. */
+int h1_in_take(HConn* c, size_t total);
+/* (once a request's bytes are taken) Give back what a large request grew c's input to. */
+void h1_in_shrink(HConn* c);
+/* c's input buffer freed (counted as such). */
+void h1_in_free(HConn* c);
 
 /* ---- http1_conn.c ---------------------------------------------------------- */
 

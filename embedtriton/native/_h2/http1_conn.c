@@ -52,69 +52,6 @@ static void pending_set(HConn* c, int on)
 }
 
 /* ------------------------------------------------------------------------ */
-/* input buffers, and max_buffered_bytes                                     */
-
-/* What counts against max_buffered_bytes, across connections: what their input buffers grew to
- * beyond their first H1_READ (a request larger than that arriving: memory follows the bytes
- * received, never a declared length) and the requests read but not yet handed to Python (held). */
-static size_t h1_incoming(HttpServerObject* srv)
-{
-  return (size_t)(STAT_GET(srv->g_input) + STAT_GET(srv->g_held));
-}
-
-static size_t beyond_first(size_t cap)
-{
-  return cap > H1_READ ? cap - H1_READ : 0;
-}
-
-/* c's input buffer made cap bytes (freed at 0), with the count of what buffers grew to. */
-static void in_resize(HConn* c, size_t cap)
-{
-  STAT_ADD(c->srv->g_input, (int64_t)beyond_first(cap) - (int64_t)beyond_first(c->incap));
-  if (cap) {
-    c->in = xrealloc(c->in, cap);
-  } else {
-    free(c->in);
-    c->in = NULL;
-  }
-  c->incap = cap;
-}
-
-/* The size c's input buffer keeps once `taken` more bytes are taken out of it: one grown for a
- * large request goes back to its first H1_READ when what is left fits well in that. */
-static size_t in_kept(HConn* c, size_t taken)
-{
-  return c->incap > H1_READ && c->inlen - c->inoff - taken <= H1_READ / 2 ? H1_READ : c->incap;
-}
-
-/* (h1_parse, once a request's bytes are taken) Give back what a large request grew c's input to. */
-static void in_shrink(HConn* c)
-{
-  size_t keep = in_kept(c, 0), left = c->inlen - c->inoff;
-  if (keep == c->incap) return;
-  memmove(c->in, c->in + c->inoff, left);
-  c->inoff = 0;
-  c->inlen = left;
-  in_resize(c, keep);
-}
-
-/* Whether `more` request bytes fit within max_buffered_bytes, once `less` are given back. If not,
- * the request arriving on c is refused (503, after the answers before it; what c held is freed). */
-static int within_budget(HConn* c, size_t more, size_t less)
-{
-  HttpServerObject* srv = c->srv;
-  if (h1_incoming(srv) - less + more <= srv->max_buffered) return 1;
-  char m[200];
-  snprintf(m, sizeof m,
-           "the server holds more than %zu bytes of incoming requests (max_buffered_bytes); "
-           "retry later",
-           srv->max_buffered);
-  STAT_ADD(srv->n_budget, 1);
-  h1_refuse(c, 503, m);
-  return 0;
-}
-
-/* ------------------------------------------------------------------------ */
 /* requests                                                                  */
 
 /* r's call (if it was handed over) lost its client before the answer was complete: listed for
@@ -208,7 +145,7 @@ void h1_refuse(HConn* c, int status, const char* message)
   c->stopped = 1;
   c->in_request = c->in_body = 0;
   c->inoff = c->inlen = 0;
-  in_resize(c, 0);
+  h1_in_free(c);
   h1_update_events(c);
   h1_schedule(c);
 }
@@ -255,7 +192,7 @@ void h1_parse(HConn* c)
     if (have - head_len < c->body_want) break;
     size_t total = head_len + c->body_want;
     /* held from now on, copied out of the input buffer, which gives back what it grew to for it */
-    if (!within_budget(c, total, c->incap - in_kept(c, total))) break;
+    if (!h1_in_take(c, total)) break; /* refused: 503 */
     HReq* r = req_new(c);
     r->blob = malloc(total ? total : 1);
     if (!r->blob) abort();
@@ -272,7 +209,7 @@ void h1_parse(HConn* c)
     STAT_ADD(srv->g_held, (int64_t)total);
     STAT_ADD(srv->n_requests, 1);
     c->inoff += total;
-    in_shrink(c);
+    h1_in_shrink(c);
     c->in_request = c->in_body = 0;
     if (!r->keep_alive) c->stopped = 1; /* what follows is not read */
   }
@@ -334,25 +271,7 @@ void h1_readable(HConn* c)
   int calls = 0;
   while (reading(c) && got < READ_BUDGET && calls < READ_CALLS) {
     calls++;
-    size_t want = H1_READ_MIN; /* free room wanted, or the rest of a body if that is less */
-    if (c->in_body) {
-      size_t rest = c->head.scan + c->body_want - (c->inlen - c->inoff);
-      if (rest && rest < want) want = rest;
-    }
-    if (c->incap - c->inlen < want) {
-      if (c->inoff > 0 && c->inoff >= c->inlen / 2) { /* compact first */
-        memmove(c->in, c->in + c->inoff, c->inlen - c->inoff);
-        c->inlen -= c->inoff;
-        c->inoff = 0;
-      }
-      if (c->incap - c->inlen < want) {
-        size_t cap = c->incap ? c->incap : H1_READ;
-        while (cap - c->inlen < H1_READ) cap *= 2;
-        size_t grown = beyond_first(cap) - beyond_first(c->incap);
-        if (grown && !within_budget(c, grown, 0)) break; /* refused: 503 */
-        in_resize(c, cap);
-      }
-    }
+    if (!h1_in_room(c)) break; /* refused: 503 */
     size_t ask = c->incap - c->inlen;
     if (c->in_request && !c->in_body) { /* a head arriving: read no more than its raw limit */
       size_t lim = head_raw_limit(c->srv->max_hdr) + 1, head = c->inlen - c->inoff;
@@ -594,7 +513,7 @@ void h1_close(HConn* c)
   }
   epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close(c->fd);
-  in_resize(c, 0);
+  h1_in_free(c);
   free(c->head.fields);
   if (c->prev) c->prev->next = c->next;
   else srv->conns = c->next;
