@@ -197,6 +197,20 @@ def test_an_oversized_body_gets_413_before_it_is_sent(port):
     assert answer.startswith(b"HTTP/1.1 413") and b"request body over the limit of 4096 bytes" in answer
 
 
+def test_a_client_still_sending_a_refused_body_reads_the_refusal(port):
+    """A client that sends a body the server refuses (413) in one go, as most clients do, before it
+    reads: the server answers, shuts its side and reads the rest of the body into nothing until the
+    client closes (a lingering close). Closed with those bytes unread, its close would be a reset:
+    the client's send fails, or the reset destroys the 413 before the client reads it."""
+    head = b"POST /v2/models/Double/infer HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (8 << 20)
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(head + b"x" * (8 << 20))  # (a reset would fail this)
+            answer = read_all(s)  # (ends at the server's FIN)
+        assert answer.startswith(b"HTTP/1.1 413") and b"request body over the limit of 4096 bytes" in answer
+    assert live(port)
+
+
 @pytest.mark.parametrize(
     "fields, status",
     [

@@ -113,14 +113,14 @@ with s:
         before = linger_stats()
         for _ in range(200):
             assert s.model(name).infer({"x": x})["y"].tolist() == (x * 2).tolist()
-            time.sleep(0.001)  # (the execute has ended, and lingers, before the next call)
+            time.sleep(0.005)  # (the execute has ended, and lingers, before the next call)
         after = linger_stats()
         print(name, after[0] - before[0], after[1] - before[1])
 """
 
 
 def lingers_with(linger_us: str, tmp_path) -> dict[str, tuple[int, int]]:
-    """(lingers, caught) over 200 sequential calls, 1 ms apart, to a batched and a plain model,
+    """(lingers, caught) over 200 sequential calls, 5 ms apart, to a batched and a plain model,
     in a process with EMBEDTRITON_LINGER_US=linger_us."""
     env = {**os.environ, "EMBEDTRITON_LINGER_US": linger_us}
     done = subprocess.run(
@@ -132,11 +132,15 @@ def lingers_with(linger_us: str, tmp_path) -> dict[str, tuple[int, int]]:
 
 
 def test_sequential_calls_find_the_model_thread_lingering(tmp_path):
-    """A 100 ms linger and calls 1 ms apart (a pause the linger always spans, on a loaded machine
-    too): each call's execute lingers and meets the next call, batched or not. (The default
-    50 µs spans a Python caller's usual ~10 µs; bench_floor.py measures what that buys.)"""
+    """A 100 ms linger and calls 5 ms apart (a pause the linger always spans, on a loaded machine
+    too): the executes linger and meet the next call, batched or not. (The default 250 µs spans
+    a Python caller's usual ~10 µs; bench_floor.py measures what that buys.) Not every execute
+    lingers on a busy machine: one whose thread is preempted between sending its response and
+    lingering finds the next call already in flight and goes straight back to Triton, as it
+    should; on 2 cores under full load that was up to 1 execute in 10 (1 in 2 with 1 ms
+    pauses), so the floor is half of them, far above the zero of a linger that never runs."""
     for name, (lingers, caught) in lingers_with("100000", tmp_path).items():
-        assert lingers >= 160, (name, lingers, caught)
+        assert lingers >= 100, (name, lingers, caught)
         assert caught >= lingers - 2, (name, lingers, caught)
 
 

@@ -162,6 +162,8 @@ struct HConn {
   /* output: the answers' bytes taken from the oldest request, being written */
   OutBuf *wh, *wt;
   int close_after; /* an answer without keep-alive was taken: close once it is written */
+  int refused_close; /* that answer refused the request: the client may still be sending it */
+  double linger_until; /* > 0: answered and shut for writing; what arrives is read and dropped */
   size_t buffered; /* answer bytes queued (in its requests' queues and out): under mu */
   int dirty;       /* under mu */
   int aborted;     /* under mu: HttpCall.abort() asked to close it now */

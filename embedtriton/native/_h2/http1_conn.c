@@ -25,7 +25,7 @@ void h1_update_events(HConn* c)
 {
   if (c->dead) return;
   int ev = 0;
-  if (c->handshaking || reading(c)) ev |= EPOLLIN | EPOLLRDHUP;
+  if (c->handshaking || reading(c) || c->linger_until > 0) ev |= EPOLLIN | EPOLLRDHUP;
   if (c->wh) ev |= EPOLLOUT;
   if (ev == c->events) return;
   struct epoll_event e = {.events = (uint32_t)ev, .data.ptr = c};
@@ -258,11 +258,43 @@ static void tls_handshake(HConn* c)
  * srv->pend for the next iteration. The input buffer starts at H1_READ bytes and grows (doubling,
  * within max_buffered_bytes) only for a request that does not fit in it; of a head, no more than
  * its raw limit is read. */
+/* A lingering close (what nginx's lingering_close and Apache's lingering close do): once the
+ * answer refusing a request is written, the connection is shut for writing, and what the client
+ * still sends (the rest of the refused body, requests pipelined after it) is read and dropped
+ * until it closes, for at most LINGER_S. Closing with those bytes unread would make the close a
+ * reset, which can destroy the answer in the client's kernel before the client reads it. */
+#define LINGER_S 2.0
+#define LINGER_READS 16 /* reads of the scrap buffer per event */
+
+static int linger_begin(HConn* c)
+{
+  if (c->ssl || shutdown(c->fd, SHUT_WR) != 0) return 0; /* (TLS: closed as before) */
+  c->linger_until = c->srv->now + LINGER_S;
+  h1_update_events(c);
+  return 1;
+}
+
+static void linger_read(HConn* c)
+{
+  uint8_t scrap[65536];
+  for (int i = 0; i < LINGER_READS; i++) {
+    ssize_t n = recv(c->fd, scrap, sizeof scrap, MSG_DONTWAIT);
+    if (n > 0) continue;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    c->dead = 1; /* the client closed (or is gone): close now */
+    return;
+  }
+}
+
 void h1_readable(HConn* c)
 {
   c->served = c->srv->iter;
   int more = 0;
   if (c->dead) goto out;
+  if (c->linger_until > 0) {
+    linger_read(c);
+    goto out;
+  }
   if (c->handshaking) {
     tls_handshake(c);
     if (c->handshaking || c->dead) goto out;
@@ -410,6 +442,7 @@ static void flush_owned(HConn* c)
       c->nreq--;
       c->ninflight--;
       if (!r->keep_alive || r->refused) c->close_after = 1;
+      if (r->refused) c->refused_close = 1;
       h1_req_free(srv, r);
       c->idle_since = srv->now;
       if (c->close_after) { /* nothing after it is answered */
@@ -426,6 +459,7 @@ static void flush_owned(HConn* c)
   }
   if (c->dead) return;
   if (c->close_after && !c->wh) {
+    if (c->linger_until > 0 || (c->refused_close && !c->eof && linger_begin(c))) return;
     c->dead = 1; /* closed at the end of this iteration */
     return;
   }
@@ -613,7 +647,9 @@ void h1_sweep(HttpServerObject* srv)
   }
   for (HConn* c = srv->conns; c; c = c->next) {
     if (c->dead) continue;
-    if (c->handshaking) {
+    if (c->linger_until > 0) {
+      if (now >= c->linger_until) c->dead = 1;
+    } else if (c->handshaking) {
       if (now - c->accepted_at >= srv->request_timeout) c->dead = 1;
     } else if (c->in_request && !c->stopped && now >= c->req_deadline) {
       STAT_ADD(srv->n_timeouts, 1);
