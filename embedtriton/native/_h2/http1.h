@@ -161,13 +161,13 @@ struct HConn {
   size_t held; /* bytes of requests not yet handed to Python */
   /* output: the answers' bytes taken from the oldest request, being written */
   OutBuf *wh, *wt;
-  int close_after; /* an answer without keep-alive was taken: close once it is written */
-  int refused_close; /* that answer refused the request: the client may still be sending it */
+  int close_after;     /* an answer without keep-alive was taken: close once it is written */
+  int refused_close;   /* that answer refused the request: the client may still be sending it */
   double linger_until; /* > 0: answered and shut for writing; what arrives is read and dropped */
-  size_t buffered; /* answer bytes queued (in its requests' queues and out): under mu */
-  int dirty;       /* under mu */
-  int aborted;     /* under mu: HttpCall.abort() asked to close it now */
-  int writer;      /* under mu: a thread is writing to it (h1_flush, or h1_reply's direct write) */
+  size_t buffered;     /* answer bytes queued (in its requests' queues and out): under mu */
+  int dirty;           /* under mu */
+  int aborted;         /* under mu: HttpCall.abort() asked to close it now */
+  int writer; /* under mu: a thread is writing to it (h1_flush, or h1_reply's direct write) */
   HConn* dnext;
   double accepted_at, idle_since;
   char peer[PEER_LEN];
