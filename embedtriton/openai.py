@@ -15,6 +15,10 @@ The models' tensors:
   runs one request's generator at a time (``max_batch_size=1``), so 8 requests stream at once
   and later ones wait in Triton's queue.
 - completion (``bind_completion``): the same with input ``prompt`` (BYTES ``[1]``, UTF-8 text).
+- the batch-step form (``bind_chat(server, name, step=fn)``, continuous batching): the same
+  tensors, ``parameters`` required (``{}`` for none), and the choice index as the request
+  parameter ``index`` (0 if left out); an iterative sequence model (see
+  :mod:`embedtriton.openai_step`).
 - embedding (``bind_embedding``): input ``text`` (BYTES ``[1]``), output ``embedding`` (FP32
   ``[-1]``); a batching model: Triton's dynamic batcher gathers requests from many clients into
   one call of the callable.
@@ -32,13 +36,14 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .backend.runners import sync_iterator
-from .config import DynamicBatcher, InstanceGroup, ModelConfig, Tensor
+from .config import DynamicBatcher, InstanceGroup, ModelConfig, SequenceBatcher, Tensor
 from .core import Model, openai_models
 from .core.openai_models import CHAT, COMPLETION, EMBEDDING
 from .errors import InvalidArgumentError
+from .openai_step import Sequence, StepFunc, step_function
 from .server import Server
 
-__all__ = ["Chunk", "bind_chat", "bind_completion", "bind_embedding", "kinds"]
+__all__ = ["Chunk", "Sequence", "bind_chat", "bind_completion", "bind_embedding", "kinds"]
 
 
 @dataclass(frozen=True)
@@ -196,7 +201,110 @@ def _bind_generator(
     return model
 
 
-def bind_chat(server: Server, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
+def _step_config(name: str, config: ModelConfig | None, max_sequences: int) -> ModelConfig:
+    """A batch-step model's config: an iterative sequence model with max_sequences slots on one
+    instance (unless the config names its instances: then max_sequences per instance)."""
+    if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or max_sequences < 1:
+        raise InvalidArgumentError(f"model '{name}': max_sequences must be a positive int, not {max_sequences!r}")
+    if config is None:
+        config = ModelConfig()
+    if not isinstance(config, ModelConfig):
+        raise InvalidArgumentError(f"model '{name}': config must be a ModelConfig, not {type(config).__name__}")
+    if not config.batching:
+        raise InvalidArgumentError(f"model '{name}': a batch-step model batches its sequences: leave batching=True")
+    batcher = config.sequence_batcher
+    if batcher is None or not batcher.iterative:
+        batcher = SequenceBatcher(iterative=True) if batcher is None else dataclasses.replace(batcher, iterative=True)
+    return dataclasses.replace(
+        config,
+        max_batch_size=max_sequences,
+        decoupled=True,
+        sequence_batcher=batcher,
+        instance_group=config.instance_group or [InstanceGroup(count=1)],
+    )
+
+
+def _bind_step(
+    server: Server,
+    name: str,
+    step: StepFunc,
+    config: ModelConfig | None,
+    kind: str,
+    main_input: str,
+    max_sequences: int,
+    max_step_tokens: int | None,
+    on_leave: Any,
+) -> Model:
+    if not callable(step):
+        raise InvalidArgumentError(f"model '{name}': step must be callable, not {type(step).__name__}")
+    if max_step_tokens is not None and (
+        isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or max_step_tokens < 1
+    ):
+        raise InvalidArgumentError(
+            f"model '{name}': max_step_tokens must be a positive int or None, not {max_step_tokens!r}"
+        )
+    if on_leave is not None and not callable(on_leave):
+        raise InvalidArgumentError(f"model '{name}': on_leave must be callable, not {type(on_leave).__name__}")
+    config = _step_config(name, config, max_sequences)
+
+    def new_sequence(request: Any) -> Sequence:
+        raw = _text(request[main_input], main_input)
+        params = _parameters(request)
+        index = (request.parameters or {}).get("index", 0)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"the request parameter 'index' (the choice index) must be an int >= 0, not {index!r}")
+        if kind == CHAT:
+            messages = json.loads(raw)
+            if not isinstance(messages, list):
+                raise ValueError("input 'messages' must be a JSON list of message objects")
+            return Sequence(messages, None, params, index=index)
+        return Sequence(None, raw, params, index=index)
+
+    # (Both inputs required: with an optional input, Triton 2.51's iterative sequence batcher let
+    # no new sequence join the running ones until they had all ended.)
+    inputs = [
+        Tensor(name=main_input, dtype=np.bytes_, shape=(1,)),
+        Tensor(name="parameters", dtype=np.bytes_, shape=(1,)),
+    ]
+    func = step_function(name, step, new_sequence, Chunk, max_step_tokens, on_leave)
+    model = server.bind(name, func, inputs, TEXT_OUTPUTS, config)
+    openai_models.register(server, name, kind, step=True)
+    return model
+
+
+def _bind_either(
+    server: Server,
+    name: str,
+    fn: ChatFunc | None,
+    config: ModelConfig | None,
+    kind: str,
+    main_input: str,
+    step: StepFunc | None,
+    max_sequences: int,
+    max_step_tokens: int | None,
+    on_leave: Any,
+) -> Model:
+    if (fn is None) == (step is None):
+        raise InvalidArgumentError(
+            f"model '{name}': give either fn (a function of one request) or step= (a function of every "
+            "running sequence, called once per iteration), not both or neither"
+        )
+    if step is not None:
+        return _bind_step(server, name, step, config, kind, main_input, max_sequences, max_step_tokens, on_leave)
+    return _bind_generator(server, name, fn, config, kind, main_input)  # type: ignore[arg-type]
+
+
+def bind_chat(
+    server: Server,
+    name: str,
+    fn: ChatFunc | None = None,
+    config: ModelConfig | None = None,
+    *,
+    step: StepFunc | None = None,
+    max_sequences: int = 32,
+    max_step_tokens: int | None = None,
+    on_leave: Any = None,
+) -> Model:
     """Bind ``fn(messages, **params)`` as chat model ``name``: ``messages`` is the list of
     OpenAI message dicts (``{"role": ..., "content": ...}``), ``params`` the request's other
     fields (``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, ``n``, ... as the
@@ -208,14 +316,39 @@ def bind_chat(server: Server, name: str, fn: ChatFunc, config: ModelConfig | Non
     a config given is made decoupled. With ``max_batch_size > 1`` a call gets a batch of requests
     and steps their generators in turn; their streams then end together. Returns the bound
     :class:`Model`.
+
+    **The batch-step form** (continuous batching), ``bind_chat(server, name, step=fn)``:
+    ``fn(seqs)`` is called once per iteration with every running :class:`Sequence` and returns
+    one ``str`` (or :class:`Chunk`) per sequence, in order: its next piece, ``""`` for none this
+    iteration, ``Chunk(finish_reason=...)`` to end it; ``async def`` too. One batched forward pass
+    per iteration serves every client; a sequence that ends leaves at once and a waiting one joins
+    at the next iteration. ``max_sequences`` run at once (the rest wait in order, in Triton's
+    queue, with its priorities); ``max_step_tokens`` bounds an iteration's tokens, a new
+    sequence counting its prompt's words, so that a long prefill waits instead of stalling every
+    stream; ``on_leave(seq)`` is called once when a sequence leaves, finished or not (its client
+    left, the call was cancelled), to free what the model holds for it. The server enforces
+    ``max_tokens`` / ``max_completion_tokens`` (``"length"``), ``stop`` strings (``"stop"``; no
+    part of one is ever sent), ``n`` (a sequence per choice) and counts completion tokens (a
+    non-empty piece is a token unless a Chunk reports the count).
     """
-    return _bind_generator(server, name, fn, config, CHAT, "messages")
+    return _bind_either(server, name, fn, config, CHAT, "messages", step, max_sequences, max_step_tokens, on_leave)
 
 
-def bind_completion(server: Server, name: str, fn: ChatFunc, config: ModelConfig | None = None) -> Model:
+def bind_completion(
+    server: Server,
+    name: str,
+    fn: ChatFunc | None = None,
+    config: ModelConfig | None = None,
+    *,
+    step: StepFunc | None = None,
+    max_sequences: int = 32,
+    max_step_tokens: int | None = None,
+    on_leave: Any = None,
+) -> Model:
     """Bind ``fn(prompt, **params)`` as completion model ``name`` (``/v1/completions``):
-    ``prompt`` is the request's text; otherwise as :func:`bind_chat`."""
-    return _bind_generator(server, name, fn, config, COMPLETION, "prompt")
+    ``prompt`` is the request's text; otherwise as :func:`bind_chat`, the batch-step form
+    (``step=fn``, each :class:`Sequence` with ``.prompt``) included."""
+    return _bind_either(server, name, fn, config, COMPLETION, "prompt", step, max_sequences, max_step_tokens, on_leave)
 
 
 def bind_embedding(server: Server, name: str, fn: EmbedFunc, config: ModelConfig | None = None) -> Model:

@@ -239,17 +239,26 @@ class Iterative(Runner):
 
 class IterativeBatch(Iterative):
     """Continuous batching, batch-step form: one call per iteration with every in-flight
-    request; each keeps its Request (and ``.state``) across iterations; ``Final(...)`` ends one."""
+    request; each keeps its Request (and ``.state``) across iterations; ``Final(...)`` ends one,
+    an exception object in its place fails it alone."""
 
     def __init__(self, name: str, func: Callable[..., Any]) -> None:
         super().__init__(name, func)
         self._live: dict[int, Request] = {}  # in-flight request -> its Request
+        # func.on_forget(request), when func has one: a request left without its Final (its caller
+        # went away, or the function failed), e.g. for embedtriton.openai's step models
+        self._on_forget: Callable[[Request], None] | None = getattr(func, "on_forget", None)
 
     def knows(self, key: int) -> bool:
         return key in self._live
 
     def forget(self, key: int) -> None:
-        self._live.pop(key, None)
+        request = self._live.pop(key, None)
+        if request is not None and self._on_forget is not None:
+            try:
+                self._on_forget(request)
+            except Exception as exc:
+                self.failed(exc)  # (logged; nobody else is left to tell)
 
     def iterate(self, step: Step) -> Results:
         keys = []
@@ -267,7 +276,7 @@ class IterativeBatch(Iterative):
             message = self.failed(exc)
             for k in keys:
                 if k is not None:
-                    self._live.pop(k, None)
+                    self.forget(k)
             return [(message if k is not None else None, True) for k in keys]
         answers = iter(outputs)
         results: Results = []
@@ -279,6 +288,9 @@ class IterativeBatch(Iterative):
             if isinstance(out, Final):
                 del self._live[k]
                 results.append((out.outputs, True))
+            elif isinstance(out, BaseException):  # that request alone fails
+                del self._live[k]
+                results.append((self.failed(out), True))
             else:
                 results.append((out, False))
         return results

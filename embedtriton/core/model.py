@@ -15,7 +15,7 @@ from ..triton import control
 from .fixits import explain_inputs
 from .handles import Cancel, Stream
 from .queues import queue_stats, with_queue_in_statistics
-from .request import InferRequest, RequestOptions, timeout_of, with_deadline
+from .request import SEQUENCE_END, InferRequest, RequestOptions, timeout_of, with_deadline
 from .streams import iterate, iterate_async
 
 if TYPE_CHECKING:
@@ -257,6 +257,13 @@ class Model:
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
         if request is not None and (request.timeout_us is not None or deadlines.used):
             self._with_deadline(request)
+        if binding is not None and binding.iterative and request is not None and request.sequence is not None:
+            # Each request of an iterative model is a whole sequence: its slot is held until its
+            # final release (Triton 2.51, IterativeSequencer::RescheduleRequest). With END set the
+            # sequence batcher frees the slot after the first iteration, and the rescheduled
+            # request, no longer START, is refused where nobody hears it: its caller waited forever.
+            correlation_id, flags = request.sequence
+            request.sequence = (correlation_id, flags & ~SEQUENCE_END)
         return binding
 
     def _check_required(self, binding: Binding | None, *each_inputs: Any) -> None:

@@ -8,16 +8,32 @@ from typing import Any
 
 CHAT, COMPLETION, EMBEDDING = "chat", "completion", "embedding"
 
-# server -> {model name: kind}
+# server -> {model name: kind}; server -> names of batch-step models (they take an "index" input)
 _kinds: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+_steps: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-def register(server: Any, name: str, kind: str) -> None:
-    """Record that model ``name`` of ``server`` is an OpenAI model of ``kind``."""
+def register(server: Any, name: str, kind: str, step: bool = False) -> None:
+    """Record that model ``name`` of ``server`` is an OpenAI model of ``kind`` (``step``: in the
+    batch-step form)."""
     try:
         _kinds.setdefault(server, {})[name] = kind
+        names = _steps.setdefault(server, set())
     except TypeError:  # a server that cannot be weakly referenced: keep it on the object
         server.__dict__.setdefault("_openai_kinds", {})[name] = kind
+        names = server.__dict__.setdefault("_openai_steps", set())
+    if step:
+        names.add(name)
+    else:
+        names.discard(name)
+
+
+def is_step(server: Any, name: str) -> bool:
+    """Whether model ``name`` of ``server`` is a batch-step chat or completion model."""
+    try:
+        return name in _steps.get(server, ())
+    except TypeError:
+        return name in server.__dict__.get("_openai_steps", ())
 
 
 def kinds(server: Any) -> dict[str, str]:

@@ -84,7 +84,8 @@ class OpenAIRoutes:
             model = self._model(request, kind)
             if kind == bound.EMBEDDING:
                 return 200, await _embeddings(model, request)
-            return 200, await _generate(model, request, kind, self.api.options.request_timeout_s)
+            step = bound.is_step(self.api.server, model.name)
+            return 200, await _generate(model, request, kind, self.api.options.request_timeout_s, step)
         except OpenAIError as exc:
             return exc.status, error_body(exc.status, str(exc), exc.param, exc.code)
         except TritonError as exc:
@@ -141,9 +142,10 @@ _OWN_KEYS = {bound.CHAT: ("model", "messages", "stream", "stream_options"),
              bound.COMPLETION: ("model", "prompt", "stream", "stream_options")}  # fmt: skip
 
 
-async def _generate(model: Any, request: dict[str, Any], kind: str, stall_timeout_s: float) -> Any:
+async def _generate(model: Any, request: dict[str, Any], kind: str, stall_timeout_s: float, step: bool) -> Any:
     """A chat or completion answer: whole, or as an :class:`EventStream` whose client is let go
-    after ``stall_timeout_s`` without reading (its requests cancelled)."""
+    after ``stall_timeout_s`` without reading (its requests cancelled). A request per choice
+    (``n``); a batch-step model (``step``) is told each one's index."""
     main = check_generate(request, kind)
     params = {k: v for k, v in request.items() if k not in _OWN_KEYS[kind]}
     n = request.get("n") or 1
@@ -161,9 +163,10 @@ async def _generate(model: Any, request: dict[str, Any], kind: str, stall_timeou
     handles: list[Once] = []  # each closed exactly once, whatever happens (closing cancels)
     streams = []
     try:
-        for _ in range(n):
+        for index in range(n):
             arrived = asyncio.Event()
-            handle = Once(model.submit(InferRequest(dict(inputs)), loop, arrived.set, True))
+            choice = InferRequest(dict(inputs), parameters={"index": index} if step else None)
+            handle = Once(model.submit(choice, loop, arrived.set, True))
             handles.append(handle)
             streams.append(iterate_async(handle, arrived))  # type: ignore[arg-type]
     except BaseException:
