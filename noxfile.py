@@ -228,11 +228,13 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Speed benchmarks: in-process data path (table, JSON and plot), continuous batching, pipelines,
+    """Speed benchmarks: in-process data path (table, JSON and plot), continuous batching (and behind
+    the OpenAI routes), pipelines,
     and the in-process path against Triton's own C floor."""
     install(session, "matplotlib")
     session.run("python", "benchmarks/bench_inprocess.py", *session.posargs)
     session.run("python", "benchmarks/bench_continuous.py")
+    session.run("python", "benchmarks/bench_llm.py")
     session.run("python", "benchmarks/bench_pipeline.py", *session.posargs)
     session.run("python", "benchmarks/bench_floor.py")  # against Triton's C floor (needs gcc)
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,23 +39,10 @@ from .config import DynamicBatcher, InstanceGroup, ModelConfig, SequenceBatcher,
 from .core import Model, openai_models
 from .core.openai_models import CHAT, COMPLETION, EMBEDDING
 from .errors import InvalidArgumentError
-from .openai_step import Sequence, StepFunc, step_function
+from .openai_step import Chunk, LeaveFunc, Sequence, StepFunc, step_function
 from .server import Server
 
 __all__ = ["Chunk", "Sequence", "bind_chat", "bind_completion", "bind_embedding", "kinds"]
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A piece of a chat or completion answer with what the callable knows about it: yield it
-    instead of a ``str`` to report token counts (the totals so far: the last reported wins) or
-    why the answer ended (``"stop"``, ``"length"``, ...). Counts not reported are estimated:
-    see ``docs/openai.md``."""
-
-    text: str = ""
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
 
 
 ChatFunc = Callable[..., str | Iterable[str | Chunk] | AsyncIterator[str | Chunk]]
@@ -233,7 +219,7 @@ def _bind_step(
     main_input: str,
     max_sequences: int,
     max_step_tokens: int | None,
-    on_leave: Any,
+    on_leave: LeaveFunc | None,
 ) -> Model:
     if not callable(step):
         raise InvalidArgumentError(f"model '{name}': step must be callable, not {type(step).__name__}")
@@ -266,7 +252,7 @@ def _bind_step(
         Tensor(name=main_input, dtype=np.bytes_, shape=(1,)),
         Tensor(name="parameters", dtype=np.bytes_, shape=(1,)),
     ]
-    func = step_function(name, step, new_sequence, Chunk, max_step_tokens, on_leave)
+    func = step_function(name, step, new_sequence, max_step_tokens, on_leave)
     model = server.bind(name, func, inputs, TEXT_OUTPUTS, config)
     openai_models.register(server, name, kind, step=True)
     return model
@@ -282,7 +268,7 @@ def _bind_either(
     step: StepFunc | None,
     max_sequences: int,
     max_step_tokens: int | None,
-    on_leave: Any,
+    on_leave: LeaveFunc | None,
 ) -> Model:
     if (fn is None) == (step is None):
         raise InvalidArgumentError(
@@ -303,7 +289,7 @@ def bind_chat(
     step: StepFunc | None = None,
     max_sequences: int = 32,
     max_step_tokens: int | None = None,
-    on_leave: Any = None,
+    on_leave: LeaveFunc | None = None,
 ) -> Model:
     """Bind ``fn(messages, **params)`` as chat model ``name``: ``messages`` is the list of
     OpenAI message dicts (``{"role": ..., "content": ...}``), ``params`` the request's other
@@ -343,7 +329,7 @@ def bind_completion(
     step: StepFunc | None = None,
     max_sequences: int = 32,
     max_step_tokens: int | None = None,
-    on_leave: Any = None,
+    on_leave: LeaveFunc | None = None,
 ) -> Model:
     """Bind ``fn(prompt, **params)`` as completion model ``name`` (``/v1/completions``):
     ``prompt`` is the request's text; otherwise as :func:`bind_chat`, the batch-step form

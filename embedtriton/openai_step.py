@@ -26,6 +26,22 @@ from .backend.request import Final
 _RUN = "embedtriton.openai"  # the key of a sequence's _Run in its request's state
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a chat or completion answer with what the callable knows about it: yield it
+    instead of a ``str`` to report token counts (the totals so far: the last reported wins) or
+    why the answer ended (``"stop"``, ``"length"``, ...). Counts not reported are estimated:
+    see ``docs/openai.md``."""
+
+    text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+
+
+JSONObject = dict[str, Any]  # a JSON object as the client sent it
+
+
 @dataclass(eq=False)
 class Sequence:
     """One running answer of a batch-step chat or completion model, as ``fn`` sees it on every
@@ -39,15 +55,17 @@ class Sequence:
     the client asked for ``n`` > 1 (each choice is a sequence of its own).
     """
 
-    messages: list[dict[str, Any]] | None
+    messages: list[JSONObject] | None
     prompt: str | None
-    params: dict[str, Any]
+    params: JSONObject
     state: dict[str, Any] = field(default_factory=dict)
     new: bool = True
     index: int = 0
 
 
-StepFunc = Callable[[list[Sequence]], Any]  # -> list[str | Chunk], or an awaitable of one
+Pieces = list[str | Chunk]
+StepFunc = Callable[[list[Sequence]], Pieces | Awaitable[Pieces]]  # (async def too)
+LeaveFunc = Callable[[Sequence], object]
 
 
 def prompt_tokens(seq: Sequence) -> int:
@@ -94,13 +112,13 @@ class _Run:
         self.made = 0  # completion tokens so far
         self.held = ""  # text made but not sent: it could be the start of a stop string
 
-    def take(self, piece: Any, chunk_type: type) -> Any:
+    def take(self, piece: Any) -> Any:
         """The outputs to send for this iteration's piece (None: nothing yet), or Final(outputs)."""
         if piece is None:
             piece = ""
         if isinstance(piece, str):
             text, prompt, completion, finish = piece, None, None, None
-        elif isinstance(piece, chunk_type):
+        elif isinstance(piece, Chunk):
             text, prompt, completion, finish = (
                 piece.text,
                 piece.prompt_tokens,
@@ -140,9 +158,8 @@ def step_function(
     name: str,
     fn: StepFunc,
     new_sequence: Callable[[Any], Sequence],
-    chunk_type: type,
     max_step_tokens: int | None,
-    on_leave: Callable[[Sequence], Any] | None,
+    on_leave: LeaveFunc | None,
 ) -> Callable[[list[Any]], list[Any]]:
     """The iterative model's batch-step function around ``fn``."""
     loop: list[asyncio.AbstractEventLoop] = []  # (an async fn's private loop, made when first needed)
@@ -159,7 +176,7 @@ def step_function(
         if max_step_tokens is None:
             return runs
         spent = sum(1 for r in runs if not r.seq.new)
-        chosen = []
+        chosen: list[_Run] = []
         for run in runs:
             if run.seq.new:
                 cost = prompt_tokens(run.seq)
@@ -205,7 +222,7 @@ def step_function(
                 continue  # (waiting for room in the budget)
             run.seq.new = False
             try:
-                answers[i] = run.take(pieces[id(run)], chunk_type)
+                answers[i] = run.take(pieces[id(run)])
             except TypeError as exc:
                 answers[i] = TypeError(f"model '{name}': {exc}")
             if isinstance(answers[i], (Final, BaseException)):

@@ -193,6 +193,14 @@ def test_openai_chat_example(tmp_path):
     assert "embeddings: [[3.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0, 0.0]]" in out
 
 
+def test_llm_continuous_example(tmp_path):
+    pytest.importorskip("openai")
+    out = run_example("llm_continuous.py", tmp_path)
+    assert "greedy: '" in out and "(length)" in out and "same again: True" in out
+    assert len(out.split("stream: ")[1].splitlines()[0].split("|")) == 10  # the role chunk, 8 tokens, the end
+    assert "8 concurrent clients: 176 tokens in " in out  # 8 + 4 * i tokens each, all of them
+
+
 def test_tuning_example(tmp_path):
     out = run_example("tuning.py", tmp_path)
     best = out.split("best: ")[1].splitlines()[0]

@@ -257,7 +257,7 @@ class Model:
             raise InvalidArgumentError(f"model '{self.name}' is decoupled: call stream() or stream_async()")
         if request is not None and (request.timeout_us is not None or deadlines.used):
             self._with_deadline(request)
-        if binding is not None and binding.iterative and request is not None and request.sequence is not None:
+        if request is not None and request.sequence is not None and getattr(binding, "iterative", False):
             # Each request of an iterative model is a whole sequence: its slot is held until its
             # final release (Triton 2.51, IterativeSequencer::RescheduleRequest). With END set the
             # sequence batcher frees the slot after the first iteration, and the rescheduled
