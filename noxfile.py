@@ -239,6 +239,14 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_floor.py")  # against Triton's C floor (needs gcc)
 
 
+@nox.session(python="3.11")  # (aiperf needs 3.11 or later)
+def aiperf(session: nox.Session) -> None:
+    """NVIDIA's aiperf (from the package index; a large install, not part of CI) against
+    examples/llm_continuous.py, both forms: `nox -s aiperf -- [--requests-per-client N]`."""
+    install(session, "aiperf", "openai", extras="http")
+    session.run("python", "benchmarks/aiperf_llm.py", "--output", session.create_tmp() + "/aiperf", *session.posargs)
+
+
 @nox.session
 def soak(session: nox.Session) -> None:
     """256 requests in flight for 30 s in process, then 30 s over gRPC: sent / answered / correct / RSS."""

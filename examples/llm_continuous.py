@@ -12,6 +12,7 @@ leave between iterations; the server stops each at `max_tokens` or a `stop` stri
 batch of one), for comparison: `benchmarks/bench_llm.py` measures both.
 
     python examples/llm_continuous.py
+    cd examples && embedtriton serve llm_continuous:bind --http 127.0.0.1:8000 --openai
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import openai
 
 from embedtriton import Server
-from embedtriton.openai import Sequence, bind_chat
+from embedtriton.openai import Chunk, Sequence, bind_chat
 
 
 class ByteTokenizer:
@@ -118,38 +119,55 @@ class TinyLM:
 
 MODEL = TinyLM()
 TOKENIZER = ByteTokenizer()
+DEFAULT_MAX_TOKENS = 16  # an answer's length when the client gives no max_tokens
 
 
-def step(seqs: list[Sequence]) -> list[str]:
+def step(seqs: list[Sequence]) -> list[Chunk]:
     """One iteration for every running sequence: prefill the new ones' prompts and feed the
-    others their last token, in one batched forward pass; sample each one's next token."""
+    others their last token, in one batched forward pass; sample each one's next token (the
+    first one reports the prompt's length in tokens, for the usage counts)."""
     for seq in seqs:
         if seq.new:
             seq.state["cache"] = MODEL.new_cache()
             seq.state["feed"] = TOKENIZER.chat_prompt(seq.messages or [])
             seq.state["rng"] = np.random.default_rng(seq.params.get("seed", seq.index))
+    prompts = [len(s.state["feed"]) if s.new else None for s in seqs]
     logits = MODEL.forward([s.state["feed"] for s in seqs], [s.state["cache"] for s in seqs])
     pieces = []
-    for seq, row in zip(seqs, logits, strict=True):
+    for seq, row, prompt in zip(seqs, logits, prompts, strict=True):
         token = MODEL.sample(row, float(seq.params.get("temperature", 1.0)), seq.state["rng"])
         seq.state["feed"] = [token]
-        pieces.append(TOKENIZER.decode([token]))
+        seq.state["made"] = made = seq.state.get("made", 0) + 1
+        # (the server ends it at the client's max_tokens; without one, or at the context's end, here)
+        full = seq.state["cache"][0][0].shape[0] + 1 >= MODEL.context
+        asked = seq.params.get("max_completion_tokens", seq.params.get("max_tokens"))
+        end = "length" if full or (asked is None and made >= DEFAULT_MAX_TOKENS) else None
+        pieces.append(Chunk(TOKENIZER.decode([token]), prompt_tokens=prompt, finish_reason=end))
     return pieces
 
 
-def generate(messages: list[dict], temperature: float = 1.0, seed: int = 0, max_tokens: int = 16, **params: object):
+def generate(messages: list[dict], temperature: float = 1.0, seed: int = 0, **params: object):
     """The same model in the per-request form: one request, decoded as a batch of one."""
     cache, feed = MODEL.new_cache(), TOKENIZER.chat_prompt(messages)
-    rng = np.random.default_rng(seed)
-    for _ in range(max_tokens):
+    rng, prompt = np.random.default_rng(seed), len(feed)
+    asked = params.get("max_completion_tokens", params.get("max_tokens"))
+    limit = min(int(asked) if isinstance(asked, int) else DEFAULT_MAX_TOKENS, MODEL.context - len(feed))
+    for _ in range(limit):
         token = MODEL.sample(MODEL.forward([feed], [cache])[0], float(temperature), rng)
         feed = [token]
-        yield TOKENIZER.decode([token])
+        yield Chunk(TOKENIZER.decode([token]), prompt_tokens=prompt)
+
+
+def bind(server: Server) -> None:
+    """Both forms of the model: ``tiny`` (batch-step) and ``tiny-alone`` (per request), e.g. for
+    ``embedtriton serve llm_continuous:bind --http 127.0.0.1:8000 --openai`` run here."""
+    bind_chat(server, "tiny", step=step, max_sequences=32)
+    bind_chat(server, "tiny-alone", generate)
 
 
 def main() -> None:
     server = Server()
-    bind_chat(server, "tiny", step=step, max_sequences=32)
+    bind(server)
     with server:
         port = server.serve_http("127.0.0.1:0", openai=True)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="not-needed")
