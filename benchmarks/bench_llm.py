@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
+import os
 import signal
 import socket
 import statistics
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +140,7 @@ if importlib.util.find_spec("litserve") is not None:
                 seq.new = False
                 left = self.active[uid][1]
                 left[0] -= 1
-                outputs.append(Output(uid, piece, LitAPIStatus.OK))
+                outputs.append(Output(uid, getattr(piece, "text", piece), LitAPIStatus.OK))  # (str or Chunk)
                 if left[0] <= 0:
                     outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
                     del self.active[uid]
@@ -165,13 +168,10 @@ async def one_answer(port: int, model: str, tokens: int) -> tuple[float, int]:
     )
     first, got = None, 0
     async for line in reader:
-        if lit:
+        if lit:  # (bytes checks for both: the client's cost is the same whoever serves)
             made = line.startswith(b'{"text": "') and not line.startswith(b'{"text": ""')
-        elif line.startswith(b"data: {"):
-            choices = json.loads(line[6:]).get("choices") or [{}]
-            made = bool((choices[0].get("delta") or {}).get("content"))
         else:
-            made = False
+            made = line.startswith(b"data: {") and b'"content": "' in line and b'"content": ""' not in line
         if made:
             got += 1
             if first is None:
@@ -238,7 +238,10 @@ def main() -> None:
     lit_port = None
     if importlib.util.find_spec("litserve") is not None:
         lit_port = free_port()
-        children.append(subprocess.Popen([sys.executable, __file__, "--serve-litserve", str(lit_port)]))
+        # (its own process group: stopped while the others are measured, since LitServe's idle
+        # workers each keep a core busy, and the machine has two)
+        lit = subprocess.Popen([sys.executable, __file__, "--serve-litserve", str(lit_port)], start_new_session=True)
+        children.append(lit)
         forms.append("litserve")
     else:
         print("(litserve is not installed: `pip install litserve` adds its ContinuousBatchingLoop)", file=sys.stderr)
@@ -252,20 +255,26 @@ def main() -> None:
             for clients in CONCURRENCY:
                 lengths = [int(x) for x in np.clip(rng.exponential(MEAN_TOKENS, clients * args.answers), 1, 96)]
                 for form in forms:  # (warm-up)
-                    asyncio.run(round_of(*where(port, lit_port, model, form), clients, lengths[:clients]))
+                    with running(children, form):
+                        asyncio.run(round_of(*where(port, lit_port, model, form), clients, lengths[:clients]))
                 for _ in range(args.repeats):  # interleaved: the forms see the same load
                     for form in forms:
-                        result = asyncio.run(round_of(*where(port, lit_port, model, form), clients, lengths))
+                        with running(children, form):
+                            result = asyncio.run(round_of(*where(port, lit_port, model, form), clients, lengths))
                         cells.setdefault((model, clients, form), []).append(result)
                 print(f"  {model} at {clients} clients done", file=sys.stderr, flush=True)
     finally:
-        for child in children:
-            child.send_signal(signal.SIGTERM if child is children[0] else signal.SIGINT)
+        children[0].send_signal(signal.SIGTERM)
+        if len(children) > 1:
+            os.killpg(children[1].pid, signal.SIGINT)
         for child in children:
             try:
                 child.wait(30)
             except subprocess.TimeoutExpired:
                 child.kill()
+        if len(children) > 1:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(children[1].pid, signal.SIGKILL)  # (LitServe's workers, if any are left)
 
     def median(model: str, clients: int, form: str, key: str) -> float:
         return statistics.median(r[key] for r in cells[model, clients, form])
@@ -285,6 +294,19 @@ def main() -> None:
             p50a, p50s = (median(model, clients, f, "ttft_p50") for f in ("alone", "step"))
             p99a, p99s = (median(model, clients, f, "ttft_p99") for f in ("alone", "step"))
             print(row + f" | {p50a:>13.1f} ms {p50s:>5.1f} ms {p50s / p50a:>5.2f}x | {p99a:>13.1f} ms {p99s:>5.1f} ms")
+
+
+@contextlib.contextmanager
+def running(children: list[subprocess.Popen], form: str) -> Iterator[None]:
+    """LitServe's processes run only while its own rounds do (SIGSTOP / SIGCONT to its group)."""
+    if len(children) < 2 or form == "litserve":
+        yield
+        return
+    os.killpg(children[1].pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(children[1].pid, signal.SIGCONT)
 
 
 def where(port: int, lit_port: int | None, model: str, form: str) -> tuple[int, str]:
