@@ -184,8 +184,9 @@ def fuzz(session: nox.Session) -> None:
 
 # What `nox -s lint` checks with, pinned: a new mypy or clang-format release can judge the same
 # code differently. The stubs are typeshed's for the dependencies that ship no types.
+# ziglang: its C toolchain checks that the native sources compile for aarch64 (tools/check_aarch64.py).
 LINT_TOOLS = (
-    "ruff", "mypy==2.4.1", "clang-format==23.1.5",
+    "ruff", "mypy==2.4.1", "clang-format==23.1.5", "ziglang==0.17.1",
     "types-protobuf", "types-requests", "types-grpcio", "types-grpcio-health-checking",
 )  # fmt: skip
 
@@ -193,7 +194,8 @@ LINT_TOOLS = (
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check + format check; mypy over the package and stubtest of the native modules'
-    stubs; the count of Any in the public API (tools/public_any.py); clang-format of the C."""
+    stubs; the count of Any in the public API (tools/public_any.py); clang-format of the C; the C
+    compiled for aarch64 (tools/check_aarch64.py)."""
     install(session, *LINT_TOOLS, extras="grpc,tracing,http")
     python_paths = ("embedtriton", "tests", "examples", "benchmarks", "deploy", "tools", "noxfile.py")
     session.run("ruff", "check", *python_paths)
@@ -208,6 +210,7 @@ def lint(session: nox.Session) -> None:
     session.chdir(os.path.dirname(config))
     c_files = sorted(glob.glob("embedtriton/native/**/*.[ch]", recursive=True) + glob.glob("tests/fuzz/*.[ch]"))
     session.run("clang-format", "--dry-run", "-Werror", *c_files)
+    session.run("python", "tools/check_aarch64.py")  # (Grace machines are aarch64)
 
 
 # What `nox -s docs` builds the site with, pinned (a new release may judge links differently).

@@ -15,20 +15,12 @@ import threading
 import time
 from pathlib import Path
 
+from helpers import wait_for  # noqa: F401  (the adversarial tests import it from here too)
+
 # Under `nox -s tests-asan` (AddressSanitizer): this process's memory is not what the code holds
 # (freed blocks wait in ASan's quarantine, shadow memory, redzones), so tests that measure RSS keep
 # their other checks there and leave the memory ones to the normal sessions.
 SANITIZED = bool(os.environ.get("EMBEDTRITON_SANITIZED"))
-
-
-def wait_for(condition, seconds: float = 10.0) -> bool:
-    """Whether condition() came true within seconds (polled every 10 ms)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def read_all(s: socket.socket, limit: float = 10.0) -> bytes:

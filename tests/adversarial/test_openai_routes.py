@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -89,13 +90,6 @@ def assert_openai_error(status: int, answer: dict, expected: int | None = None) 
     error = answer["error"]
     assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str), answer
     assert error["message"]
-
-
-def wait_until(condition, seconds: float) -> None:
-    """Poll ``condition()`` until it holds or ``seconds`` pass (the caller asserts it after)."""
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def healthy(port: int) -> None:
@@ -239,8 +233,8 @@ def test_a_stream_whose_client_reads_nothing_is_let_go(served):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         socks.append(s)
-    wait_until(lambda: flags.flooding >= 4, 5)
-    wait_until(lambda: not flags.flooding, 20)  # the buffers fill, then request_timeout_s (0.5 s) passes
+    wait_for(lambda: flags.flooding >= 4, 5)
+    wait_for(lambda: not flags.flooding, 20)  # the buffers fill, then request_timeout_s (0.5 s) passes
     assert flags.flooding == 0, "a stream nobody reads kept its generator running"
     for s in socks:
         s.close()
@@ -261,7 +255,7 @@ def test_a_flood_of_streams_that_read_nothing(served):
     healthy(port)  # the others are served while 40 streams sit unread
     for s in socks:
         s.close()
-    wait_until(lambda: not flags.open, 15)
+    wait_for(lambda: not flags.open, 15)
     assert flags.open == 0, f"{flags.open} generators still open after their clients left"
     healthy(port)
 
@@ -272,9 +266,9 @@ def test_leaving_a_stream_of_several_choices_closes_every_generator(served):
     body = body.encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    wait_until(lambda: flags.open >= 4, 10)
+    wait_for(lambda: flags.open >= 4, 10)
     assert flags.open == 4
     s.close()
-    wait_until(lambda: not flags.open, 10)
+    wait_for(lambda: not flags.open, 10)
     assert flags.open == 0, f"{flags.open} of 4 generators still open after the client left"
     healthy(port)

@@ -250,10 +250,6 @@ def test_error_classes(served):
         list(api.chat.completions.create(model="boom", messages=USER, stream=True))
 
 
-def wait_for(event: threading.Event, seconds: float = 10.0) -> bool:
-    return event.wait(seconds)
-
-
 def test_client_leaving_mid_stream_closes_the_generator(served):
     _, port, state = served
     state.closed.clear()
@@ -264,7 +260,7 @@ def test_client_leaving_mid_stream_closes_the_generator(served):
         if seen == 5:
             break
     stream.close()
-    assert wait_for(state.closed), "the callable's generator was not closed after the client left"
+    assert state.closed.wait(10), "the callable's generator was not closed after the client left"
     # an async generator, left by an AsyncOpenAI stream
     state.async_closed.clear()
 
@@ -277,7 +273,7 @@ def test_client_leaving_mid_stream_closes_the_generator(served):
         await api.close()
 
     asyncio.run(main())
-    assert wait_for(state.async_closed), "the async generator was not closed after the client left"
+    assert state.async_closed.wait(10), "the async generator was not closed after the client left"
 
 
 def test_raw_socket_stream_and_disconnect(served):
@@ -294,7 +290,7 @@ def test_raw_socket_stream_and_disconnect(served):
         got += sock.recv(65536)
     assert got.startswith(b"HTTP/1.1 200 OK\r\n") and b"Content-Type: text/event-stream" in got
     sock.close()
-    assert wait_for(state.closed)
+    assert state.closed.wait(10)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 openai = pytest.importorskip("openai")
 
@@ -95,15 +96,6 @@ def served():
 
 def client(port: int):
     return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-
-
-def wait_for(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_max_tokens_ends_a_sequence_with_length(served):

@@ -15,14 +15,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from ...errors import (
-    AlreadyExistsError,
-    CancelledError,
-    InvalidArgumentError,
-    NotFoundError,
-    UnavailableError,
-    UnsupportedError,
-)
+from ...errors import InvalidArgumentError
+from ..statuses import statuses_of
 
 log = logging.getLogger("embedtriton")
 
@@ -30,22 +24,10 @@ log = logging.getLogger("embedtriton")
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 5, 6
 RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
 
-_CODES = [
-    (InvalidArgumentError, INVALID_ARGUMENT),
-    (NotFoundError, NOT_FOUND),
-    (UnavailableError, UNAVAILABLE),
-    (UnsupportedError, UNIMPLEMENTED),
-    (AlreadyExistsError, ALREADY_EXISTS),
-    (CancelledError, CANCELLED),
-]
-
 
 def code_of(error: BaseException) -> int:
-    """The gRPC status code of an error."""
-    for cls, code in _CODES:
-        if isinstance(error, cls):
-            return code
-    return INTERNAL
+    """The gRPC status code of an error (frontends/statuses.py)."""
+    return statuses_of(error).grpc
 
 
 class Call(Protocol):

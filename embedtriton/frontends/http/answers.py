@@ -12,17 +12,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError, UnsupportedError
-
-# Triton's HTTP status for each error (http_server.cc HttpCodeFromError)
-_STATUS = [(NotFoundError, 404), (UnavailableError, 503), (UnsupportedError, 501), (InvalidArgumentError, 400)]
+from ..statuses import statuses_of
 
 
 def status_of(error: BaseException) -> int:
-    for cls, status in _STATUS:
-        if isinstance(error, cls):
-            return status
-    return 500 if isinstance(error, TritonError) and error.code == "INTERNAL" else 400
+    """Triton's HTTP status of an error (frontends/statuses.py)."""
+    return statuses_of(error).http
 
 
 @dataclass

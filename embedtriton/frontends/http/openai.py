@@ -27,7 +27,8 @@ import numpy as np
 from ...core import openai_models as bound
 from ...core.request import InferRequest
 from ...core.streams import iterate_async
-from ...errors import InvalidArgumentError, NotFoundError, TritonError, UnavailableError
+from ...errors import NotFoundError, TritonError
+from ..statuses import statuses_of
 from .answers import EventStream
 from .openai_checks import (
     DONE,
@@ -47,13 +48,7 @@ from .openai_streams import Closing, Once, close_all, merge
 
 
 def _triton_status(exc: TritonError) -> int:
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, UnavailableError):
-        return 503
-    if isinstance(exc, InvalidArgumentError):
-        return 400
-    return 500
+    return statuses_of(exc).openai
 
 
 class OpenAIRoutes:

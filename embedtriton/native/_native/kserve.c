@@ -50,8 +50,7 @@ static KjRequest* scratch(void)
 
 /* ---- the call ------------------------------------------------------------ */
 
-/* Triton's error codes as gRPC status codes (frontends/grpc/transport.py code_of, of the
- * exception errors.error_for_code makes). */
+/* Triton's error codes as gRPC status codes (frontends/statuses.py, test_statuses.py). */
 static int grpc_code(int code)
 {
   static const int codes[] = {13, 13, 5, 3, 14, 12, 6, 1};
@@ -162,7 +161,7 @@ static const CallOps grpc_ops = {.response = call_one_response,
                                  .destroy = grpc_destroy,
                                  .free_later = 1};
 
-/* Triton's HTTP status of an error code (frontends/http/answers.py status_of). */
+/* Triton's HTTP status of an error code (frontends/statuses.py; tests/unit/test_statuses.py). */
 static int http_status(int code)
 {
   static const int statuses[] = {400, 500, 404, 400, 503, 501, 400, 400};

@@ -119,7 +119,7 @@ static int wait_group(Group* g, int target, long graves)
 /* Before the group's stack frame goes: no completion is still touching it. */
 static void leave(Group* g)
 {
-  while (atomic_load(&g->busy) > 0) __builtin_ia32_pause();
+  while (atomic_load(&g->busy) > 0) cpu_relax();
 }
 
 /* Ctrl-C: cancel what is still in flight and wait for Triton to let go of it. */

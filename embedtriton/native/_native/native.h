@@ -138,6 +138,16 @@ static inline uint64_t now_ns(void)
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A spin-wait's pause: x86's PAUSE, Arm's YIELD (Grace machines are aarch64), nothing elsewhere. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
 /* ---- threads.c: the GIL, waiting, batched wake-ups ---------------------- */
 
 /* A waiting caller's state (Call.done). */

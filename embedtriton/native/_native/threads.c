@@ -61,7 +61,7 @@ int wait_for(atomic_int* state, int spin, uint64_t timeout_ns)
   if (spin && atomic_fetch_add(&spinners, 1) == 0 && spin_ns && atomic_load(&in_flight) <= 1) {
     uint64_t until = now_ns() + spin_ns;
     for (int i = 0; atomic_load_explicit(state, memory_order_acquire) != WAIT_DONE; i++) {
-      __builtin_ia32_pause();
+      cpu_relax();
       if ((i & 63) == 0 && now_ns() > until) break;
     }
   }
@@ -112,7 +112,7 @@ void linger(int with_batcher)
   for (int i = 0; !caught; i++) {
     caught = with_batcher ? atomic_load_explicit(&in_flight, memory_order_acquire) != 0
                           : atomic_load_explicit(&handed_over, memory_order_acquire) != seen;
-    __builtin_ia32_pause();
+    cpu_relax();
     if ((i & 63) == 0 && now_ns() > until) break;
   }
   atomic_fetch_add(&n_lingers, 1);
