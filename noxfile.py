@@ -98,6 +98,23 @@ def tests_oldest(session: nox.Session) -> None:
     session.run(*PYTEST, "--deselect", once, *session.posargs)
 
 
+# The newest Python the machines have, on current releases: the core, the unit tests, both KServe
+# endpoints with the stock clients, the OpenAI routes and the quick start (a subset: the whole
+# suite runs twice already, and CI's time is bounded).
+NEWEST_TESTS = (
+    "tests/core", "tests/unit", "tests/frontends/test_grpc.py", "tests/frontends/test_http.py",
+    "tests/frontends/test_openai.py", "tests/frontends/test_openai_steps.py",
+    "tests/test_examples.py::test_add_sub_example",
+)  # fmt: skip
+
+
+@nox.session(name="tests-newest", python="3.13")
+def tests_newest(session: nox.Session) -> None:
+    """A subset of the tests on Python 3.13 with current releases (NEWEST_TESTS)."""
+    install(session, *TEST_TOOLS, "numpy>=2", "tritonclient[grpc,http]", extras="grpc,tracing,http")
+    session.run(*PYTEST, *(session.posargs or NEWEST_TESTS), env={"EMBEDTRITON_REQUIRE_PERF_ANALYZER": ""})
+
+
 # The C that reads network bytes, under AddressSanitizer and UndefinedBehaviorSanitizer: the decoders
 # (protobuf, JSON, binary tensors, inflate), the HTTP/1.1 and HTTP/2 transports, and every adversarial test.
 ASAN_TESTS = (

@@ -428,7 +428,9 @@ def test_fd_exhaustion(tmp_path):
         sid = busy.request("Echo", b"held", end=False)  # a call open (no end of stream yet) from before the flood
         spoke = Raw(port)
         assert spoke.call("Echo", b"before")[0] == 0  # idle the longest, but not silent
-        conns = [Raw(port, preface=False) for _ in range(30)]
+        for _ in range(30):  # (paced: a connection accepted in the same loop iteration as the
+            conns.append(Raw(port, preface=False))  # newcomer is no candidate, so a burst that lands
+            time.sleep(0.02)  # in one iteration, on a loaded machine, refuses its newest by design)
         time.sleep(0.3)
         cpu = _cpu_seconds(child.pid)
         time.sleep(1.0)
