@@ -19,18 +19,24 @@ nox.options.reuse_existing_virtualenvs = True
 TRITON_RUNTIME = "nvidia-pytriton==0.7.0"
 
 
-def oldest_python() -> str:
-    """The oldest supported Python (3.10): on PATH, or pyenv's copy even when pyenv's global
-    version hides it; else this interpreter, said out loud."""
+def find_python(version: str, what: str) -> str:
+    """Python ``version`` (e.g. "3.10"): on PATH, or pyenv's copy even when pyenv's global version
+    hides it; else this interpreter, said out loud."""
     home = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    for candidate in ["python3.10", *sorted(glob.glob(f"{home}/versions/3.10*/bin/python3.10")), "/usr/bin/python3.10"]:
+    pyenv = sorted(glob.glob(f"{home}/versions/{version}*/bin/python{version}"))
+    for candidate in [f"python{version}", *pyenv, f"/usr/bin/python{version}"]:
         try:
             subprocess.run([candidate, "-c", ""], check=True, capture_output=True)
         except (OSError, subprocess.CalledProcessError):
             continue
         return candidate
-    print(f"noxfile: no Python 3.10 found; the oldest-versions session runs on {sys.executable}", file=sys.stderr)
+    print(f"noxfile: no Python {version} found; the {what} session runs on {sys.executable}", file=sys.stderr)
     return sys.executable
+
+
+def oldest_python() -> str:
+    """The oldest supported Python (3.10)."""
+    return find_python("3.10", "oldest-versions")
 
 
 def install(session: nox.Session, *packages: str, extras: str = "") -> None:
@@ -108,7 +114,7 @@ NEWEST_TESTS = (
 )  # fmt: skip
 
 
-@nox.session(name="tests-newest", python="3.13")
+@nox.session(name="tests-newest", python=find_python("3.13", "newest-Python"))
 def tests_newest(session: nox.Session) -> None:
     """A subset of the tests on Python 3.13 with current releases (NEWEST_TESTS)."""
     install(session, *TEST_TOOLS, "numpy>=2", "tritonclient[grpc,http]", extras="grpc,tracing,http")
