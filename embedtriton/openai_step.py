@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,7 +163,7 @@ def step_function(
     on_leave: LeaveFunc | None,
 ) -> Callable[[list[Any]], list[Any]]:
     """The iterative model's batch-step function around ``fn``."""
-    loop: list[asyncio.AbstractEventLoop] = []  # (an async fn's private loop, made when first needed)
+    local = threading.local()  # (an async fn's private loop per instance thread, made when first needed)
 
     def leave(run: _Run) -> None:
         try:
@@ -205,9 +206,9 @@ def step_function(
         if chosen:
             result = fn([run.seq for run in chosen])
             if inspect.isawaitable(result):
-                if not loop:
-                    loop.append(asyncio.new_event_loop())
-                result = loop[0].run_until_complete(_awaited(result))
+                if getattr(local, "loop", None) is None:
+                    local.loop = asyncio.new_event_loop()
+                result = local.loop.run_until_complete(_awaited(result))
             if not isinstance(result, (list, tuple)) or len(result) != len(chosen):
                 raise TypeError(
                     f"model '{name}': the step function must return a list with one str or Chunk per "
