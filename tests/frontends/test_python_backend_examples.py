@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("tritonclient.http")
@@ -54,14 +55,24 @@ CLIENTS = {  # client -> what it prints when it passes
 NEEDS_TORCH = {"bls/sync_client.py", "bls/async_client.py", "pytorch/client.py"}
 
 
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def ports_free() -> None:
+    """The upstream clients hard-code their ports: wait up to 10 s for them (the previous test's
+    server closing), then skip, naming the port and why, when another process keeps one."""
     for port in PORTS:
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                pytest.fail(f"port {port} is in use: the upstream clients only talk to ports {PORTS}")
+        if not wait_for(lambda port=port: bindable(port), 10.0, every=0.1):
+            pytest.skip(
+                f"port {port} is in use by another process, and the upstream clients only talk to ports {PORTS}"
+            )
 
 
 def serve(repository: Path, stub_bin: str, log: Path) -> subprocess.Popen:
