@@ -1,6 +1,6 @@
 """Check that every native source compiles for aarch64 (NVIDIA's Grace machines), with Zig's C
 toolchain from the package index (``pip install ziglang``): each C file as C11, the C++ file as
-C++17, ``-c -Werror`` with the build's warnings (the object thrown away), against this Python's and numpy's
+C++17, ``-c -Werror`` with the build's warnings (the objects thrown away), against this Python's and numpy's
 headers (LP64 on both architectures) and zlib's header from the system. Nothing is linked; a
 file that uses an x86 builtin or intrinsic fails here.
 
@@ -29,7 +29,9 @@ def main() -> int:
         print("check_aarch64: zlib's header is missing (apt-get install zlib1g-dev)", file=sys.stderr)
         return 1
     failed = []
-    with tempfile.TemporaryDirectory() as only_zlib:  # (the system's zlib headers, none of its libc)
+    # (the system's zlib headers, none of its libc; and the objects, thrown away with the folder:
+    # zig cc writes an object beside the working directory whatever -o says)
+    with tempfile.TemporaryDirectory() as only_zlib, tempfile.TemporaryDirectory() as objects:
         for name in ("zlib.h", "zconf.h"):
             shutil.copy(Path("/usr/include") / name, only_zlib)
         includes = [
@@ -43,9 +45,12 @@ def main() -> int:
         for source in sources:
             language = ["c++", "-std=c++17", "-fno-exceptions"] if source.suffix == ".cc" else ["cc", "-std=c11"]
             zig = [sys.executable, "-m", "ziglang", language[0], "-target", "aarch64-linux-gnu"]
-            command = [*zig, "-c", "-o", "/dev/null"]
+            command = [*zig, "-c", "-o", str(Path(objects) / f"{source.name}.o")]
             done = subprocess.run(
-                [*command, *language[1:], *WARNINGS, *includes, str(source)], capture_output=True, text=True
+                [*command, *language[1:], *WARNINGS, *includes, str(source)],
+                capture_output=True,
+                text=True,
+                cwd=objects,
             )
             if done.returncode != 0:
                 failed.append(source.relative_to(ROOT))
