@@ -176,3 +176,32 @@ def test_clients_that_leave_let_go_of_everything(served):
         finally:
             endpoint.use_c_path(True)
     assert wait_for(lambda: sys.getrefcount(http_server) <= before), (sys.getrefcount(http_server), before)
+
+
+def test_clients_that_leave_as_their_answers_are_written(served):
+    """Clients that close while the model's thread answers them: the IO thread closing a connection
+    races the thread that queues its answer. Under ASan (nox -s tests-asan) this found the answer
+    putting a connection back on the list of those to write after its close had taken it off, and
+    then freed it (http1_conn.c h1_close detaches its requests first now)."""
+    port, endpoint, gate, _ = served
+    gate.set()
+    rng = np.random.default_rng(7)
+    for in_c in (True, False):
+        endpoint.use_c_path(in_c)
+        try:
+            for round_ in range(40):
+                sockets = []
+                for x in range(16):
+                    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+                    s.sendall(request(x) * 2)
+                    sockets.append(s)
+                time.sleep(float(rng.uniform(0, 0.003)))  # (closes spread over the answers' writing)
+                for s in sockets:
+                    if rng.random() < 0.5:
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    s.close()
+                if round_ % 10 == 9:
+                    assert post(port, round_) == (200, post_answer(round_))
+        finally:
+            endpoint.use_c_path(True)
+    assert post(port, 99) == (200, post_answer(99))

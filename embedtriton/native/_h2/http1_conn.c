@@ -517,16 +517,8 @@ void h1_close(HConn* c)
 {
   HttpServerObject* srv = c->srv;
   pending_set(c, 0);
-  pthread_mutex_lock(&srv->mu);
-  if (c->dirty) { /* off the dirty list */
-    for (HConn** p = &srv->dirty_head; *p; p = &(*p)->dnext)
-      if (*p == c) {
-        *p = c->dnext;
-        break;
-      }
-    c->dirty = 0;
-  }
-  pthread_mutex_unlock(&srv->mu);
+  /* Its requests first: until each is detached (r->conn cleared under mu), a thread answering it
+   * can put c back on the dirty list. */
   while (c->qhead) {
     HReq* n = c->qhead->next;
     h1_req_free(srv, c->qhead);
@@ -534,6 +526,14 @@ void h1_close(HConn* c)
   }
   free_outbufs(c->wh);
   pthread_mutex_lock(&srv->mu);
+  if (c->dirty) { /* off the dirty list: nothing can put it back now */
+    for (HConn** p = &srv->dirty_head; *p; p = &(*p)->dnext)
+      if (*p == c) {
+        *p = c->dnext;
+        break;
+      }
+    c->dirty = 0;
+  }
   STAT_ADD(srv->g_buffered, -(int64_t)c->buffered);
   pthread_mutex_unlock(&srv->mu);
   STAT_ADD(srv->g_held, -(int64_t)c->held);
