@@ -101,6 +101,23 @@ def _parameters(request: Any) -> dict[str, Any]:
     return params
 
 
+def _first_argument(request: Any, kind: str, main_input: str) -> Any:
+    """What the request's main input gives the callable: the chat's messages (a list), or the
+    completion's prompt (a str)."""
+    raw = _text(request[main_input], main_input)
+    if kind != CHAT:
+        return raw
+    messages = json.loads(raw)
+    if not isinstance(messages, list):
+        raise ValueError("input 'messages' must be a JSON list of message objects")
+    return messages
+
+
+def _positive_int(name: str, what: str, value: Any, also: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"model '{name}': {what} must be a positive int{also}, not {value!r}")
+
+
 def _chunks(result: Any, name: str) -> Generator[Any, None, None]:
     """What the callable returned as an iterator of chunks (str or Chunk), closed when it is."""
     if isinstance(result, (str, Chunk)):
@@ -147,10 +164,7 @@ def _bind_generator(
 
     def one(request: Any) -> Generator[dict[str, np.ndarray], None, None]:
         """One request's responses."""
-        raw = _text(request[main_input], main_input)
-        first = json.loads(raw) if kind == CHAT else raw
-        if kind == CHAT and not isinstance(first, list):
-            raise ValueError("input 'messages' must be a JSON list of message objects")
+        first = _first_argument(request, kind, main_input)
         chunks = _chunks(fn(first, **_parameters(request)), name)
         try:
             for chunk in chunks:
@@ -190,8 +204,7 @@ def _bind_generator(
 def _step_config(name: str, config: ModelConfig | None, max_sequences: int) -> ModelConfig:
     """A batch-step model's config: an iterative sequence model with max_sequences slots on one
     instance (unless the config names its instances: then max_sequences per instance)."""
-    if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or max_sequences < 1:
-        raise InvalidArgumentError(f"model '{name}': max_sequences must be a positive int, not {max_sequences!r}")
+    _positive_int(name, "max_sequences", max_sequences)
     if config is None:
         config = ModelConfig()
     if not isinstance(config, ModelConfig):
@@ -199,8 +212,7 @@ def _step_config(name: str, config: ModelConfig | None, max_sequences: int) -> M
     if not config.batching:
         raise InvalidArgumentError(f"model '{name}': a batch-step model batches its sequences: leave batching=True")
     batcher = config.sequence_batcher
-    if batcher is None or not batcher.iterative:
-        batcher = SequenceBatcher(iterative=True) if batcher is None else dataclasses.replace(batcher, iterative=True)
+    batcher = SequenceBatcher(iterative=True) if batcher is None else dataclasses.replace(batcher, iterative=True)
     return dataclasses.replace(
         config,
         max_batch_size=max_sequences,
@@ -223,28 +235,21 @@ def _bind_step(
 ) -> Model:
     if not callable(step):
         raise InvalidArgumentError(f"model '{name}': step must be callable, not {type(step).__name__}")
-    if max_step_tokens is not None and (
-        isinstance(max_step_tokens, bool) or not isinstance(max_step_tokens, int) or max_step_tokens < 1
-    ):
-        raise InvalidArgumentError(
-            f"model '{name}': max_step_tokens must be a positive int or None, not {max_step_tokens!r}"
-        )
+    if max_step_tokens is not None:
+        _positive_int(name, "max_step_tokens", max_step_tokens, also=" or None")
     if on_leave is not None and not callable(on_leave):
         raise InvalidArgumentError(f"model '{name}': on_leave must be callable, not {type(on_leave).__name__}")
     config = _step_config(name, config, max_sequences)
 
     def new_sequence(request: Any) -> Sequence:
-        raw = _text(request[main_input], main_input)
+        first = _first_argument(request, kind, main_input)
         params = _parameters(request)
         index = (request.parameters or {}).get("index", 0)
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise ValueError(f"the request parameter 'index' (the choice index) must be an int >= 0, not {index!r}")
         if kind == CHAT:
-            messages = json.loads(raw)
-            if not isinstance(messages, list):
-                raise ValueError("input 'messages' must be a JSON list of message objects")
-            return Sequence(messages, None, params, index=index)
-        return Sequence(None, raw, params, index=index)
+            return Sequence(first, None, params, index=index)
+        return Sequence(None, first, params, index=index)
 
     # (Both inputs required: with an optional input, Triton 2.51's iterative sequence batcher let
     # no new sequence join the running ones until they had all ended.)

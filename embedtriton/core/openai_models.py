@@ -8,7 +8,7 @@ from typing import Any
 
 CHAT, COMPLETION, EMBEDDING = "chat", "completion", "embedding"
 
-# server -> {model name: kind}; server -> names of batch-step models (they take an "index" input)
+# server -> {model name: kind}; server -> names of batch-step models (a request parameter "index" names the choice)
 _kinds: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 _steps: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
