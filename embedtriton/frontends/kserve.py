@@ -97,36 +97,6 @@ def model_version(version: str) -> int:
     return number
 
 
-def admit_in_c(server: CoreServer, table: dict[Any, Any], name: str, version: str, json: bool = False) -> None:
-    """A frontend's C-path entry for a model (``table[(name, version)] = (binding, number)``,
-    number None where the C path must decline): a bound model (not an ensemble, whose errors name
-    its steps) that is not decoupled, has no optional inputs and no batch rule (its batcher calls
-    Python: requests are handed over without the GIL), and a well-formed version. ``json`` (the
-    REST path, whose answers it writes): outputs of a datatype numpy has, not BYTES."""
-    if len(table) >= 1024:  # (names and versions come from clients)
-        table.clear()
-    binding = server._bound.get(name)
-    try:
-        number: int | None = model_version(version)
-    except InvalidArgumentError:
-        number = None
-    if (
-        binding is None
-        or binding.decoupled
-        or getattr(binding, "required_inputs", None) is not None
-        or getattr(binding, "batch_rule", None) is not None
-        or hasattr(binding, "step_models")
-        or (json and any(BY_NAME[dt].numpy is None or dt == "BYTES" for dt in _output_datatypes(binding)))
-    ):
-        number = None
-    table[(name, version)] = (binding, number)
-
-
-def _output_datatypes(binding: Any) -> list[str]:
-    by_value = {d.value: d.name for d in BY_NAME.values()}
-    return [by_value.get(spec[1], "BYTES") for spec in getattr(binding, "output_specs", None) or [(None, -1)]]
-
-
 def apply_parameters(decoded: Decoded, params: dict[str, Any], request_id: str) -> None:
     """Set the request's options from its KServe parameters; the rest reach the model."""
     request = decoded.request

@@ -19,12 +19,14 @@ from hypothesis import strategies as st  # noqa: E402
 from tritonclient.grpc import service_pb2  # noqa: E402
 
 from embedtriton import _native  # noqa: E402
+from embedtriton.frontends import c_path  # noqa: E402
 
 SIZES = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "UINT32": 4, "INT32": 4,
          "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}  # fmt: skip
 NAMES = st.text(st.characters(min_codepoint=1, max_codepoint=0x7F), min_size=1, max_size=12)
 ANY_TEXT = st.text(max_size=12)
-EMPTY_FINAL = "triton_enable_empty_final_response"  # (ignored by a unary call: perf_analyzer sends it)
+TAKEN = c_path.REQUEST_PARAMETERS["grpc"]  # (triton_enable_empty_final_response: perf_analyzer sends it)
+EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 def parsed_view(data: bytes):
@@ -34,9 +36,10 @@ def parsed_view(data: bytes):
         m = service_pb2.ModelInferRequest.FromString(data)
     except DecodeError:
         return None
-    if set(m.parameters) - {EMPTY_FINAL} or any(t.parameters or t.HasField("contents") for t in m.inputs):
+    inputs_taken, outputs_taken = c_path.INPUT_PARAMETERS["grpc"], c_path.OUTPUT_PARAMETERS["grpc"]
+    if set(m.parameters) - TAKEN or any(set(t.parameters) - inputs_taken or t.HasField("contents") for t in m.inputs):
         return None
-    if any(o.parameters for o in m.outputs) or len(m.raw_input_contents) < len(m.inputs):
+    if any(set(o.parameters) - outputs_taken for o in m.outputs) or len(m.raw_input_contents) < len(m.inputs):
         return None
     return {
         "model_name": m.model_name,

@@ -24,7 +24,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from embedtriton import _native  # noqa: E402
 from embedtriton.errors import TritonError  # noqa: E402
-from embedtriton.frontends import kserve  # noqa: E402
+from embedtriton.frontends import c_path, kserve  # noqa: E402
 from embedtriton.frontends.http.rest import json_input  # noqa: E402
 
 NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "UINT16": np.uint16, "INT16": np.int16,
@@ -50,7 +50,7 @@ def python_view(body: bytes, header_len: int):
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         return None
     params = request.get("parameters", {})
-    if not isinstance(params, dict) or set(params) - {"binary_data_output"}:
+    if not isinstance(params, dict) or set(params) - c_path.REQUEST_PARAMETERS["http"]:
         return None
     default = bool(params.get("binary_data_output", False))
     inputs, offset, names = [], 0, set()
@@ -61,6 +61,8 @@ def python_view(body: bytes, header_len: int):
                 return None
             names.add(name)
             kserve.check_shape(name, tuple(shape))
+            if set(t.get("parameters") or {}) - c_path.INPUT_PARAMETERS["http"]:
+                return None
             size = (t.get("parameters") or {}).get("binary_data_size")
             if size is not None:
                 if size < 0 or offset + size > len(binary):
@@ -73,6 +75,8 @@ def python_view(body: bytes, header_len: int):
     except (TritonError, KeyError, TypeError, ValueError, OverflowError):
         return None
     if offset != len(binary):
+        return None
+    if any(set(o.get("parameters") or {}) - c_path.OUTPUT_PARAMETERS["http"] for o in request.get("outputs") or []):
         return None
     outputs = [(o["name"], bool((o.get("parameters") or {}).get("binary_data", default)))
                for o in request.get("outputs") or []]  # fmt: skip

@@ -40,13 +40,7 @@ class GrpcEndpoint:
         options = options or GrpcOptions()
         self.options = options
         self.address = options.address
-        self.service = Service(
-            server,
-            options.shared_memory,
-            options.infer_response_compression_level,
-            options.restrictions,
-            options.forward,
-        )
+        self.service = Service(server, options)
         self._h2_server: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # limits.max_connections, or fewer when the process's descriptor limit leaves less room

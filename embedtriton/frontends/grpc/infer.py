@@ -7,7 +7,6 @@ no loop, which the core calls with ``(outputs, error)`` there. KServe semantics 
 from __future__ import annotations
 
 import logging
-import re
 import struct
 import threading
 import weakref
@@ -19,9 +18,10 @@ from tritonclient.grpc import service_pb2
 from ...core import CoreServer
 from ...core.handles import STREAM_EMPTY, STREAM_END, STREAM_ITEM, Cancel, grpc_model_infer
 from ...errors import SERVER_STOPPING, InvalidArgumentError, TritonError, UnavailableError, UnsupportedError
-from .. import kserve
+from .. import c_path, kserve
 from ..security import forwarded
 from ..shared_memory import SharedMemory
+from .options import GrpcOptions
 from .transport import OK, UNAVAILABLE, Call, code_of
 
 log = logging.getLogger("embedtriton")
@@ -182,10 +182,12 @@ class Reply:
 class Inference:
     """ModelInfer and ModelStreamInfer for one server."""
 
-    def __init__(self, server: CoreServer, shm: SharedMemory, forward: re.Pattern[str] | None = None) -> None:
+    def __init__(self, server: CoreServer, shm: SharedMemory, options: GrpcOptions) -> None:
         self.server = server
         self.shm = shm
-        self.forward = forward  # --grpc-header-forward-pattern, compiled
+        self.forward = options.forward  # --grpc-header-forward-pattern, compiled
+        # the options for which the C path declines every call (frontends/c_path.py)
+        self.declined_options = c_path.options_declining(options, c_path.GRPC_OPTIONS)
         self.draining = False
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()  # ModelStreamInfer calls, to drain
         self._streams_lock = threading.Lock()
@@ -278,8 +280,8 @@ class Inference:
         answered without Python once submitted. False when it declines (not a plain request: see
         native/_native/kserve.c): the Python path then runs as before and words any error."""
         server = self.server
-        if self.draining or self.forward is not None or server.tracer is not None or server._stopping:
-            return False  # (forwarded headers, traces and stopping are the Python path's)
+        if self.declined_options or c_path.server_declines(server, self.draining):
+            return False  # (frontends/c_path.py)
         handle = grpc_model_infer(call, data, self._in_c, server._bound, server._handle)
         if type(handle) is tuple:  # no entry for its model yet, or its binding changed
             self._admit_in_c(*handle)
@@ -290,7 +292,7 @@ class Inference:
         return True
 
     def _admit_in_c(self, name: str, version: str) -> None:
-        kserve.admit_in_c(self.server, self._in_c, name, version)
+        c_path.admit(self.server, self._in_c, name, version)
 
     def model_infer(self, request: Any, call: Call) -> None:
         decoded = self.decode(request, self.forwarded(call))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -30,9 +29,10 @@ from ...errors import (
     UnsupportedError,
 )
 from .. import kserve, kserve_extensions
-from ..security import GRPC_GROUPS, RestrictedApis
+from ..security import GRPC_GROUPS
 from ..shared_memory import CUDA, SYSTEM, refuse_cuda_without_gpu, regions_of
 from .infer import Inference, InFlight, Stream
+from .options import GrpcOptions
 from .repository import Repository
 from .transport import INTERNAL, INVALID_ARGUMENT, OK, UNAVAILABLE, UNIMPLEMENTED, Call, code_of, response_compression
 
@@ -64,20 +64,14 @@ class Service:
     # the native transport's plain requests; parsed only when it declines. (False: always parsed.)
     infer_in_c = True
 
-    def __init__(
-        self,
-        server: CoreServer,
-        shared_memory: bool = True,
-        infer_response_compression_level: str = "none",
-        restrictions: RestrictedApis | None = None,
-        forward: re.Pattern[str] | None = None,
-    ) -> None:
+    def __init__(self, server: CoreServer, options: GrpcOptions) -> None:
         self.server = server
         self.shm = regions_of(server)
-        self.inference = Inference(server, self.shm, forward)
-        self.restrictions = restrictions if restrictions else None  # None: every method is open
+        self.inference = Inference(server, self.shm, options)
+        self.restrictions = options.restrictions or None  # None: every method is open
         self.repository = Repository(server)
-        self.shared_memory = shared_memory
+        self.shared_memory = options.shared_memory
+        infer_response_compression_level = options.infer_response_compression_level
         s = service_pb2
         self._unary: dict[str, tuple[Any, Callable[[Any, Any], Any]]] = {
             _KSERVE + "ServerLive": (s.ServerLiveRequest, self.server_live),

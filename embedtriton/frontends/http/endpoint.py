@@ -16,7 +16,7 @@ from urllib.parse import unquote
 from ...core import CoreServer
 from ...core.handles import http_fast
 from ...errors import InvalidArgumentError, UnavailableError
-from .. import kserve, security
+from .. import c_path, kserve, security
 from ..descriptors import connection_cap
 from .answers import EventStream, Refused, encode, sse_event
 from .options import HttpOptions
@@ -78,7 +78,7 @@ class RestEndpoint(RestApi):
         if options.tls_cert and options.tls_key:
             tls = (options.tls_cert, options.tls_key, options.tls_client_ca)
         host, _, port = options.address.rpartition(":")  # type: ignore[union-attr]
-        self._in_c: dict[tuple[str, str], tuple[Any, int | None]] = {}  # kserve.admit_in_c's entries
+        self._in_c: dict[tuple[str, str], tuple[Any, int | None]] = {}  # c_path.admit's entries
         self._loop = asyncio.new_event_loop()  # the routes besides inference, and streams
         self._streams: set[asyncio.Task[None]] = set()
         try:
@@ -140,20 +140,16 @@ class RestEndpoint(RestApi):
             self._http.set_fast(None, None)  # (the IO thread reads it with the GIL)
 
     def _python_only(self) -> bool:
-        """Whether every /infer must take the Python path (what only it does: forwarded headers,
-        restricted inference, traces, a draining or stopping server, routes of its own)."""
-        server, options = self.server, self.options
-        return bool(
+        """Whether every /infer must take the Python path (frontends/c_path.py: the options and the
+        server's state; and an endpoint whose routes are its own)."""
+        return (
             not self.direct_infer
-            or self.draining
-            or server.tracer is not None
-            or server._stopping
-            or options.forward is not None
-            or options.restrictions.get("inference") is not None
+            or c_path.server_declines(self.server, self.draining)
+            or bool(c_path.options_declining(self.options, c_path.HTTP_OPTIONS))
         )
 
     def _admit_in_c(self, name: str, version: str) -> None:
-        kserve.admit_in_c(self.server, self._in_c, name, version, json=True)
+        c_path.admit(self.server, self._in_c, name, version, json=True)
 
     def drain(self) -> None:
         self.use_c_path(False)
