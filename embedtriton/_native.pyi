@@ -26,6 +26,7 @@ _Inputs: TypeAlias = abc.Mapping[str, Any]
 # None: every output; names; or name -> a writable C-contiguous buffer to write it into (or None).
 _OutputsRequested: TypeAlias = Sequence[str] | abc.Mapping[str, Buffer | None] | None
 _TraceSink: TypeAlias = Callable[[int, tuple[int, ...]], object]  # (trace id, Triton's timestamps)
+_Target: TypeAlias = Callable[[_Outputs | None, BaseException | None], object]  # (outputs, None) or (None, error)
 
 def load(handle: int, /) -> None:
     """Resolve the Triton C API from a dlopen handle of libtritonserver (once)."""
@@ -48,7 +49,7 @@ def submit(
     version: int,
     request: InferRequest | dict[str, Any],
     loop: asyncio.AbstractEventLoop | None,
-    future: asyncio.Future[_Outputs] | Callable[[], object] | None,
+    future: asyncio.Future[_Outputs] | _Target | Callable[[], object] | None,
     stream: bool,
     cancellable: bool,
     release_gil: bool,
@@ -62,10 +63,18 @@ def submit(
     index; -1: host memory) and ``trace_sink`` (_TraceSink or None). A dict is the inputs of a
     request with no options (``Model.infer``'s without them).
 
-    Without a loop: blocks (GIL released) and returns the outputs. With a loop: returns None,
-    or a handle for cancel() when cancellable; the future is resolved on the loop. With
-    stream: returns a stream for stream_next() (with a loop, ``future`` is the callable that
-    wakes the consumer). ``release_gil``: hand the request to Triton without the GIL.
+    Three modes, by ``loop`` and ``future``:
+
+    - neither (wait): blocks (GIL released) and returns the outputs; refused on a model's own
+      thread where it would wait for itself;
+    - a loop (asyncio): ``future`` (future-like) is resolved on the loop;
+    - a target (no loop, ``future`` callable): called once as ``future(outputs, None)`` or
+      ``future(None, error)`` on the thread that completes the request, with the GIL; the
+      network frontends answer from there.
+
+    The last two return None, or a handle for cancel() when cancellable. With stream: returns a
+    stream for stream_next() (with a loop, ``future`` is the callable that wakes the consumer).
+    ``release_gil``: hand the request to Triton without the GIL.
     """
 
 def submit_many(

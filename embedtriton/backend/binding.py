@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import tracing
 from ..config import InstanceGroup, ModelConfig, QueuePolicy, Tensor, TimeoutAction
@@ -28,6 +28,43 @@ from .request import DEADLINE_PARAMETER, Request
 log = logging.getLogger("embedtriton")
 
 BACKEND_NAME = "embedtriton"  # the backend Triton knows our native module as
+
+
+# What crosses into the native backend at load, as tuples (named: the C parses them by position).
+class OutputSpec(NamedTuple):
+    """An output as backend.c read_output_specs reads it."""
+
+    name: str | None  # (a binding's tensors all have names)
+    datatype: int  # TRITONSERVER_DataType value
+    dims: tuple[int, ...]
+    gpu: bool  # the callable returns it in GPU memory
+
+
+class LevelPolicy(NamedTuple):
+    """One priority level's queue policy, as queues.c gate_new reads it."""
+
+    delay: bool  # timeout_action DELAY (else REJECT)
+    default_timeout_us: int
+    allow_timeout_override: bool
+    max_queue_size: int
+
+
+class QueueGate(NamedTuple):
+    """What the backend's queue gate applies (queues.c gate_new)."""
+
+    limit: int  # requests an instance takes at once
+    default_level: int  # the default priority level's index
+    levels: tuple[LevelPolicy, ...]  # level 1 first
+
+
+class FastBatch(NamedTuple):
+    """A plain ``@batch`` function the backend runs itself (fast_batch.c fast_batch_init)."""
+
+    func: Callable[..., Any]
+    takes_parameters: bool
+    failed: Callable[..., Any]  # the runner's error message for an exception
+    split: Callable[..., Any]  # the Python split of outputs that are not numpy arrays
+    declines: tuple[str, str]  # parameters that send a request's batch the general way (span, deadline)
 
 
 class Binding:
@@ -62,7 +99,7 @@ class Binding:
         self.iterative = config.sequence_batcher is not None and config.sequence_batcher.iterative
         # (name, TRITONSERVER_DataType value, dims, wants GPU memory) per output, read by the backend.
         self.output_specs = [
-            (t.name, BY_NAME[triton_dtype(t.dtype)].value, t.shape, t.device == "gpu") for t in outputs
+            OutputSpec(t.name, BY_NAME[triton_dtype(t.dtype)].value, t.shape, t.device == "gpu") for t in outputs
         ]
         # GPU memory (read by the backend): how GPU inputs reach the callable, which inputs it
         # wants on the GPU even when they arrive in host memory.
@@ -109,7 +146,7 @@ class Binding:
             return runners.Decoupled(self.name, func)
         return runners.Plain(self.name, func)
 
-    def _fast_batch(self) -> tuple[Any, ...] | None:
+    def _fast_batch(self) -> FastBatch | None:
         """What the backend needs to run a plain ``@batch`` function itself, straight from
         Triton's buffers (native/_native/fast_batch.c), or None: the function, whether it takes
         ``parameters``, the runner's error message for an exception, the Python split of outputs
@@ -118,8 +155,9 @@ class Binding:
         func = getattr(self.infer_func, "batch_function", None)
         if func is None or type(self.runner) is not runners.Plain:
             return None
-        return (func, bool(getattr(self.infer_func, "batch_parameters", False)), self.runner.failed, split_outputs,
-                (tracing.SPAN_PARAMETER, DEADLINE_PARAMETER))  # fmt: skip
+        takes_parameters = bool(getattr(self.infer_func, "batch_parameters", False))
+        declines = (tracing.SPAN_PARAMETER, DEADLINE_PARAMETER)
+        return FastBatch(func, takes_parameters, self.runner.failed, split_outputs, declines)
 
     def schedule(self, coroutine: Any, batch: Any) -> None:
         """The backend hands over an async callable's batch: run it on the library's loop."""
@@ -192,7 +230,7 @@ class Binding:
 _QUEUE_KEYS = ("priority_levels", "default_priority_level", "default_queue_policy", "priority_queue_policy")
 
 
-def queue_gate(config: ModelConfig) -> tuple[int, int, tuple[tuple[bool, int, bool, int], ...]] | None:
+def queue_gate(config: ModelConfig) -> QueueGate | None:
     """What the backend's queue gate applies (``embedtriton/native/_native/queues.c``): the
     requests an instance takes at once, the default priority level's index, and per level (1
     first) its policy as (delay, default timeout µs, allow override, max queue size). None when
@@ -209,7 +247,7 @@ def queue_gate(config: ModelConfig) -> tuple[int, int, tuple[tuple[bool, int, bo
         return None
     levels = max(1, batcher.priority_levels)
     policies = tuple(
-        (
+        LevelPolicy(
             policy.timeout_action is TimeoutAction.DELAY,
             policy.default_timeout_microseconds,
             policy.allow_timeout_override,
@@ -220,7 +258,7 @@ def queue_gate(config: ModelConfig) -> tuple[int, int, tuple[tuple[bool, int, bo
     default_level = (batcher.default_priority_level or batcher.priority_levels or 1) - 1
     preferred = batcher.preferred_batch_size
     limit = max(preferred) if preferred else max(1, config.max_batch_size if config.batching else 1)
-    return limit, default_level, policies
+    return QueueGate(limit, default_level, policies)
 
 
 def warmup_runs(config: ModelConfig) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import error_for_code
 from ..tensors import decode_bytes, encode_bytes
@@ -20,7 +20,7 @@ from ..triton import capi
 from ..triton.devices import cuda_runtime_path
 from ..triton.runtime import find_runtime
 from . import aio
-from .binding import BACKEND_NAME, Binding
+from .binding import BACKEND_NAME, Binding, FastBatch, OutputSpec, QueueGate
 from .request import Request
 from .runners import request_done
 
@@ -30,24 +30,36 @@ bindings: dict[str, Binding] = {}  # model directory -> binding, read by the nat
 
 
 class NativeModel(Protocol):
-    """What the native backend reads of a bound model (see :class:`Binding`)."""
+    """What the native backend reads of a bound model (see :class:`Binding`): every attribute
+    and method the C looks up on it (tests/unit/test_native_layers.py reads the C for them)."""
 
     name: str
     max_batch_size: int
-    output_specs: list[tuple[str, int, tuple[int, ...]]]  # (name, TRITONSERVER_DataType, dims)
+    output_specs: list[OutputSpec]
     decoupled: bool
     iterative: bool
     sequence: bool
+    with_batcher: bool  # Triton's batcher thread hands requests over (how an instance thread lingers)
     batch_rule: Any
-    queue_gate: tuple[int, int, tuple[tuple[bool, int, bool, int], ...]] | None  # see queues.c
-    fast_batch: tuple[Any, ...] | None  # a plain @batch function the backend calls itself (fast_batch.c)
+    queue_gate: QueueGate | None  # priorities and queue policies the backend applies (queues.c)
+    fast_batch: FastBatch | None  # a plain @batch function the backend calls itself (fast_batch.c)
+    gpu_wrap: Any  # how GPU inputs reach the callable (None: as DeviceArray)
+    gpu_inputs: tuple[str | None, ...]  # inputs the callable wants in GPU memory
+    warmup_runs: int  # executes at load that answer nobody (warm-up)
+    warming: bool  # the server is loading it (a warm-up's failure is recorded, not sent)
+    warmup_error: str | None  # written by the backend: the first warm-up failure
 
     def execute(self, requests: list[Request]) -> Any: ...  # a batch: outputs per request, steps, or a message
+    def schedule(self, coroutine: Any, batch: Any) -> None: ...  # an async callable's batch, to finish later
     def _iterate(self, step: list[tuple[int, Request | None]]) -> list[tuple[Any, bool]]: ...  # iterative only
     def _knows(self, key: int) -> bool: ...  # iterative only
     def _forget(self, key: int) -> None: ...  # iterative only
     def _include(self, batch: list[Request], candidate: Request) -> bool: ...  # with a batch rule only
     def _loaded(self, delta: int) -> None: ...  # +1 when Triton initializes a copy, -1 when it finalizes one
+
+
+if TYPE_CHECKING:  # (mypy: a Binding is what the backend reads)
+    _binding: type[NativeModel] = Binding
 
 
 _native: Any = None

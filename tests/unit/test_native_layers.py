@@ -77,3 +77,35 @@ def test_the_kind_of_a_call_is_told_in_one_place():
         if re.search(r"\bCALL_(WAIT|LOOP|TARGET|STREAM)\b|\bc->kind\b|\bis_stream\b", text)
     }
     assert told == {"complete.c"}
+
+
+# What the C reads of a binding: PyObject_GetAttr(String), SetAttrString and CallMethod on
+# `binding`, `ms->binding` or `((ModelState*)state)->binding`, by string or by an interned name.
+ON_BINDING = re.compile(
+    r"PyObject_(?:GetAttrString|SetAttrString|CallMethod|GetAttr)\(\s*(?:\(\(ModelState\s*\*\)\s*state\)->|ms->)?"
+    r"binding\s*,\s*(?:\"(\w+)\"|(s_\w+))"
+)
+INTERNED = re.compile(r"INTERN\((s_\w+),\s*\"(\w+)\"\)")
+
+
+def test_every_attribute_the_c_reads_of_a_binding_is_in_native_model():
+    """backend/library.py NativeModel lists what the backend reads of a bound model (mypy checks
+    that Binding has it all): a lookup added in C without it there fails here."""
+    from embedtriton.backend.library import NativeModel
+
+    raw = {p.name: COMMENT.sub(" ", p.read_text()) for p in sorted(NATIVE.glob("*.c"))}
+    interned = {m.group(1): m.group(2) for m in INTERNED.finditer(raw["module.c"])}
+    read = set()
+    for text in raw.values():
+        for m in ON_BINDING.finditer(text):
+            read.add(m.group(1) or interned[m.group(2)])
+    assert {
+        "execute",
+        "output_specs",
+        "queue_gate",
+        "_loaded",
+        "fast_batch",
+        "warmup_error",
+    } <= read  # (the reading works)
+    declared = set(NativeModel.__annotations__) | {n for n in vars(NativeModel) if not n.startswith("__")}
+    assert read - declared == set()
