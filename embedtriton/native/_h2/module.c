@@ -13,15 +13,16 @@ static PyMethodDef module_methods[] = {
      "limits are set)"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT,
-                                        "embedtriton._h2",
-                                        "Minimal gRPC-over-HTTP/2 server transport on libnghttp2.",
-                                        -1,
-                                        module_methods,
-                                        NULL,
-                                        NULL,
-                                        NULL,
-                                        NULL};
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "embedtriton._h2",
+    "The network transports: gRPC over HTTP/2 (libnghttp2) and HTTP/1.1, each on one IO thread.",
+    -1,
+    module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL};
 
 PyMODINIT_FUNC PyInit__h2(void)
 {

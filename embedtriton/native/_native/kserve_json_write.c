@@ -306,7 +306,7 @@ char* kj_error(const char* message, size_t* len)
   return text;
 }
 
-/* kserve_json_encode_double(x) -> str: kj_double_text's text (tests: Python's repr). */
+/* kserve_json_double(x) -> str: kj_double_text's text (tests: Python's repr). */
 PyObject* py_kserve_json_double(PyObject* self, PyObject* arg)
 {
   (void)self;

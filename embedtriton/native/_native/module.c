@@ -14,7 +14,7 @@ TRITONSERVER_ResponseAllocator* allocator = NULL;
 
 /* Hooks installed from Python by set_hooks(). */
 PyObject* g_bindings = NULL;     /* dict: model directory -> Binding */
-PyObject* g_request_type = NULL; /* embedtriton.binding.Request */
+PyObject* g_request_type = NULL; /* embedtriton.backend.request.Request */
 PyObject* g_make_error = NULL;   /* (code, message) -> TritonError */
 PyObject* g_decode_bytes = NULL; /* (bytes, shape) -> object array */
 PyObject* g_encode_bytes = NULL; /* array -> bytes (Triton BYTES) */

@@ -121,7 +121,7 @@ extern TRITONSERVER_ResponseAllocator* allocator;
 
 /* Hooks installed from Python by set_hooks(). */
 extern PyObject* g_bindings;     /* dict: model directory -> Binding */
-extern PyObject* g_request_type; /* embedtriton.binding.Request */
+extern PyObject* g_request_type; /* embedtriton.backend.request.Request */
 extern PyObject* g_make_error;   /* (code, message) -> TritonError */
 extern PyObject* g_decode_bytes; /* (bytes, shape) -> object array */
 extern PyObject* g_encode_bytes; /* array -> bytes (Triton BYTES) */
