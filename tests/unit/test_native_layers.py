@@ -109,3 +109,12 @@ def test_every_attribute_the_c_reads_of_a_binding_is_in_native_model():
     } <= read  # (the reading works)
     declared = set(NativeModel.__annotations__) | {n for n in vars(NativeModel) if not n.startswith("__")}
     assert read - declared == set()
+
+
+def test_requests_reach_triton_in_one_place():
+    """TRITONSERVER_ServerInferAsync is called by threads.c's hand_over alone, which counts what
+    Triton took for linger(): submit.c, many.c, queues.c and kserve.c all go through it."""
+    calling = {name for name, text in files().items() if "TRITONSERVER_ServerInferAsync(" in text}
+    assert calling == {"threads.c"}
+    users = {name for name, text in files().items() if re.search(r"\bhand_over\(", text)}
+    assert {"submit.c", "many.c", "queues.c", "kserve.c"} <= users

@@ -338,7 +338,7 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
    * which does not block, would let the model thread in and leave the IO thread queueing for
    * the GIL behind it at each request (a convoy under load). (A model with a batch rule, whose
    * batcher calls Python, is not taken.) */
-  TRITONSERVER_Error* err = api.TRITONSERVER_ServerInferAsync(server, req, NULL);
+  TRITONSERVER_Error* err = hand_over(server, req, NULL);
   if (!fine(err)) { /* not taken: no callbacks; the Python path says why */
     held_release(c);
     call_claim(c);
@@ -354,7 +354,6 @@ static GrpcCall* ks_submit(TRITONSERVER_Server* server, const char* model, long 
     free(g); /* (its values and outputs are the caller's again) */
     return NULL;
   }
-  atomic_fetch_add(&handed_over, 1); /* taken (see linger()) */
   return g;
 }
 

@@ -22,8 +22,8 @@ static PyObject* take_exception(void)
  * model thread runs the first ones meanwhile, instead of waiting for this caller's GIL. (One
  * release per request instead let the model thread in after each, and each took the GIL
  * back from it: a convoy.) Those Triton refuses leave the window, their error in results. */
-static void hand_over(TRITONSERVER_Server* server, Group* g, Call** window, Py_ssize_t from,
-                      Py_ssize_t* held, PyObject* results)
+static void hand_over_window(TRITONSERVER_Server* server, Group* g, Call** window, Py_ssize_t from,
+                             Py_ssize_t* held, PyObject* results)
 {
   Py_ssize_t built = 0;
   for (Py_ssize_t i = from; i < *held; i++) built += window[i]->deferred;
@@ -39,8 +39,7 @@ static void hand_over(TRITONSERVER_Server* server, Group* g, Call** window, Py_s
       if (c->gate_error != NULL) continue; /* (its trace is abandoned below) */
       TRITONSERVER_InferenceTrace* trace = c->gate_trace;
       c->gate_trace = NULL; /* (no gate: the field held its trace, see submit_locked) */
-      c->gate_error = api.TRITONSERVER_ServerInferAsync(server, c->request, trace);
-      if (c->gate_error == NULL) atomic_fetch_add(&handed_over, 1); /* see linger() */
+      c->gate_error = hand_over(server, c->request, trace);
     }
     pthread_rwlock_unlock(&servers_lock);
     Py_END_ALLOW_THREADS
@@ -188,10 +187,10 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   atomic_init(&g.state, WAIT_PENDING);
   atomic_init(&g.busy, 0);
   Py_ssize_t held = 0; /* calls in the window: in flight or done, not collected */
-  Py_ssize_t from = 0; /* window[from..held): added since the last hand_over */
+  Py_ssize_t from = 0; /* window[from..held): added since the last hand_over_window */
   for (Py_ssize_t i = 0; i < n; i++) {
     if (held == size) {
-      hand_over(shared.server, &g, window, from, &held, results);
+      hand_over_window(shared.server, &g, window, from, &held, results);
       from = held;
     }
     if (held == size) {
@@ -223,7 +222,7 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     }
     PyList_SetItem(results, i, take_exception()); /* this request's error, in its place */
   }
-  hand_over(shared.server, &g, window, from, &held, results);
+  hand_over_window(shared.server, &g, window, from, &held, results);
   while (held > 0) {
     if (wait_group(&g, 0, 2 * size) < 0) goto interrupted;
     held = collect_done(window, held, results);

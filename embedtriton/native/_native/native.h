@@ -158,7 +158,6 @@ enum { WAIT_PENDING = 0, WAIT_DONE = 1, WAIT_SLEEPING = 2 };
 extern __thread int t_gil_depth; /* > 0 while gil_enter() holds the GIL on this thread */
 extern uint64_t spin_ns;         /* EMBEDTRITON_SPIN_US overrides */
 extern atomic_int in_flight;     /* calls handed to Triton, not yet complete */
-extern atomic_uint handed_over;  /* requests ServerInferAsync took, so far */
 extern uint64_t linger_ns;       /* EMBEDTRITON_LINGER_US overrides */
 extern unsigned long main_thread_ident;
 /* Inside one execute: the sync callers to wake once it lets go of the GIL. */
@@ -167,6 +166,8 @@ extern __thread size_t t_wake_len, t_wake_cap;
 extern __thread int t_in_execute;
 extern __thread int t_model_thread;
 extern __thread const char* t_model_name; /* the model whose sync callable this thread runs */
+TRITONSERVER_Error* hand_over(TRITONSERVER_Server* server, TRITONSERVER_InferenceRequest* req,
+                              TRITONSERVER_InferenceTrace* trace);
 PyObject* py_finish_batch(PyObject* self, PyObject* args); /* (backend.c) */
 
 int gil_enter(void);

@@ -497,11 +497,11 @@ static int submit_through(Gate* g, Call* c, TRITONSERVER_InferenceTrace* trace)
     int depth = t_gil_depth;
     t_gil_depth = 0;
     Py_BEGIN_ALLOW_THREADS
-    err = api.TRITONSERVER_ServerInferAsync(c->server, c->request, trace);
+    err = hand_over(c->server, c->request, trace);
     Py_END_ALLOW_THREADS
     t_gil_depth = depth;
   } else {
-    err = api.TRITONSERVER_ServerInferAsync(c->server, c->request, trace);
+    err = hand_over(c->server, c->request, trace);
   }
   if (err == NULL) return 0;
   /* not taken: as submit()'s failure path, but its caller is told here */

@@ -461,12 +461,11 @@ PyObject* submit_locked(const RequestSpec* s, PyObject* loop, PyObject* future, 
   } else if (release_gil || waits) { /* (release_gil: a batch rule, see
                                       * TRITONBACKEND_ModelBatchIncludeRequest) */
     released = PyEval_SaveThread();
-    err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
+    err = hand_over(server, req, trace);
   } else {
-    err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
+    err = hand_over(server, req, trace);
   }
   pthread_rwlock_unlock(&servers_lock);
-  if (err == NULL && admitted == GATE_GO) atomic_fetch_add(&handed_over, 1); /* see linger() */
   if (released != NULL && (err != NULL || !waits)) {
     PyEval_RestoreThread(released);
     released = NULL;

@@ -92,11 +92,21 @@ int wait_for(atomic_int* state, int spin, uint64_t timeout_ns)
  *   core the lingering thread leaves.
  * One thread lingers at a time. Lingers that time out make the next ones skip (1, 3, 7, then
  * 15 executes), so a server that sees one request now and then spins rarely. */
-uint64_t linger_ns = 250000; /* EMBEDTRITON_LINGER_US overrides */
-atomic_uint handed_over = 0;
+uint64_t linger_ns = 250000;        /* EMBEDTRITON_LINGER_US overrides */
+static atomic_uint handed_over = 0; /* requests ServerInferAsync took, so far (hand_over) */
 static atomic_int lingering = 0;
 static int linger_misses = 0, linger_skip = 0; /* (the lingering thread's) */
 static atomic_llong n_lingers = 0, n_caught = 0;
+
+/* The one hand-over of a request to Triton: ServerInferAsync, and the count linger() watches.
+ * The callers choose whether the GIL is held around it (see submit_locked). */
+TRITONSERVER_Error* hand_over(TRITONSERVER_Server* server, TRITONSERVER_InferenceRequest* req,
+                              TRITONSERVER_InferenceTrace* trace)
+{
+  TRITONSERVER_Error* err = api.TRITONSERVER_ServerInferAsync(server, req, trace);
+  if (err == NULL) atomic_fetch_add(&handed_over, 1);
+  return err;
+}
 
 void linger(int with_batcher)
 {
