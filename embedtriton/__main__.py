@@ -1,7 +1,9 @@
 """``embedtriton serve module:attr`` — bind models and serve them until interrupted;
 ``embedtriton serve --model-repository DIR`` — serve a Triton model repository, as
 ``tritonserver --model-repository DIR`` does (both may be given);
-``embedtriton tune module:attr --model NAME`` — sweep Triton's batcher settings for one of them.
+``embedtriton tune module:attr --model NAME`` — sweep Triton's batcher settings for one of them;
+``embedtriton install-runtime`` — install the Triton runtime (nvidia-pytriton, without its numpy<2 pin);
+``embedtriton doctor`` — report the platform, wheel, runtime, GPUs and extras found.
 
 ``attr`` is a function that takes a :class:`embedtriton.Server` and binds models on it.
 """
@@ -18,7 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from . import __version__
+from . import __version__, doctor
 from .backend import library
 from .config import ServerConfig
 from .errors import TritonError
@@ -158,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         default="tuning-report",
         help="folder that report.json, best_config.py and report.png are written to (relative: to the current folder)",
     )
+    doctor.add_commands(commands)
     args = parser.parse_args(argv)
+    if hasattr(args, "run"):  # doctor, install-runtime: nothing to bind or load first
+        return int(args.run(args))
     if args.command == "serve" and (problem := _security_problem(args)):
         parser.error(problem)  # before anything is imported or bound
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-RECORDED = 107
+RECORDED = 106
 
 PUBLIC_MODULES = [
     "embedtriton",

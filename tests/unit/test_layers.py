@@ -30,6 +30,7 @@ LAYERS = {
     "embedtriton.pytriton": 9,  # PyTriton's API, on the public one
     "embedtriton.ray": 9,  # Ray Serve replicas, on the public API and the REST routes
     "embedtriton.tuning": 9,  # the tuner: drives a Server from outside, as a user would
+    "embedtriton.doctor": 9,  # doctor, install-runtime: reads the installation, imports the native modules
     "embedtriton.openai": 9,  # OpenAI chat/completion/embedding models, bound through the public API
 }
 MAX_LINES = 450
