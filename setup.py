@@ -37,6 +37,9 @@ if SANITIZE:
     LINK = ["-shared-libasan"] if "address" in SANITIZE else []
 else:
     OPT, LINK = ["-O2"], []
+# EMBEDTRITON_NUMPY_INCLUDE: numpy's headers from elsewhere (tools/wheels.py cross-compiles for aarch64
+# with the aarch64 numpy wheel's headers); this Python's numpy otherwise.
+NUMPY_INCLUDE = os.environ.get("EMBEDTRITON_NUMPY_INCLUDE") or numpy.get_include()
 CFLAGS = [*OPT, "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-fvisibility=hidden", *LTO]
 
 
@@ -81,7 +84,7 @@ setup(
                 f"{INCLUDE}/h2_reply.h",
                 f"{NATIVE}/_native/exports.map",
             ],
-            include_dirs=[INCLUDE, numpy.get_include()],
+            include_dirs=[INCLUDE, NUMPY_INCLUDE],
             extra_compile_args=CFLAGS,
             extra_link_args=exports("_native"),
             libraries=["dl", "pthread", "stdc++"],
