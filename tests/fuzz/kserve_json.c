@@ -12,7 +12,7 @@
  *    many elements as its shape (counted independently here, in the body's data array);
  *  - ks_plain (the checks the C path applies next) reads the result without error;
  *  - what it declines is declined whole: nothing is left allocated. */
-#include "native.h"
+#include "kserve_json.h"
 
 #include "fuzz.h"
 

@@ -8,7 +8,7 @@
  *  - a request ks_plain takes has one raw content per input of exactly the size its shape and
  *    datatype make, and no two inputs of the same name;
  *  - the decoder is a function of the bytes: decoding the same message twice gives the same. */
-#include "native.h"
+#include "kserve_pb.h"
 
 #include "fuzz.h"
 

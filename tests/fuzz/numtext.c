@@ -10,7 +10,7 @@
  *  - kj_decode's number reading (exact decimal arithmetic for short numbers, numtext.cc beyond)
  *    of the input as an FP64, FP32 and INT64 element agrees with strtod / strtoll, correctly
  *    rounded (FP32: the double rounded to float, as Python's path does it). */
-#include "native.h"
+#include "kserve_json.h"
 
 #include <errno.h>
 #include <math.h>

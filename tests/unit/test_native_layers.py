@@ -2,7 +2,9 @@
 (embedtriton/native/_native/*.c), every call of (or reference to) a function that another
 file defines is an edge between the two files, and the edges form no cycle, so each stage
 of a call has one owner below the stages that use it (the file list and the order are at
-the top of native.h). Nothing is compiled or run."""
+the top of common.h). Each file includes only the headers it uses, of files not above it;
+files and functions stay short enough to read (both native modules). Nothing is compiled
+or run."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from pathlib import Path
 from cycles import cycles_in
 
 NATIVE = Path(__file__).resolve().parents[2] / "embedtriton" / "native" / "_native"
+H2 = NATIVE.parent / "_h2"
 
 COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-STRING = re.compile(r'"(?:\\.|[^"\\\n])*"')
+STRING = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])+\'')
 # A function defined at file scope and not static: "type name(params)" with its body next.
 DEFINITION = re.compile(r"^(?!static\b|typedef\b|extern\b)[A-Za-z_][\w \t\*]*?\b(\w+)\s*\([^;{]*\)\s*\{", re.M)
 
@@ -118,3 +121,210 @@ def test_requests_reach_triton_in_one_place():
     assert calling == {"threads.c"}
     users = {name for name, text in files().items() if re.search(r"\bhand_over\(", text)}
     assert {"submit.c", "many.c", "queues.c", "kserve.c"} <= users
+
+
+# ---- headers: one per concept, owned by the files that define what it declares --------------
+
+# header -> the files that define what it declares (the table at the top of common.h)
+OWNERS = {
+    "common.h": {"api.c", "convert.c"},
+    "graveyard.h": {"graveyard.c"},
+    "threads.h": {"threads.c"},
+    "trace.h": {"trace.c"},
+    "cuda.h": {"cuda.c"},
+    "calls.h": {"calls.c"},
+    "memory.h": {"memory.c"},
+    "outputs.h": {"outputs.c"},
+    "servers.h": {"servers.c"},
+    "queues.h": {"queues.c"},
+    "cancel.h": {"cancel.c"},
+    "streams.h": {"streams.c"},
+    "complete.h": {"complete.c"},
+    "inputs.h": {"inputs.c"},
+    "submit.h": {"submit.c"},
+    "many.h": {"many.c"},
+    "kserve_pb.h": {"kserve_pb.c"},
+    "kserve_json.h": {"kserve_json.c", "kserve_json_write.c"},
+    "kserve.h": {"kserve.c"},
+    "batch_io.h": {"batch_io.c"},
+    "fast_batch.h": {"fast_batch.c"},
+    "modes.h": {"modes.c"},
+    "backend.h": {"backend.c"},
+}
+
+INCLUDE = re.compile(r'^#include "(\w+\.h)"', re.M)
+
+
+def headers() -> dict[str, str]:
+    return {p.name: source(p) for p in sorted(NATIVE.glob("*.h"))}
+
+
+def top_level_statements(text: str) -> list[str]:
+    """A header's declarations, one per statement, with what is inside braces left out (a closing
+    brace at file scope ends a statement: a typedef's name or an inline function's end)."""
+    out, depth = [], 0
+    for ch in re.sub(r"#[^\n]*", " ", text):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                out.append(";")
+        elif depth == 0:
+            out.append(ch)
+    return [s.strip() for s in "".join(out).split(";") if s.strip()]
+
+
+def declared(text: str) -> tuple[set[str], set[str]]:
+    """(every name a header declares: macros, types, enum constants, functions and variables;
+    the functions and variables among them, which its owners define)."""
+    names = {n for n in re.findall(r"#define\s+(\w+)", text) if not n.startswith("EMBEDTRITON_")}
+    names |= set(re.findall(r"\bstruct\s+(\w+)\s*\{", text))
+    for body in re.findall(r"\benum\s*\w*\s*\{([^}]*)\}", text):
+        names |= set(re.findall(r"(\w+)\s*(?:=[^,]*)?(?:,|$)", body.strip()))
+    defined: set[str] = set()
+    typedef_next = False
+    for st in top_level_statements(text):
+        if typedef_next and re.fullmatch(r"\w+", st):
+            names.add(st)
+            typedef_next = False
+            continue
+        typedef_next = False
+        if re.fullmatch(r"(typedef\s+)?(struct|enum|union)(\s+\w+)?", st):
+            typedef_next = st.startswith("typedef")
+        elif st.startswith("typedef"):
+            names |= set(re.findall(r"(\w+)\s*$", st))
+        elif st.startswith("extern"):
+            found = set(re.findall(r"(\w+)\s*(?:\[[^\]]*\])?\s*(?:,|$)", st))
+            names |= found
+            defined |= found
+        elif m := re.match(r"(static\s+inline\b)?[^(]*?\b(\w+)\s*\(", st):
+            names.add(m.group(2))
+            if not m.group(1):
+                defined.add(m.group(2))
+    return names, defined
+
+
+def variables(texts: dict[str, str]) -> dict[str, str]:
+    """variable defined at file scope and not static -> the file that defines it."""
+    found: dict[str, str] = {}
+    for name, text in texts.items():
+        typedef_next = False
+        for st in top_level_statements(text):
+            skip = typedef_next or re.match(r"(static|typedef|extern)\b", st) or "(" in st
+            typedef_next = bool(re.search(r"\b(struct|enum|union)(\s+\w+)?$", st))  # (its name next)
+            if skip or re.fullmatch(r"(struct|enum|union)(\s+\w+)?", st):
+                continue
+            for declarator in st.split(","):
+                if m := re.search(r"(\w+)\s*(?:\[\w*\])?\s*$", declarator.split("=")[0]):
+                    found.setdefault(m.group(1), name)
+    return found
+
+
+def below(edges: dict[str, dict[str, set[str]]]) -> dict[str, set[str]]:
+    """file -> the files it reaches through calls (those below it)."""
+    reach: dict[str, set[str]] = {}
+
+    def walk(name: str) -> set[str]:
+        if name not in reach:
+            reach[name] = set()
+            for target in edges.get(name, ()):
+                reach[name] |= {target} | walk(target)
+        return reach[name]
+
+    for name in edges:
+        walk(name)
+    return reach
+
+
+def test_every_header_has_its_owners():
+    assert set(headers()) == set(OWNERS)
+    assert set().union(*OWNERS.values()) <= set(files())
+
+
+def test_a_header_declares_what_its_owners_define():
+    """Each function or variable a header declares is defined (not static) by one of the files
+    the table names as its owners: the table stays true as code moves."""
+    texts = files()
+    defined = variables(texts) | definitions(texts)
+    wrong = {}
+    for header, text in headers().items():
+        for name in sorted(declared(text)[1]):
+            if defined.get(name) not in OWNERS[header]:
+                wrong[f"{header}: {name}"] = defined.get(name)
+    assert wrong == {}
+
+
+def test_headers_are_read():
+    names, defined = declared(headers()["calls.h"])
+    assert {"Call", "CallOps", "CALL_NATIVE", "KEPT_INLINE", "Group", "call_unref"} <= names
+    assert "call_unref" in defined and "Call" not in defined
+    assert {"api", "g_bindings", "s_name", "now_ns", "raise_from"} <= declared(headers()["common.h"])[0]
+    assert "now_ns" not in declared(headers()["common.h"])[1]  # (static inline: nobody defines it)
+
+
+def includes(text: str) -> list[str]:
+    return [h for h in INCLUDE.findall(text) if h in OWNERS]
+
+
+def test_a_file_includes_only_headers_of_files_not_above_it():
+    """A file includes no header of a file above it (one that calls it, directly or not); a header
+    includes none of a file above its owners. Siblings may (kserve_json.c reads kserve_pb.h)."""
+    reach = below(graph())
+    raw = {p.name: p.read_text() for p in sorted(NATIVE.glob("*.[ch]"))}
+    wrong = []
+    for name, text in raw.items():
+        mine = {name} if name.endswith(".c") else OWNERS[name]
+        for header in includes(text):
+            for includer in mine:
+                above = sorted(o for o in OWNERS[header] if o != includer and includer in reach.get(o, ()))
+                if above:
+                    wrong.append(f"{name} includes {header}, of {', '.join(above)} above {includer}")
+    assert wrong == []
+
+
+def test_a_file_includes_the_headers_it_uses_and_no_other():
+    """Each header a file includes declares something the file uses (its own header aside), and
+    each header whose declarations it uses is included by name (common.h comes with any)."""
+    hs = {h: declared(t)[0] for h, t in headers().items()}
+    wrong = []
+    for name, text in files().items():
+        used = set(re.findall(r"\b\w+\b", text))
+        included = set(includes((NATIVE / name).read_text()))
+        own = {h for h, owners in OWNERS.items() if name in owners}
+        for header in sorted(included - own):
+            if not hs[header] & used:
+                wrong.append(f"{name} includes {header} and uses none of it")
+        for header in sorted(set(hs) - included - own - {"common.h"}):
+            if hs[header] & used:
+                wrong.append(f"{name} uses {header} ({', '.join(sorted(hs[header] & used))}) without including it")
+    assert wrong == []
+
+
+def overview() -> str:
+    """The comment at the top of common.h, without its " * " margins."""
+    text = (NATIVE / "common.h").read_text()
+    head = text[: text.index("*/")]
+    return "\n".join(line[3:] if line.startswith(" * ") else line.lstrip(" */") for line in head.splitlines())
+
+
+def test_common_h_tells_the_files_the_calls_and_the_headers():
+    """The overview at the top of common.h stays true: every file in its list, each file's calls
+    as the graph has them (convert.c aside, used by most; module.c aside, which refers to every
+    py_*), each header with its owners."""
+    text = overview()
+    listed = set(re.findall(r"^  (\w+\.cc?)\s", text, re.M))
+    assert listed == {p.name for p in NATIVE.iterdir() if p.suffix in {".c", ".cc"}}
+    calls = text[text.index("Who calls whom") : text.index("A lower file reaches")]
+    told = {
+        m.group(1): {f for f in re.split(r"[,\s]+", m.group(2)) if f.endswith(".c")}
+        for m in re.finditer(r"(\w+\.c)\s+->\s+(.*?)(?=\w+\.c\s+->|\Z)", calls, re.S)
+    }
+    edges = graph()
+    actual = {name: set(used) - {"convert.c"} for name, used in edges.items() if name != "module.c"}
+    assert told == {name: used for name, used in actual.items() if used}
+    table = text[text.index("Headers:") :]
+    owners = {
+        m.group(1): set(re.split(r",\s*", m.group(2))) for m in re.finditer(r"^  (\w+\.h)\s+\(([^)]*)\)", table, re.M)
+    }
+    assert owners == OWNERS

@@ -1,7 +1,15 @@
 /* The Triton backend (model side): a model's state from its Python binding
  * (TRITONBACKEND_ModelInitialize/Finalize) and the execution of each batch
  * Triton schedules (TRITONBACKEND_ModelInstanceExecute). */
-#include "native.h"
+#include "backend.h"
+
+#include "batch_io.h"
+#include "complete.h"
+#include "cuda.h"
+#include "fast_batch.h"
+#include "modes.h"
+#include "queues.h"
+#include "threads.h"
 
 /* ---- backend (model side) ---------------------------------------------- */
 

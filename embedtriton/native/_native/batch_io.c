@@ -2,7 +2,12 @@
  * buffers, no copy), parameters and sequence controls handed to Python, and the
  * outputs Python returns checked against the model's config and copied into
  * Triton's responses. */
-#include "native.h"
+#include "batch_io.h"
+
+#include "cuda.h"
+#include "memory.h"
+#include "outputs.h"
+#include "threads.h"
 
 #include <stdio.h>
 
@@ -499,7 +504,6 @@ TRITONBACKEND_Response* respond(ModelState* ms, TRITONBACKEND_Request* request, 
 }
 
 __thread ModelState* t_warmup;
-__thread int t_sending;
 
 /* With the GIL: a failed warm-up request, recorded on the binding (the first one only). */
 static void record_warmup_failure(ModelState* ms, TRITONSERVER_Error* err)

@@ -1,7 +1,10 @@
 /* The Call: its references, its one-shot completion claim and its end. What
- * happens to a call at each stage lives elsewhere (see native.h): this file
+ * happens to a call at each stage lives elsewhere (see common.h): this file
  * only runs the stage hooks its kind registered (CallOps, complete.c). */
-#include "native.h"
+#include "calls.h"
+
+#include "graveyard.h"
+#include "threads.h"
 
 /* Any thread: c's kept outputs (collected or not), with the output buffers they still own. */
 void kept_free(Call* c, Kept* k)

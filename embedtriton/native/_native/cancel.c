@@ -3,7 +3,11 @@
  * still waiting in a queue policy's gate is taken out of it and failed there
  * (queues.c); one that Triton holds is flagged (servers.c); one completed here
  * reaches its caller as its kind registered (call_wake_caller). */
-#include "native.h"
+#include "cancel.h"
+
+#include "calls.h"
+#include "queues.h"
+#include "servers.h"
 
 void call_cancel(Call* c)
 {

@@ -10,7 +10,16 @@
  *   CALL_STREAM  several responses, queued for their consumer (streams.c's hooks);
  *   CALL_NATIVE  answered in C by hooks its submitter registers (call_set_ops: kserve.c's
  *                gRPC calls), without the GIL. */
-#include "native.h"
+#include "complete.h"
+
+#include "calls.h"
+#include "graveyard.h"
+#include "outputs.h"
+#include "queues.h"
+#include "servers.h"
+#include "streams.h"
+#include "threads.h"
+#include "trace.h"
 
 static void call_target(Call* c);
 

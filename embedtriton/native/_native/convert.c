@@ -1,6 +1,6 @@
 /* Conversions: Triton datatypes to and from numpy's, and errors between Triton
  * (TRITONSERVER_Error) and Python (the TritonError subclasses). */
-#include "native.h"
+#include "common.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * object: views of Triton's buffers, outputs our allocator placed on the GPU, regions of a
  * client's CUDA shared memory), the holds that keep a request's GPU inputs alive while the
  * callable still uses them, and CUDA IPC handles (CUDA shared memory). */
-#include "native.h"
+#include "cuda.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

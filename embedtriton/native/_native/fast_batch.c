@@ -6,7 +6,9 @@
  * embedtriton/backend/batch.py) defines what this does: a batch that needs anything more
  * (BYTES, GPU memory, requests with different inputs or shapes, tracing, deadlines) takes it,
  * declined here before the function runs. */
-#include "native.h"
+#include "fast_batch.h"
+
+#include "batch_io.h"
 
 #define FAST_MAX_INPUTS 16
 

@@ -1,6 +1,6 @@
 /* The graveyard: requests and responses Triton let go of are deleted late, in
  * generations, never inside Triton's callbacks (delete_released, delete_buried). */
-#include "native.h"
+#include "graveyard.h"
 
 /* Requests and responses hold references to their model, and the last one
  * to go lets Triton delete a model that was unloaded meanwhile. Triton 2.51's

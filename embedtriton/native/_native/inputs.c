@@ -1,7 +1,10 @@
 /* A request's inputs and parameters, from Python objects: numpy arrays (and
  * what numpy can turn into one) and any object with __dlpack__, whose memory
  * goes to Triton as it is. */
-#include "native.h"
+#include "inputs.h"
+
+#include "calls.h"
+#include "cuda.h"
 
 #include <stdio.h>
 

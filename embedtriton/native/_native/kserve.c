@@ -14,7 +14,18 @@
  * exactly filling its shape; a model that Python's table admits (a bound model, not
  * decoupled, no optional inputs, no batch rule) with no queue gate; and a request that
  * Triton takes. The protobuf subset is kserve_pb.c's. */
-#include "native.h"
+#include "kserve.h"
+
+#include "calls.h"
+#include "cancel.h"
+#include "complete.h"
+#include "graveyard.h"
+#include "kserve_json.h"
+#include "kserve_pb.h"
+#include "outputs.h"
+#include "queues.h"
+#include "servers.h"
+#include "threads.h"
 
 #include "h2_reply.h"
 

@@ -13,7 +13,9 @@
  * for the integer datatypes (no fraction), any number for FP32/FP64 (an integer of at most 15
  * digits), no FP16/BF16/BYTES. Nothing is allocated from a declared size: the values are counted
  * in the bytes received before their buffer is allocated. */
-#include "native.h"
+#include "kserve_json.h"
+
+#include "kserve_pb.h"
 
 /* numtext.cc: the C++ standard library's number reading */
 int nt_parse_double(const char* first, const char* last, double* out);

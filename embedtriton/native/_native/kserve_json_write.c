@@ -5,7 +5,10 @@
  * separators, floats as Python's repr (the shortest text that reads back), NaN/Infinity as
  * json.dumps spells them, strings with ensure_ascii's escapes. No Python here but the tests' hook
  * kserve_json_double(). */
-#include "native.h"
+#include "kserve_json.h"
+
+#include "cuda.h"
+#include "kserve_pb.h"
 
 #include <math.h>
 

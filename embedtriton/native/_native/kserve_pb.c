@@ -11,7 +11,9 @@
  * ModelInferResponse: model_name=1 model_version=2 id=3 outputs=5 (name=1
  *   datatype=2 shape=3) raw_output_contents=6, written in field order as
  *   protobuf serializes them. */
-#include "native.h"
+#include "kserve_pb.h"
+
+#include "cuda.h"
 
 #include "h2_reply.h"
 

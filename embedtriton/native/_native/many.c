@@ -3,7 +3,17 @@
  * until half of them are done, collects those and hands over more: one
  * wake-up per window/2 requests instead of one per request, and Triton's
  * queue never runs dry while the caller refills it. */
-#include "native.h"
+#include "many.h"
+
+#include "calls.h"
+#include "cancel.h"
+#include "graveyard.h"
+#include "inputs.h"
+#include "outputs.h"
+#include "servers.h"
+#include "submit.h"
+#include "threads.h"
+#include "trace.h"
 
 /* With the GIL: the raised exception, taken (a new reference; None if there is none). */
 static PyObject* take_exception(void)

@@ -1,7 +1,10 @@
 /* Memory: the response allocator that gives each output its own block (taken
  * over by the caller's numpy array, or the caller's own buffer), and clients'
  * shared-memory files mapped here, guarded against SIGBUS. */
-#include "native.h"
+#include "memory.h"
+
+#include "calls.h"
+#include "cuda.h"
 
 #include <signal.h>
 #include <stdio.h>

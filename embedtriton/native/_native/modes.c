@@ -1,7 +1,12 @@
 /* The model modes beyond one response per request: custom batching rules
  * (Triton's batch strategy entry points), decoupled models (several responses
  * per request) and iterative sequences (continuous batching). */
-#include "native.h"
+#include "modes.h"
+
+#include "batch_io.h"
+#include "complete.h"
+#include "streams.h"
+#include "threads.h"
 
 /* ---- custom batching rules ------------------------------------------------
  * Triton loads this same library as the model's batch strategy

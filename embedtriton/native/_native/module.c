@@ -1,27 +1,29 @@
 /* The Python module embedtriton._native: the Triton API resolved from the
- * runtime Python loaded, the hooks Python installs, and the module's function
- * table (the functions themselves live in the other files, see native.h). */
+ * runtime Python loaded, the hooks Python installs (both kept in api.c), and the
+ * module's function table (the functions themselves live in the other files, see
+ * common.h). */
 #define NATIVE_IMPORTS_ARRAY /* this file's import_array() fills the numpy API table */
-#include "native.h"
+#include "common.h"
+
+#include "backend.h"
+#include "cancel.h"
+#include "complete.h"
+#include "cuda.h"
+#include "graveyard.h"
+#include "kserve.h"
+#include "kserve_json.h"
+#include "kserve_pb.h"
+#include "many.h"
+#include "memory.h"
+#include "queues.h"
+#include "servers.h"
+#include "streams.h"
+#include "submit.h"
+#include "threads.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <unistd.h>
-
-et_api_t api;
-int api_loaded = 0;
-TRITONSERVER_ResponseAllocator* allocator = NULL;
-
-/* Hooks installed from Python by set_hooks(). */
-PyObject* g_bindings = NULL;     /* dict: model directory -> Binding */
-PyObject* g_request_type = NULL; /* embedtriton.backend.request.Request */
-PyObject* g_make_error = NULL;   /* (code, message) -> TritonError */
-PyObject* g_decode_bytes = NULL; /* (bytes, shape) -> object array */
-PyObject* g_encode_bytes = NULL; /* array -> bytes (Triton BYTES) */
-PyObject* g_complete = NULL;     /* our own _complete, for asyncio */
-PyObject* g_request_done = NULL; /* (request key) -> None: close its generator */
-PyObject *s_call_soon_threadsafe, *s_parameters, *s_execute, *s_max_batch_size, *s_output_specs,
-    *s_name, *s_done, *s_set_result, *s_set_exception;
 
 /* ---- module ------------------------------------------------------------ */
 

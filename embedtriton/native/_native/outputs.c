@@ -1,6 +1,13 @@
 /* A finished call's outputs for its caller: Triton's response read into numpy arrays,
  * DeviceArrays or the caller's own buffers (call_collect, collect_response). */
-#include "native.h"
+#include "outputs.h"
+
+#include "calls.h"
+#include "cuda.h"
+#include "memory.h"
+
+/* (outputs.h) */
+__thread int t_sending;
 
 static PyObject* collect_kept(struct Kept* k);
 

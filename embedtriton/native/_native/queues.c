@@ -26,7 +26,13 @@
  * counts the instances); submit() finds it by server, name and version. Calls it holds keep their
  * Triton request (never handed over yet) and Triton's two references; a held call that fails
  * (timeout, cancel, Triton refusing it when let through) is completed here with its error. */
-#include "native.h"
+#include "queues.h"
+
+#include "calls.h"
+#include "graveyard.h"
+#include "servers.h"
+#include "threads.h"
+#include "trace.h"
 
 #include <errno.h>
 

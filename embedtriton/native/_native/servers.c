@@ -3,7 +3,9 @@
  * until Triton's release) and its walks for cancel.c, and Triton's cancellation
  * flag on a held request. What to do with the calls found (fail, abort) is
  * cancel.c's. */
-#include "native.h"
+#include "servers.h"
+
+#include "calls.h"
 
 /* Servers that accept requests. submit() holds the read lock while it hands
  * a request over, so stop() (write lock) never deletes a server under it. */

@@ -5,7 +5,13 @@
  * complete.c picks them for a call submitted with stream=True. The consumer
  * blocks (stream_next), or is woken by its event loop or called here (its
  * target) when a response arrives. */
-#include "native.h"
+#include "streams.h"
+
+#include "calls.h"
+#include "cancel.h"
+#include "graveyard.h"
+#include "outputs.h"
+#include "threads.h"
 
 #include <errno.h>
 

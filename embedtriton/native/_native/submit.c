@@ -1,7 +1,19 @@
 /* submit(): one inference request from Python to Triton, blocking (GIL
  * released while it waits), asynchronous (a future on an event loop) or a
  * stream; and cancel() for a cancellable asynchronous one. */
-#include "native.h"
+#include "submit.h"
+
+#include "calls.h"
+#include "cancel.h"
+#include "complete.h"
+#include "cuda.h"
+#include "graveyard.h"
+#include "inputs.h"
+#include "outputs.h"
+#include "queues.h"
+#include "servers.h"
+#include "threads.h"
+#include "trace.h"
 
 /* dict(obj) for a mapping (new reference), or NULL with an InvalidArgumentError
  * "<option> must be <takes>, not ...". */

@@ -3,7 +3,9 @@
  * thread is running (an execute, a model's event loop), and the sleeping
  * callers met inside one execute, woken once it is done. (Asyncio completions
  * are batched the same way by complete.c.) */
-#include "native.h"
+#include "threads.h"
+
+#include "graveyard.h"
 
 #include <errno.h>
 #include <linux/futex.h>
@@ -182,8 +184,6 @@ int wait_released(atomic_int* state, PyThreadState* ts)
  * back to sleep waiting for the GIL. */
 __thread atomic_int** t_wake = NULL;
 __thread size_t t_wake_len = 0, t_wake_cap = 0;
-__thread int t_in_execute = 0;
-__thread int t_model_thread = 0;
 __thread const char* t_model_name = NULL;
 
 void flush_wakes(void)

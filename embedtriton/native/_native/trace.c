@@ -9,7 +9,9 @@
  * activity to its release; children are found by trace pointer in a global
  * table, so that the release of a child that never reported anything (and so
  * holds no reference) never touches a record that may be gone. */
-#include "native.h"
+#include "trace.h"
+
+#include "threads.h"
 
 #include <pthread.h>
 #include <stdio.h>
