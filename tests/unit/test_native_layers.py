@@ -132,6 +132,7 @@ OWNERS = {
     "threads.h": {"threads.c"},
     "trace.h": {"trace.c"},
     "cuda.h": {"cuda.c"},
+    "device_array.h": {"device_array.c"},
     "calls.h": {"calls.c"},
     "memory.h": {"memory.c"},
     "outputs.h": {"outputs.c"},

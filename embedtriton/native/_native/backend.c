@@ -5,7 +5,7 @@
 
 #include "batch_io.h"
 #include "complete.h"
-#include "cuda.h"
+#include "device_array.h"
 #include "fast_batch.h"
 #include "modes.h"
 #include "queues.h"

@@ -5,6 +5,7 @@
 #include "batch_io.h"
 
 #include "cuda.h"
+#include "device_array.h"
 #include "memory.h"
 #include "outputs.h"
 #include "threads.h"

@@ -47,7 +47,8 @@
  *   trace.c      Triton's timestamps for one request
  *   threads.c    the GIL on Triton's threads, waiting, batched wake-ups, the hand-over
  *   graveyard.c  deleting requests and responses late
- *   cuda.c       the CUDA runtime, DeviceArray, GPU inputs' holds, CUDA IPC
+ *   device_array.c  DeviceArray, GPU inputs' holds, GPU arrays a callable returned
+ *   cuda.c       the CUDA runtime: copies, device allocations, CUDA IPC
  *   convert.c    dtype mapping, errors
  *   api.c        the Triton API table, the response allocator and Python's hooks (filled by
  *                module.c)
@@ -57,25 +58,27 @@
  *
  *   many.c    -> submit.c, inputs.c, cancel.c, outputs.c, calls.c, trace.c, threads.c,
  *                graveyard.c
- *   backend.c -> fast_batch.c, modes.c, batch_io.c, complete.c, queues.c, threads.c, cuda.c
+ *   backend.c -> fast_batch.c, modes.c, batch_io.c, complete.c, queues.c, device_array.c,
+ *                threads.c
  *   fast_batch.c -> batch_io.c
  *   modes.c   -> batch_io.c, complete.c, streams.c, threads.c
- *   batch_io.c -> memory.c, threads.c, cuda.c
+ *   batch_io.c -> memory.c, device_array.c, threads.c, cuda.c
  *   kserve.c  -> kserve_json.c, kserve_json_write.c, kserve_pb.c, complete.c, cancel.c,
  *                queues.c, servers.c, calls.c, threads.c, graveyard.c
  *   kserve_json.c -> kserve_pb.c, numtext.cc
  *   kserve_json_write.c -> kserve_pb.c, numtext.cc, cuda.c
  *   kserve_pb.c -> cuda.c
- *   submit.c  -> inputs.c, complete.c, cancel.c, queues.c, servers.c, outputs.c, calls.c,
- *                trace.c, threads.c, cuda.c, graveyard.c
- *   inputs.c  -> cuda.c
+ *   submit.c  -> inputs.c, complete.c, cancel.c, queues.c, servers.c, outputs.c, device_array.c,
+ *                calls.c, trace.c, threads.c, graveyard.c
+ *   inputs.c  -> device_array.c
  *   complete.c -> queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c, graveyard.c
  *   streams.c -> cancel.c, outputs.c, calls.c, threads.c, graveyard.c
  *   cancel.c  -> queues.c, servers.c, calls.c
  *   queues.c  -> servers.c, calls.c, trace.c, threads.c, graveyard.c
  *   servers.c -> calls.c
- *   outputs.c -> memory.c, calls.c, cuda.c
+ *   outputs.c -> memory.c, device_array.c, calls.c, cuda.c
  *   memory.c  -> calls.c, cuda.c
+ *   device_array.c -> cuda.c
  *   calls.c   -> threads.c, graveyard.c
  *   trace.c   -> threads.c
  *   threads.c -> graveyard.c
@@ -95,7 +98,8 @@
  *   graveyard.h  (graveyard.c)      late deletes
  *   threads.h    (threads.c)        the GIL, waiting, wake-ups, hand_over
  *   trace.h      (trace.c)          timestamps
- *   cuda.h       (cuda.c)           the CUDA runtime, DeviceArray, holds, GPU values, CUDA IPC
+ *   cuda.h       (cuda.c)           the CUDA runtime, CUDA IPC
+ *   device_array.h (device_array.c) DeviceArray, holds, GPU values
  *   calls.h      (calls.c)          the Call (and what it holds), its references and end
  *   memory.h     (memory.c)         the response allocator, shared-memory mappings
  *   outputs.h    (outputs.c)        a finished call's outputs

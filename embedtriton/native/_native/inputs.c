@@ -4,7 +4,7 @@
 #include "inputs.h"
 
 #include "calls.h"
-#include "cuda.h"
+#include "device_array.h"
 
 #include <stdio.h>
 

@@ -9,6 +9,7 @@
 #include "cancel.h"
 #include "complete.h"
 #include "cuda.h"
+#include "device_array.h"
 #include "graveyard.h"
 #include "kserve.h"
 #include "kserve_json.h"

@@ -4,6 +4,7 @@
 
 #include "calls.h"
 #include "cuda.h"
+#include "device_array.h"
 #include "memory.h"
 
 /* (outputs.h) */

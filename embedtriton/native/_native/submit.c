@@ -6,7 +6,7 @@
 #include "calls.h"
 #include "cancel.h"
 #include "complete.h"
-#include "cuda.h"
+#include "device_array.h"
 #include "graveyard.h"
 #include "inputs.h"
 #include "outputs.h"
