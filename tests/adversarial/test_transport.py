@@ -26,7 +26,7 @@ import h2.connection  # noqa: E402
 import h2.events  # noqa: E402
 import h2.exceptions  # noqa: E402
 import h2.settings  # noqa: E402
-from serving import SANITIZED  # noqa: E402
+from serving import SANITIZED, wait_for  # noqa: E402
 
 MAX_MSG = 4 << 20
 REQUEST_HEADERS = [
@@ -276,10 +276,8 @@ def test_library_choice(tmp_path):
 # ---- 4: connection cap, idle and handshake timeouts, running out of file descriptors ----
 
 
-def _wait_held(handler, count, timeout=3.0):
-    deadline = time.monotonic() + timeout
-    while len(handler.held) < count and time.monotonic() < deadline:
-        time.sleep(0.01)
+def _wait_held(handler, count):
+    assert wait_for(lambda: len(handler.held) >= count), f"{len(handler.held)} of {count} calls held"
     assert len(handler.held) == count
 
 
@@ -431,12 +429,20 @@ def test_fd_exhaustion(tmp_path):
         for _ in range(30):  # (paced: a connection accepted in the same loop iteration as the
             conns.append(Raw(port, preface=False))  # newcomer is no candidate, so a burst that lands
             time.sleep(0.02)  # in one iteration, on a loaded machine, refuses its newest by design)
-        time.sleep(0.3)
+
+        def closed_now():
+            return [c.closed or c.wait_closed(0.001) is not None for c in conns]
+
+        # the server has dealt with the flood (made room by closing connections) before its CPU is measured; within
+        # 5 s, well before the 10 s handshake timeout would close them anyway
+        assert wait_for(lambda: sum(closed_now()) >= 30 - 6, 5.0), (
+            f"only {sum(closed_now())} of 30 connections beyond the descriptor limit were closed"
+        )
         cpu = _cpu_seconds(child.pid)
         time.sleep(1.0)
         cpu = _cpu_seconds(child.pid) - cpu
         assert cpu < 0.3, f"the server used {cpu:.2f} s of CPU in 1 s while out of descriptors"
-        closed = [c.wait_closed(0.05) is not None for c in conns]
+        closed = closed_now()
         assert sum(closed) >= 30 - 6, f"only {sum(closed)} of 30 connections beyond the descriptor limit were closed"
         assert not closed[-1], "the newest connection was closed, not the longest idle"
         newest = Raw(port)
@@ -515,11 +521,12 @@ def test_header_field_count_and_option(start, handler):
 # ---- 2: resets and disconnects ----
 
 
-def _block_io_thread(client, seconds):
+def _block_io_thread(client, handler, seconds):
     """Make the handler hold the IO thread for a while (as a slow on_message would), so that what other clients
     send meanwhile is read in one go afterwards."""
     sid = client.request("Block", b"%.2f" % seconds)
-    time.sleep(0.1)  # the IO thread is now inside on_message
+    # on_message records the call before it sleeps: the IO thread is then inside it
+    assert wait_for(lambda: "/x.Y/Block" in handler.messages), "the Block call never reached on_message"
     return sid
 
 
@@ -533,17 +540,19 @@ def test_closed_before_dispatch_never_starts(start, handler):
     with handler.lock:
         handler.messages.clear()
         handler.half_closes.clear()
-    bsid = _block_io_thread(blocker, 0.4)
+    bsid = _block_io_thread(blocker, handler, 0.4)
     sid = resetting.request("Echo", b"reset me")
     resetting.conn.reset_stream(sid, error_code=8)
     resetting.flush()
     closing.request("Echo", b"closing")
     closing.sock.shutdown(socket.SHUT_WR)
     assert blocker.response(bsid)[0] == 0
-    time.sleep(0.3)
-    assert handler.messages == ["/x.Y/Block"] and handler.half_closes == ["/x.Y/Block"]
-    assert handler.cancelled == []
+    # Barriers instead of a pause: the server closes `closing` once it has read its end (after dispatching what
+    # came before it), and answers `next` only after the reset stream's frames, read before it on that connection.
+    assert closing.wait_closed(10.0) is not None, "the server did not close the connection its client closed"
     assert resetting.call("Echo", b"next")[:3:2] == (0, b"next")  # the connection itself is fine
+    assert handler.messages == ["/x.Y/Block", "/x.Y/Echo"] and handler.half_closes == ["/x.Y/Block", "/x.Y/Echo"]
+    assert handler.cancelled == []
 
 
 def test_open_calls_are_cancelled(start, handler):
@@ -554,16 +563,12 @@ def test_open_calls_are_cancelled(start, handler):
     reset_sid = a.request("Hold", b"unary, reset")
     b.request("Hold", b"unary, disconnected")
     b.request("Hold", b"streaming, disconnected", end=False)
-    deadline = time.monotonic() + 3
-    while (len(handler.held) < 2 or len(handler.messages) < 3) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: len(handler.held) >= 2 and len(handler.messages) >= 3), (handler.held, handler.messages)
     assert len(handler.held) == 2 and len(handler.messages) == 3
     a.conn.reset_stream(reset_sid, error_code=8)
     a.flush()
     b.close()
-    deadline = time.monotonic() + 3
-    while len(handler.cancelled) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: len(handler.cancelled) >= 3), f"{len(handler.cancelled)} of 3 calls cancelled"
     assert len(handler.cancelled) == 3
     for call in handler.cancelled:
         assert call.send(b"late") is False and call.finish(0) is False
@@ -607,7 +612,7 @@ def test_fast_tls_sender_does_not_starve_others(start, cert):
     thread = threading.Thread(target=sock.sendall, args=(flood,))
     thread.start()
     try:
-        time.sleep(0.1)
+        time.sleep(0.1)  # the flood under way: the server counts no bytes read that a poll could watch
         worst = 0.0
         for i in range(5):
             started = time.monotonic()
@@ -697,9 +702,7 @@ def test_zero_window_client_bounded(start, handler):
     client.wait(lambda e: isinstance(e, h2.events.SettingsAcknowledged), 3.0)
     before = rss_mib()
     sid = client.request("Pour", b"128:1048576")
-    deadline = time.monotonic() + 5
-    while handler.pour is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: handler.pour is not None), "the Pour call never reached the application"
     handler.pour.join(10)
     grown = rss_mib() - before
     assert grown < 48 or SANITIZED, f"RSS grew by {grown:.0f} MiB"
@@ -718,9 +721,7 @@ def test_connection_buffer_bound_and_one_message_fits(start, handler):
     client = Raw(srv.port, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
     client.wait(lambda e: isinstance(e, h2.events.SettingsAcknowledged), 3.0)
     sids = [client.request("Hold", b"%d" % i) for i in range(3)]
-    deadline = time.monotonic() + 3
-    while len(handler.held) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_held(handler, 3)
     held = sorted(handler.held, key=lambda c: c.user)
     part = b"p" * (768 << 10)
     assert [c.send(part) for c in held] == [True, True, False]  # 0.75 + 0.75 MiB queued, 2.25 would be over 2
