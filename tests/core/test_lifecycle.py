@@ -10,8 +10,10 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
-from embedtriton import ModelConfig, Server, ServerConfig, TritonError, UnavailableError, batch
+from embedtriton import ModelConfig, Server, ServerConfig, TritonError, UnavailableError, _native, batch
+from embedtriton.core import lifecycle
 
 ONE = np.ones((1, 1), np.float32)
 
@@ -60,12 +62,13 @@ def test_stop_with_requests_in_flight_leaves_nobody_waiting(slow_server):
     threads.append(threading.Thread(target=lambda: async_results.extend(asyncio.run(async_callers()))))
     for t in threads:
         t.start()
-    time.sleep(0.15)
+    some_done = wait_for(lambda: "ok" in outcomes)  # (asserted after stop(), which ends the callers)
     started = time.monotonic()
     srv.stop()
     for t in threads:
         t.join(timeout=30)
         assert not t.is_alive(), "a caller is still waiting after stop()"
+    assert some_done, "no request finished before stop()"
     assert time.monotonic() - started < 30
     assert len(outcomes) == 8 * 20
     assert "ok" in outcomes and "error" in outcomes  # some finished, the rest were refused
@@ -121,13 +124,16 @@ def test_stop_honours_exit_timeout_secs(add_sub, add_sub_tensors):
     threads = [threading.Thread(target=caller) for _ in range(64)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
+    handle = srv._handle
+    all_in = wait_for(lambda: _native.pending(handle)[0] == 64)  # (asserted after stop(), which ends the callers)
+    in_flight = _native.pending(handle)[0]
     started = time.monotonic()
     srv.stop()
     elapsed = time.monotonic() - started
     for t in threads:
         t.join(timeout=10)
     assert not any(t.is_alive() for t in threads), "a caller is still waiting"
+    assert all_in, f"{in_flight} of 64 requests in flight before stop()"
     assert elapsed < 2.0, f"stop() took {elapsed:.1f} s with exit_timeout_secs=1"
     assert len(outcomes) == 64
     errors = [o for o in outcomes if isinstance(o, UnavailableError)]
@@ -136,7 +142,9 @@ def test_stop_honours_exit_timeout_secs(add_sub, add_sub_tensors):
     with Server() as again:
         again.bind("Fast", add_sub, inputs, outputs)
         assert again.model("Fast").infer({"a": ONE, "b": ONE})["add"][0, 0] == 2
-    time.sleep(3)  # the abandoned batch returns on Triton's thread; nothing crashes
+    # the abandoned batch returns on Triton's thread, which lets go of its requests, and the stopped server is
+    # deleted: nothing crashes
+    assert wait_for(lambda: handle not in lifecycle._retired), "the stopped server was never deleted"
 
 
 def test_stop_lets_requests_in_flight_finish(slow_server):
@@ -153,10 +161,11 @@ def test_stop_lets_requests_in_flight_finish(slow_server):
     threads = [threading.Thread(target=caller) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.1)
+    handle = srv._handle
+    assert wait_for(lambda: _native.pending(handle)[0] == 4), f"{_native.pending(handle)[0]} of 4 requests in flight"
     stopper = threading.Thread(target=srv.stop)
     stopper.start()
-    time.sleep(0.1)
+    assert wait_for(lambda: srv.stopping), "stop() did not begin"
     assert srv._stopping and not srv.ready
     with pytest.raises(UnavailableError, match="stopping"):  # new requests are refused at once
         model.infer({"a": ONE, "b": ONE})
@@ -211,9 +220,11 @@ import signal, sys, threading, time
 import numpy as np
 from embedtriton import ModelConfig, Server, Tensor, TritonError
 runs = []
+running = threading.Event()
 def slow(requests):
     runs.append(len(requests))
-    time.sleep(1.5)
+    running.set()
+    time.sleep(1.5 if len(runs) == 1 else 0)  # the first run holds the model; the barrier's (below) does not
     return [{"y": r["x"]} for r in requests]
 srv = Server()
 srv.bind("Slow", slow, [Tensor(name="x", dtype=np.float32, shape=(1,))], [Tensor(name="y", dtype=np.float32, shape=(1,))],
@@ -222,7 +233,7 @@ srv.start()
 x = np.ones((1, 1), np.float32)
 busy = threading.Thread(target=lambda: srv.model("Slow").infer({"x": x}))
 busy.start()
-time.sleep(0.2)  # the model runs the first request; ours waits in Triton's queue
+assert running.wait(30)  # the model runs the first request; ours waits in Triton's queue
 threading.Timer(0.3, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)).start()
 started = time.monotonic()
 try:
@@ -231,7 +242,7 @@ try:
 except KeyboardInterrupt:
     print("interrupted after %%.2f s" %% (time.monotonic() - started))
 busy.join()
-time.sleep(0.3)
+srv.model("Slow").infer({"x": x})  # a barrier: queued after the interrupted request, which would have run first
 print("runs", runs)
 srv.stop()
 """
@@ -250,7 +261,7 @@ def test_ctrl_c_interrupts_a_blocking_call_and_cancels_it(tmp_path, call):
     lines = done.stdout.split("\n")
     assert lines[0].startswith("interrupted after"), done.stdout
     assert float(lines[0].split()[2]) < 0.6  # promptly, not when the model is done with it
-    assert lines[1] == "runs [1]"  # the interrupted request never ran: it was cancelled
+    assert lines[1] == "runs [1, 1]"  # the interrupted request never ran (only the barrier did): it was cancelled
 
 
 def test_process_exits_promptly_after_stop(tmp_path):
