@@ -138,6 +138,7 @@ OWNERS = {
     "outputs.h": {"outputs.c"},
     "servers.h": {"servers.c"},
     "queues.h": {"queues.c"},
+    "gates.h": {"gates.c"},
     "cancel.h": {"cancel.c"},
     "streams.h": {"streams.c"},
     "complete.h": {"complete.c"},

@@ -7,6 +7,7 @@
 #include "complete.h"
 #include "device_array.h"
 #include "fast_batch.h"
+#include "gates.h"
 #include "modes.h"
 #include "queues.h"
 #include "threads.h"

@@ -40,6 +40,7 @@
  *   streams.c    a stream's hooks (stream_ops): responses queued for their consumer
  *   cancel.c     a caller's cancel; stop()'s cancel_all, fail_pending, abort_pending
  *   queues.c     queue policies and priorities in front of Triton's dynamic batcher
+ *   gates.c      a model's gate: made, closed, looked up (the registry), its statistics
  *   servers.c    open servers, the calls Triton holds (held list), Triton's cancel flag
  *   outputs.c    a finished call's outputs as arrays
  *   memory.c     response allocator, shared-memory mappings (SIGBUS guard)
@@ -58,23 +59,23 @@
  *
  *   many.c    -> submit.c, inputs.c, cancel.c, outputs.c, calls.c, trace.c, threads.c,
  *                graveyard.c
- *   backend.c -> fast_batch.c, modes.c, batch_io.c, complete.c, queues.c, device_array.c,
- *                threads.c
+ *   backend.c -> fast_batch.c, modes.c, batch_io.c, complete.c, queues.c, gates.c,
+ *                device_array.c, threads.c
  *   fast_batch.c -> batch_io.c
  *   modes.c   -> batch_io.c, complete.c, streams.c, threads.c
  *   batch_io.c -> memory.c, device_array.c, threads.c, cuda.c
- *   kserve.c  -> kserve_json.c, kserve_json_write.c, kserve_pb.c, complete.c, cancel.c,
- *                queues.c, servers.c, calls.c, threads.c, graveyard.c
+ *   kserve.c  -> kserve_json.c, kserve_json_write.c, kserve_pb.c, complete.c, cancel.c, gates.c,
+ *                servers.c, calls.c, threads.c, graveyard.c
  *   kserve_json.c -> kserve_pb.c, numtext.cc
  *   kserve_json_write.c -> kserve_pb.c, numtext.cc, cuda.c
  *   kserve_pb.c -> cuda.c
- *   submit.c  -> inputs.c, complete.c, cancel.c, queues.c, servers.c, outputs.c, device_array.c,
- *                calls.c, trace.c, threads.c, graveyard.c
+ *   submit.c  -> inputs.c, complete.c, cancel.c, queues.c, gates.c, servers.c, outputs.c,
+ *                device_array.c, calls.c, trace.c, threads.c, graveyard.c
  *   inputs.c  -> device_array.c
  *   complete.c -> queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c, graveyard.c
  *   streams.c -> cancel.c, outputs.c, calls.c, threads.c, graveyard.c
  *   cancel.c  -> queues.c, servers.c, calls.c
- *   queues.c  -> servers.c, calls.c, trace.c, threads.c, graveyard.c
+ *   queues.c  -> gates.c, servers.c, calls.c, trace.c, threads.c, graveyard.c
  *   servers.c -> calls.c
  *   outputs.c -> memory.c, device_array.c, calls.c, cuda.c
  *   memory.c  -> calls.c, cuda.c
@@ -104,7 +105,8 @@
  *   memory.h     (memory.c)         the response allocator, shared-memory mappings
  *   outputs.h    (outputs.c)        a finished call's outputs
  *   servers.h    (servers.c)        open servers, the held list
- *   queues.h     (queues.c)         queue gates
+ *   queues.h     (queues.c)         queue policies and priorities: admission, letting through
+ *   gates.h      (gates.c)          a model's gate and the registry of them
  *   cancel.h     (cancel.c)         cancelling and failing calls
  *   streams.h    (streams.c)        stream_ops
  *   complete.h   (complete.c)       Triton's callbacks, the kinds, completion delivery

@@ -19,11 +19,11 @@
 #include "calls.h"
 #include "cancel.h"
 #include "complete.h"
+#include "gates.h"
 #include "graveyard.h"
 #include "kserve_json.h"
 #include "kserve_pb.h"
 #include "outputs.h"
-#include "queues.h"
 #include "servers.h"
 #include "threads.h"
 

@@ -22,13 +22,15 @@
  * "Request timeout expired") or delayed. An instance counts as free from the end of its
  * callable, so that the next batch is in Triton's hands while this one's responses go out.
  *
- * A gate belongs to a loaded model (the backend creates it at TRITONBACKEND_ModelInitialize and
- * counts the instances); submit() finds it by server, name and version. Calls it holds keep their
- * Triton request (never handed over yet) and Triton's two references; a held call that fails
- * (timeout, cancel, Triton refusing it when let through) is completed here with its error. */
+ * A gate belongs to a loaded model (gates.c: the backend creates it at
+ * TRITONBACKEND_ModelInitialize and counts the instances); submit() finds it by server, name and
+ * version. Calls it holds keep their Triton request (never handed over yet) and Triton's two
+ * references; a held call that fails (timeout, cancel, Triton refusing it when let through) is
+ * completed here with its error. */
 #include "queues.h"
 
 #include "calls.h"
+#include "gates.h"
 #include "graveyard.h"
 #include "servers.h"
 #include "threads.h"
@@ -36,131 +38,13 @@
 
 #include <errno.h>
 
-typedef struct {
-  int delay;           /* TimeoutAction DELAY (REJECT otherwise) */
-  uint64_t timeout_us; /* default_timeout_microseconds; 0: none */
-  int allow_override;  /* a request's timeout_us may shorten it */
-  uint64_t max_size;   /* max_queue_size; 0: unbounded */
-} GatePolicy;
-
-typedef struct {
-  Call *head, *tail;   /* waiting, in arrival order */
-  Call *dhead, *dtail; /* timed out under DELAY: after the others of the level */
-  uint64_t size;       /* both (Triton's queue size of the level) */
-} GateLevel;
-
-struct Gate {
-  struct Gate* next; /* the registry */
-  atomic_int refs;   /* the registry's, the model's, and one per call held or let through */
-  TRITONSERVER_Server* server;
-  char* model;
-  long long version;
-  int release_gil; /* a batch rule: Triton's batcher takes the GIL under its queue lock */
-  pthread_mutex_t mu;
-  int instances, busy; /* the model's instances; those running a callable */
-  uint64_t limit;      /* requests one instance takes at once (a batch) */
-  uint64_t pending;    /* calls let through to Triton and not started */
-  Call** pend;
-  uint64_t pend_cap;
-  uint64_t held; /* calls waiting here, all levels */
-  int n_levels, default_level;
-  GatePolicy* policies;
-  GateLevel* levels;
-  /* what Triton's statistics do not see: time waited here by the calls let through, and the
-   * calls failed here (timeout, cancel) with the time they waited */
-  uint64_t waited_ns, rejected, rejected_ns, cancelled, cancelled_ns;
-};
-
 enum { STATE_NONE = 0, STATE_HELD, STATE_PENDING }; /* a call's gate_state */
 
-static pthread_rwlock_t registry_lock = PTHREAD_RWLOCK_INITIALIZER;
-static Gate* registry = NULL;
-static atomic_int registry_size = 0;
 static __thread Gate* t_gate = NULL; /* the gate of the execute this thread runs */
 
 static void timer_arm(uint64_t deadline);
 
-static void gate_unref(Gate* g)
-{
-  if (atomic_fetch_sub(&g->refs, 1) != 1) return;
-  pthread_mutex_destroy(&g->mu);
-  free(g->pend);
-  free(g->policies);
-  free(g->levels);
-  free(g->model);
-  free(g);
-}
-
 /* ---- the model side (backend.c) ----------------------------------------- */
-
-/* With the GIL: a gate from a binding's queue_gate, (limit, default level index, ((delay,
- * timeout_us, allow_override, max_size), ...) per level); registered for submit(). NULL with
- * a Python error. */
-Gate* gate_new(PyObject* spec, TRITONSERVER_Server* server, const char* model, long long version,
-               int release_gil)
-{
-  unsigned long long limit = 0;
-  int default_level = 0;
-  PyObject* levels = NULL;
-  if (!PyArg_ParseTuple(spec, "KiO!", &limit, &default_level, &PyTuple_Type, &levels)) return NULL;
-  Py_ssize_t n = PyTuple_GET_SIZE(levels);
-  if (n < 1 || default_level < 0 || default_level >= n) {
-    PyErr_SetString(PyExc_ValueError, "queue_gate: bad levels");
-    return NULL;
-  }
-  Gate* g = calloc(1, sizeof(Gate));
-  if (g == NULL) return (Gate*)PyErr_NoMemory();
-  g->policies = calloc((size_t)n, sizeof(GatePolicy));
-  g->levels = calloc((size_t)n, sizeof(GateLevel));
-  g->model = strdup(model);
-  if (g->policies == NULL || g->levels == NULL || g->model == NULL) {
-    atomic_init(&g->refs, 1);
-    gate_unref(g);
-    return (Gate*)PyErr_NoMemory();
-  }
-  for (Py_ssize_t i = 0; i < n; i++) {
-    GatePolicy* p = &g->policies[i];
-    unsigned long long timeout = 0, size = 0;
-    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(levels, i), "pKpK", &p->delay, &timeout,
-                          &p->allow_override, &size)) {
-      atomic_init(&g->refs, 1);
-      gate_unref(g);
-      return NULL;
-    }
-    p->timeout_us = timeout;
-    p->max_size = size;
-  }
-  g->limit = limit ? limit : 1;
-  g->n_levels = (int)n;
-  g->default_level = default_level;
-  g->server = server;
-  g->version = version;
-  g->release_gil = release_gil;
-  pthread_mutex_init(&g->mu, NULL);
-  atomic_init(&g->refs, 2); /* the registry's and the model's */
-  pthread_rwlock_wrlock(&registry_lock);
-  g->next = registry;
-  registry = g;
-  atomic_fetch_add(&registry_size, 1);
-  pthread_rwlock_unlock(&registry_lock);
-  return g;
-}
-
-/* The model is finalized: submit() no longer finds the gate (calls it holds keep the model
- * alive, so none is left by now), and the model drops its reference. */
-void gate_close(Gate* g)
-{
-  pthread_rwlock_wrlock(&registry_lock);
-  for (Gate** p = &registry; *p != NULL; p = &(*p)->next)
-    if (*p == g) {
-      *p = g->next;
-      atomic_fetch_sub(&registry_size, 1);
-      gate_unref(g); /* the registry's */
-      break;
-    }
-  pthread_rwlock_unlock(&registry_lock);
-  gate_unref(g);
-}
 
 static void let_through(Gate* g);
 static int room(Gate* g);
@@ -247,30 +131,6 @@ Gate* gate_current(void)
 }
 
 /* ---- the caller side (submit.c, calls.c, servers.c) --------------------- */
-
-/* submit(): the gate of (server, model, version), with a reference; NULL when it has none.
- * Version -1 (Triton's choice) finds the highest version's. The newest gate comes first (a
- * model being reloaded has two for a while). */
-Gate* gate_find(TRITONSERVER_Server* server, const char* model, long long version)
-{
-  if (atomic_load(&registry_size) == 0) return NULL;
-  Gate* found = NULL;
-  pthread_rwlock_rdlock(&registry_lock);
-  for (Gate* g = registry; g != NULL; g = g->next) {
-    if (g->server != server || strcmp(g->model, model) != 0) continue;
-    if (version >= 0 ? g->version == version : found == NULL || g->version > found->version)
-      found = g;
-    if (found != NULL && version >= 0) break;
-  }
-  if (found != NULL) atomic_fetch_add(&found->refs, 1);
-  pthread_rwlock_unlock(&registry_lock);
-  return found;
-}
-
-void gate_release_ref(Gate* g)
-{
-  gate_unref(g);
-}
 
 /* Under g->mu: whether an instance is free for one more request. */
 static int room(Gate* g)
@@ -558,8 +418,8 @@ static void sweep(void)
 {
   uint64_t now = now_ns(), next = UINT64_MAX;
   Call* expired = NULL;
-  pthread_rwlock_rdlock(&registry_lock);
-  for (Gate* g = registry; g != NULL; g = g->next) {
+  pthread_rwlock_rdlock(&gate_registry_lock);
+  for (Gate* g = gate_registry; g != NULL; g = g->next) {
     pthread_mutex_lock(&g->mu);
     for (int i = 0; i < g->n_levels; i++) {
       if (g->policies[i].delay) continue;
@@ -587,7 +447,7 @@ static void sweep(void)
     }
     pthread_mutex_unlock(&g->mu);
   }
-  pthread_rwlock_unlock(&registry_lock);
+  pthread_rwlock_unlock(&gate_registry_lock);
   fail_expired(expired);
   if (next != UINT64_MAX) timer_arm(next);
 }
@@ -634,34 +494,4 @@ static void timer_arm(uint64_t deadline)
     pthread_cond_signal(&timer_cv);
   }
   pthread_mutex_unlock(&timer_mu);
-}
-
-/* gate_stats(server) -> [(model, version, waiting, waited_ns, rejected, rejected_ns, cancelled,
- * cancelled_ns)]: what Triton's metrics and statistics do not see of each gate of the server
- * (requests waiting in it; time waited in it by those let through; those it failed). */
-PyObject* py_gate_stats(PyObject* self, PyObject* arg)
-{
-  (void)self;
-  TRITONSERVER_Server* server = (TRITONSERVER_Server*)PyLong_AsVoidPtr(arg);
-  if (PyErr_Occurred()) return NULL;
-  PyObject* out = PyList_New(0);
-  if (out == NULL) return NULL;
-  pthread_rwlock_rdlock(&registry_lock);
-  for (Gate* g = registry; g != NULL; g = g->next) {
-    if (g->server != server) continue;
-    pthread_mutex_lock(&g->mu);
-    unsigned long long n[7] = {
-        g->held, g->waited_ns, g->rejected, g->rejected_ns, g->cancelled, g->cancelled_ns, 0};
-    pthread_mutex_unlock(&g->mu);
-    PyObject* item =
-        Py_BuildValue("(sLKKKKKK)", g->model, g->version, n[0], n[1], n[2], n[3], n[4], n[5]);
-    if (item == NULL || PyList_Append(out, item) < 0) {
-      Py_XDECREF(item);
-      Py_CLEAR(out);
-      break;
-    }
-    Py_DECREF(item);
-  }
-  pthread_rwlock_unlock(&registry_lock);
-  return out;
 }

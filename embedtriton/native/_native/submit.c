@@ -7,6 +7,7 @@
 #include "cancel.h"
 #include "complete.h"
 #include "device_array.h"
+#include "gates.h"
 #include "graveyard.h"
 #include "inputs.h"
 #include "outputs.h"
