@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 grpc = pytest.importorskip("grpc")
+from serving import wait_for  # noqa: E402
 from tritonclient.grpc import service_pb2  # noqa: E402
 
-from embedtriton import InvalidArgumentError, ModelConfig, Server, Tensor, batch  # noqa: E402
+from embedtriton import InvalidArgumentError, ModelConfig, Server, Tensor, _native, batch  # noqa: E402
 
 F32 = np.float32
 
@@ -153,7 +154,11 @@ def test_a_bad_request_in_a_stream_fails_alone(endpoint):
 def test_cancelled_calls_are_not_run(endpoint):
     """A client that resets its calls (or disconnects) gets them cancelled in Triton: the
     queued ones never reach the model."""
-    _, address, slow = endpoint
+    server, address, slow = endpoint
+
+    def in_flight() -> int:
+        return _native.pending(server._handle)[0]
+
     before = slow.ran
     channel = grpc.insecure_channel(address)
     call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
@@ -161,23 +166,28 @@ def test_cancelled_calls_are_not_run(endpoint):
     request.inputs.add(name="x", datatype="FP32", shape=[1, 1])
     request.raw_input_contents.append(np.ones(1, F32).tobytes())
     futures = [call.future(request.SerializeToString(), timeout=30) for _ in range(20)]
-    time.sleep(0.15)  # all are queued behind the first batch (0.1 s each, one at a time)
+    # all are queued behind the first batch (0.1 s each, one at a time)
+    assert wait_for(lambda: in_flight() >= 20), f"{in_flight()} of 20 calls reached Triton"
     for f in futures:
         f.cancel()
     channel.close()
-    time.sleep(0.5)
+    # nothing left in flight: each call was cancelled, or ran (then within 2 s, and the count below says so)
+    assert wait_for(lambda: in_flight() == 0), f"{in_flight()} calls still in flight"
     ran = slow.ran - before
     assert ran <= 4, f"{ran} of 20 cancelled calls still ran"
     # a closed connection cancels too
     channels = [grpc.insecure_channel(address) for _ in range(10)]
-    for ch in channels:
+    calls = [  # (kept: grpc cancels a call whose future is dropped)
         ch.unary_unary("/inference.GRPCInferenceService/ModelInfer").future(request.SerializeToString(), timeout=30)
-    time.sleep(0.15)
+        for ch in channels
+    ]
+    assert wait_for(lambda: in_flight() >= 10), f"{in_flight()} of 10 calls reached Triton"
     before = slow.ran
     for ch in channels:
         ch.close()
-    time.sleep(1.2)
+    assert wait_for(lambda: in_flight() == 0), f"{in_flight()} calls still in flight"
     assert slow.ran - before <= 3, f"{slow.ran - before} calls of closed connections still ran"
+    assert all(c.done() for c in calls)
     double_works(address)
 
 
@@ -187,7 +197,7 @@ def test_replies_for_clients_that_left_are_dropped_quietly(endpoint, monkeypatch
     keeps answering."""
     import sys
 
-    _, address, _ = endpoint
+    server, address, _ = endpoint
     raised: list[str] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(f"{u.exc_type.__name__}: {u.exc_value}"))
     request = service_pb2.ModelInferRequest(model_name="Double")
@@ -202,7 +212,8 @@ def test_replies_for_clients_that_left_are_dropped_quietly(endpoint, monkeypatch
                 infer.future(data, timeout=30)
         for channel in channels:
             channel.close()  # (most replies are still on their way)
-    time.sleep(0.5)
+    # every reply has landed and Triton let go of every request
+    assert wait_for(lambda: _native.pending(server._handle) == (0, 0)), _native.pending(server._handle)
     double_works(address)
     assert raised == []
 
@@ -263,9 +274,8 @@ def test_endpoint_limits_and_shared_memory_off(caplog, tmp_path):
 
             os.unlink(f"/dev/shm/{key[1:]}")
         client.close()
-        deadline = time.monotonic() + 5
-        while server.endpoint("grpc").stats()["connections"] and time.monotonic() < deadline:
-            time.sleep(0.02)  # the client's connection is gone
+        stats = server.endpoint("grpc").stats
+        assert wait_for(lambda: stats()["connections"] == 0), stats()  # the client's connection is gone
         preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
         held = []
         for _ in range(3):
@@ -273,7 +283,7 @@ def test_endpoint_limits_and_shared_memory_off(caplog, tmp_path):
             s.sendall(preface)
             held.append(s)
             time.sleep(0.1)  # one at a time: a burst accepted in one loop turn refuses its excess instead
-        time.sleep(0.1)
+        assert wait_for(lambda: stats()["evicted"] == 1), stats()  # the third made room
 
         def closed(s: socket.socket) -> bool:
             try:
