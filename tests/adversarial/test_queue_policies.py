@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from serving import wait_for
 
 from embedtriton import (
     DynamicBatcher,
@@ -174,10 +175,9 @@ class Blocking:
     def queued(self, n: int, model: str = "Queue") -> None:
         """Wait until ``n`` requests wait in the model's queue (Triton's pending-request metric)."""
         line = f'nv_inference_pending_request_count{{model="{model}",version="1"}} {n}\n'
-        deadline = time.monotonic() + 10
-        while line not in self.server.metrics():
-            assert time.monotonic() < deadline, f"{n} requests never waited in {model}'s queue"
-            time.sleep(0.005)
+        assert wait_for(lambda: line in self.server.metrics(), every=0.005), (
+            f"{n} requests never waited in {model}'s queue"
+        )
 
 
 def test_priorities_overtake_a_backlog_and_are_batched_in_priority_order():
@@ -279,7 +279,7 @@ def test_timeout_us_cannot_shorten_a_timeout_without_allow_timeout_override():
         assert model.running.wait(10)
         late = pool.submit(queue.infer, x(1), timeout_us=1000)
         model.queued(1)
-        time.sleep(0.2)
+        time.sleep(0.2)  # the condition under test: far past its 1 ms, which cannot shorten the default
         model.release()
         assert late.result(timeout=30)["y"][0, 0] == 1  # waited 0.2 s, not rejected after 1 ms
         blocker.result(timeout=30)
@@ -313,10 +313,8 @@ def test_cancelled_requests_leave_the_queue_unrun():
         asyncio.run(cancel_two(queue))
         model.queued(1)
         blocked_stream = pool.submit(lambda: [p["y"][0, 0] for p in stream.stream(x(-1))])
-        deadline = time.monotonic() + 10
-        while len(model.batches) < 2:  # the stream's instance is busy too
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        # the stream's instance is busy too
+        assert wait_for(lambda: len(model.batches) >= 2, every=0.005), model.batches
         handle = stream.submit(InferRequest.from_options(x(5), {}), stream=True)
         model.queued(1, "Stream")
         handle.close()  # its consumer left
@@ -345,7 +343,7 @@ def test_stop_serves_the_queue_and_metrics_count_it():
                 model.queued(i + 1)  # Triton's pending count includes the queue
             stopping = threading.Thread(target=model.server.stop)
             stopping.start()  # drains: what waits in the queue still runs
-            time.sleep(0.1)
+            assert wait_for(lambda: model.server.stopping), "stop() did not begin"
             model.release()
             stopping.join(30)
             assert [f.result(timeout=30)["y"][0, 0] for f in futures] == [-1, 1, 2, 3]
@@ -401,10 +399,7 @@ def test_instances_share_the_queue_and_triton_reports_the_declared_policies():
         assert (dynamic["priority_levels"], dynamic["default_priority_level"]) == (3, 2)
         assert set(dynamic["priority_queue_policy"]) == {"3"}
         futures = [pool.submit(queue.infer, x(-1)) for _ in range(2)]  # both instances busy
-        deadline = time.monotonic() + 10
-        while len(model.batches) < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        assert wait_for(lambda: len(model.batches) >= 2, every=0.005), model.batches
         for i, (v, priority) in enumerate([(1, 3), (2, 3), (10, 1), (11, None)]):
             futures.append(pool.submit(queue.infer, x(v), priority=priority))
             model.queued(i + 1)

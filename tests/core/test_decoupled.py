@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 from embedtriton import (
     DynamicBatcher,
@@ -17,6 +18,7 @@ from embedtriton import (
     Server,
     ServerConfig,
     Tensor,
+    _native,
     batch,
 )
 
@@ -132,11 +134,16 @@ def test_responses_out_of_request_order(server):
     def consume(k):
         arrivals[k] = [(time.monotonic(), p["y"][0, 0]) for p in server.model("Interleaved").stream(count_to(k))]
 
+    def in_flight() -> int:
+        return _native.pending(server._handle)[0]
+
+    assert wait_for(lambda: in_flight() == 0), f"{in_flight()} calls of earlier tests still in flight"
     threads = []
     for k in range(3):
         threads.append(threading.Thread(target=consume, args=(k,)))
         threads[-1].start()
-        time.sleep(0.02)  # arrival order 0, 1, 2
+        # arrival order 0, 1, 2 (a stream counts in flight, and is handed to Triton, with the GIL held throughout)
+        assert wait_for(lambda k=k: in_flight() >= k + 1), f"request {k} did not reach Triton"
     for t in threads:
         t.join(timeout=30)
     assert server.events["batches"][-1] == 3
@@ -163,9 +170,7 @@ def test_stopping_early_cancels_and_closes_the_generator(server):
         got.append(part)
         if len(got) == 3:
             break
-    deadline = time.monotonic() + 5
-    while len(closed) == before and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: len(closed) > before), "the generator was not closed after the consumer left"
     assert len(closed) == before + 1, "the generator was not closed after the consumer left"
     assert values(got) == [0.0, 1.0, 2.0]
     assert values(server.model("Counter").stream(count_to(1))) == [0.0]
@@ -186,9 +191,7 @@ def test_stopping_an_async_stream_early_cancels_it(server):
         return got
 
     assert len(asyncio.run(main())) == 2
-    deadline = time.monotonic() + 5
-    while len(closed) == before and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: len(closed) > before), "the generator was not closed after the consumer left"
     assert len(closed) == before + 1
 
 
@@ -249,11 +252,12 @@ def test_stop_ends_running_streams_with_an_error():
 
     thread = threading.Thread(target=consume)
     thread.start()
-    time.sleep(0.2)
+    began = wait_for(lambda: got)  # (asserted after stop(), which ends the stream)
     started = time.monotonic()
     srv.stop()
     stopped = time.monotonic() - started
     thread.join(timeout=10)
+    assert began, "the stream never began"
     assert not thread.is_alive()
     assert 0.7 < stopped < 2.5  # it streamed on through the grace period, no longer
     assert got and len(errors) == 1 and "stopped" in str(errors[0])
