@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 grpc = pytest.importorskip("grpc")
 _h2 = pytest.importorskip("embedtriton._h2")
@@ -243,8 +244,9 @@ def test_send_finish_from_another_thread(channel):
 def test_client_cancel_calls_on_cancel(channel, handler):
     handler.cancel_event.clear()
     before = len(handler.cancelled)
+    seen = handler.calls_seen
     future = unary(channel, "Hang").future(b"wait", timeout=30)
-    time.sleep(0.2)
+    assert wait_for(lambda: handler.calls_seen > seen), "the call never reached the handler"
     future.cancel()
     assert handler.cancel_event.wait(5)
     call = handler.cancelled[before]
@@ -273,9 +275,12 @@ def test_no_call_objects_leak(channel):
     base = live_calls()
     for i in range(300):
         unary(channel, "Echo")(b"%d" % i, timeout=5)
-    time.sleep(0.1)
-    gc.collect()
-    assert live_calls() <= base
+
+    def collected():
+        gc.collect()
+        return live_calls() <= base
+
+    assert wait_for(collected, every=0.05), f"{live_calls()} call objects live, {base} before"
 
 
 def test_garbage_does_not_break_server(server, channel):
@@ -301,7 +306,7 @@ def test_stop_with_pending_call_errors_client():
     with make_channel(srv.port) as ch:
         assert unary(ch, "Echo")(b"up", timeout=5) == b"up"
         future = unary(ch, "Hang").future(b"", timeout=30)
-        time.sleep(0.2)
+        assert wait_for(lambda: h.calls_seen == 2), "the call never reached the handler"
         started = time.monotonic()
         srv.stop(0.3)
         assert 0.25 <= time.monotonic() - started < 5
@@ -319,7 +324,7 @@ def test_stop_lets_calls_finish_within_grace():
     srv = _h2.Server("127.0.0.1", 0, h, MAX, None, None)
     with make_channel(srv.port) as ch:
         future = unary(ch, "Later").future(b"x", timeout=10)
-        time.sleep(0.05)
+        assert wait_for(lambda: h.calls_seen == 1), "the call never reached the handler"
         srv.stop(2.0)
         assert future.result(timeout=5) == b"later:x"
         assert h.cancelled == []
@@ -367,7 +372,7 @@ def _wheel_nghttp2():
 CHILD = """
 import grpc, sys
 from embedtriton import _h2
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {root!r}]  # test_h2, and the helpers it imports
 from test_h2 import Handler, unary, make_channel
 srv = _h2.Server("127.0.0.1", 0, Handler(), 1 << 20, None, {lib!r})
 with make_channel(srv.port) as ch:
@@ -388,7 +393,7 @@ def test_wheel_bundled_nghttp2(tmp_path):
     # the process load that one (checked through /proc/self/maps).
     (tmp_path / "libnghttp2.so.14").symlink_to(lib)
     env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
-    code = CHILD.format(tests=str(Path(__file__).parent), lib=lib)
+    code = CHILD.format(tests=str(Path(__file__).parent), root=str(Path(__file__).parents[1]), lib=lib)
     # cwd elsewhere: the installed package (with its built modules) is imported, not the source tree
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
@@ -491,10 +496,11 @@ def test_stop_under_streaming_load_ends_every_call(grace):
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    going = wait_for(lambda: len(longest) >= 2 * len(threads))  # stopped under load (asserted once they are over)
     srv.stop(grace)
     stop.set()
     for t in threads:
         t.join(15)
+    assert going, "the calls never got going"
     assert not any(t.is_alive() for t in threads)
     assert max(longest) < 5
