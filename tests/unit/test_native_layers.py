@@ -148,6 +148,8 @@ OWNERS = {
     "kserve_pb.h": {"kserve_pb.c"},
     "kserve_json.h": {"kserve_json.c", "kserve_json_write.c"},
     "kserve.h": {"kserve.c"},
+    "kserve_grpc.h": {"kserve_grpc.c"},
+    "kserve_http.h": {"kserve_http.c"},
     "batch_io.h": {"batch_io.c"},
     "fast_batch.h": {"fast_batch.c"},
     "modes.h": {"modes.c"},

@@ -21,10 +21,11 @@
  *
  *   module.c     the module: load(), set_hooks(), the function table
  *   submit.c     submit(), cancel(): a call is set up and handed to Triton
- *   kserve.c     a unary gRPC ModelInfer or HTTP/REST inference decoded, submitted and
- *                answered in C
- *   kserve_pb.c  the KServe-v2 protobuf subset kserve.c reads and writes
- *   kserve_json.c the KServe-v2 JSON subset (and binary tensors) kserve.c reads
+ *   kserve_grpc.c  a unary gRPC ModelInfer decoded, submitted and answered in C
+ *   kserve_http.c  an HTTP/REST inference decoded, submitted and answered in C
+ *   kserve.c     what the two share: the call, its hand-over, the models' table
+ *   kserve_pb.c  the KServe-v2 protobuf subset kserve_grpc.c reads and writes
+ *   kserve_json.c the KServe-v2 JSON subset (and binary tensors) kserve_http.c reads
  *   kserve_json_write.c  ... and writes
  *   numtext.cc   numbers as JSON text (C++: std::from_chars, std::to_chars)
  *   many.c       submit_many(): a window of calls at a time
@@ -64,8 +65,10 @@
  *   fast_batch.c -> batch_io.c
  *   modes.c   -> batch_io.c, complete.c, streams.c, threads.c
  *   batch_io.c -> memory.c, device_array.c, threads.c, cuda.c
- *   kserve.c  -> kserve_json.c, kserve_json_write.c, kserve_pb.c, complete.c, cancel.c, gates.c,
- *                servers.c, calls.c, threads.c, graveyard.c
+ *   kserve_grpc.c -> kserve.c, kserve_pb.c, complete.c, calls.c, graveyard.c
+ *   kserve_http.c -> kserve.c, kserve_json.c, kserve_json_write.c, kserve_pb.c, complete.c,
+ *                cancel.c, calls.c, graveyard.c
+ *   kserve.c  -> kserve_pb.c, complete.c, gates.c, servers.c, calls.c, threads.c, graveyard.c
  *   kserve_json.c -> kserve_pb.c, numtext.cc
  *   kserve_json_write.c -> kserve_pb.c, numtext.cc, cuda.c
  *   kserve_pb.c -> cuda.c
@@ -115,7 +118,9 @@
  *   many.h       (many.c)           submit_many
  *   kserve_pb.h  (kserve_pb.c)      the KServe-v2 protobuf subset
  *   kserve_json.h (kserve_json.c, kserve_json_write.c) the KServe-v2 JSON subset
- *   kserve.h     (kserve.c)         gRPC and HTTP/REST inference in C
+ *   kserve.h     (kserve.c)         the C paths' call (KsCall), hand-over and models' table
+ *   kserve_grpc.h (kserve_grpc.c)   gRPC ModelInfer in C
+ *   kserve_http.h (kserve_http.c)   HTTP/REST inference in C
  *   batch_io.h   (batch_io.c)       a model's state; a batch's inputs and outputs
  *   fast_batch.h (fast_batch.c)     a plain @batch function from Triton's buffers
  *   modes.h      (modes.c)          decoupled models, iterative sequences

@@ -13,6 +13,8 @@
 #include "gates.h"
 #include "graveyard.h"
 #include "kserve.h"
+#include "kserve_grpc.h"
+#include "kserve_http.h"
 #include "kserve_json.h"
 #include "kserve_pb.h"
 #include "many.h"
