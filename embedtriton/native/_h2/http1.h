@@ -43,7 +43,8 @@
  * respond() from another thread finds NULL and returns False. HReq.conn is cleared under mu too.
  *
  *   http1_parse.c   the request parser (no Python, no IO)
- *   http1_conn.c    connections: reading, parsing into requests, writing, accepting, timers
+ *   http1_conn.c    connections: reading, parsing into requests, writing
+ *   http1_accept.c  connections: accepting, closing, timers
  *   http1_input.c   a connection's input buffer, and max_buffered_bytes across connections
  *   http1_loop.c    the IO thread: its loop, dispatch to Python, stopping
  *   http1_server.c  the HttpServer type
@@ -252,15 +253,20 @@ void h1_in_free(HConn* c);
 void h1_readable(HConn* c);
 void h1_parse(HConn* c);
 void h1_flush(HConn* c);
-void h1_close(HConn* c);
-void h1_accept(HttpServerObject* srv);
-void h1_sweep(HttpServerObject* srv);
 void h1_update_events(HConn* c);
-int h1_idle(HConn* c);
+/* On or off the read-again list. */
+void h1_pending_set(HConn* c, int on);
 void h1_req_free(HttpServerObject* srv, HReq* r);
 void h1_refuse(HConn* c, int status, const char* message);
 void h1_schedule(HConn* c);
 void h1_lost_locked(HttpServerObject* srv, HReq* r);
+
+/* ---- http1_accept.c -------------------------------------------------------- */
+
+void h1_close(HConn* c);
+void h1_accept(HttpServerObject* srv);
+void h1_sweep(HttpServerObject* srv);
+int h1_idle(HConn* c);
 
 /* ---- http1_loop.c, http1_server.c ------------------------------------------ */
 

@@ -1,6 +1,6 @@
 /* HTTP/1.1 connections (IO thread): reading (plaintext or TLS) and parsing into requests, kept in
- * order; writing the oldest request's answer; accepting within max_connections (an idle connection
- * makes room); the timers (request, idle and TLS handshake timeouts, accept pauses). */
+ * order; writing the oldest request's answer. Accepting, closing and the timers are
+ * http1_accept.c's. */
 #include "http1.h"
 
 #include <errno.h>
@@ -33,7 +33,7 @@ void h1_update_events(HConn* c)
   c->events = ev;
 }
 
-static void pending_set(HConn* c, int on)
+void h1_pending_set(HConn* c, int on)
 {
   HttpServerObject* srv = c->srv;
   if (c->pending_in == on) return;
@@ -337,7 +337,7 @@ void h1_readable(HConn* c)
   }
   more = more && reading(c) && (got >= READ_BUDGET || calls >= READ_CALLS);
 out:
-  pending_set(c, more);
+  h1_pending_set(c, more);
 }
 
 static void flush_owned(HConn* c);
@@ -359,6 +359,78 @@ void h1_flush(HConn* c)
   pthread_mutex_unlock(&srv->mu);
 }
 
+/* One write of what c has queued (TLS: its oldest buffer; plaintext: up to 64 buffers at once):
+ * the bytes written, -1 when the socket would block, -2 on an error. */
+static ssize_t send_queued(HConn* c)
+{
+  ssize_t w;
+  if (c->ssl) {
+    OutBuf* b = c->wh;
+    size_t n = b->len - b->off;
+    int k = ossl.SSL_write(c->ssl, b->data + b->off, n > INT32_MAX ? INT32_MAX : (int)n);
+    if (k > 0) w = k;
+    else {
+      int e = ossl.SSL_get_error(c->ssl, k);
+      ossl.ERR_clear_error();
+      w = (e == ET_SSL_ERROR_WANT_READ || e == ET_SSL_ERROR_WANT_WRITE) ? -1 : -2;
+    }
+  } else {
+    struct iovec iov[64];
+    int n = 0;
+    for (OutBuf* b = c->wh; b && n < 64; b = b->next, n++) {
+      iov[n].iov_base = b->data + b->off;
+      iov[n].iov_len = b->len - b->off;
+    }
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    do w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    if (w < 0) w = (errno == EAGAIN || errno == EWOULDBLOCK) ? -1 : -2;
+  }
+  return w;
+}
+
+/* The first `left` bytes of c's queue were written: the buffers they fill are freed. */
+static void drop_written(HConn* c, size_t left)
+{
+  while (left && c->wh) {
+    OutBuf* b = c->wh;
+    size_t n = b->len - b->off;
+    if (left < n) {
+      b->off += left;
+      left = 0;
+    } else {
+      left -= n;
+      c->wh = b->next;
+      free(b);
+    }
+  }
+  if (!c->wh) c->wt = NULL;
+}
+
+/* c's oldest request r is answered (all of it queued for writing): it goes; after one that
+ * closes the connection (no keep-alive, refused), so do the ones behind it, unanswered. */
+static void pop_answered(HConn* c, HReq* r)
+{
+  HttpServerObject* srv = c->srv;
+  c->qhead = r->next;
+  if (!c->qhead) c->qtail = NULL;
+  c->nreq--;
+  c->ninflight--;
+  if (!r->keep_alive || r->refused) c->close_after = 1;
+  if (r->refused) c->refused_close = 1;
+  h1_req_free(srv, r);
+  c->idle_since = srv->now;
+  if (c->close_after) { /* nothing after it is answered */
+    while (c->qhead) {
+      HReq* n = c->qhead->next;
+      h1_req_free(srv, c->qhead);
+      c->qhead = n;
+    }
+    c->qtail = NULL;
+    c->nreq = c->ninflight = 0;
+  }
+}
+
 /* (h1_flush, holding the writer token) Write what the connection holds; take the oldest request's
  * answer as it comes, and move on to the next request once an answer is complete and written. */
 static void flush_owned(HConn* c)
@@ -368,29 +440,7 @@ static void flush_owned(HConn* c)
     size_t wrote = 0;
     int blocked = 0;
     while (c->wh) {
-      ssize_t w;
-      if (c->ssl) {
-        OutBuf* b = c->wh;
-        size_t n = b->len - b->off;
-        int k = ossl.SSL_write(c->ssl, b->data + b->off, n > INT32_MAX ? INT32_MAX : (int)n);
-        if (k > 0) w = k;
-        else {
-          int e = ossl.SSL_get_error(c->ssl, k);
-          ossl.ERR_clear_error();
-          w = (e == ET_SSL_ERROR_WANT_READ || e == ET_SSL_ERROR_WANT_WRITE) ? -1 : -2;
-        }
-      } else {
-        struct iovec iov[64];
-        int n = 0;
-        for (OutBuf* b = c->wh; b && n < 64; b = b->next, n++) {
-          iov[n].iov_base = b->data + b->off;
-          iov[n].iov_len = b->len - b->off;
-        }
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        do w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-        while (w < 0 && errno == EINTR);
-        if (w < 0) w = (errno == EAGAIN || errno == EWOULDBLOCK) ? -1 : -2;
-      }
+      ssize_t w = send_queued(c);
       if (w == -1) {
         blocked = 1;
         break;
@@ -400,20 +450,7 @@ static void flush_owned(HConn* c)
         break;
       }
       wrote += (size_t)w;
-      size_t left = (size_t)w;
-      while (left && c->wh) {
-        OutBuf* b = c->wh;
-        size_t n = b->len - b->off;
-        if (left < n) {
-          b->off += left;
-          left = 0;
-        } else {
-          left -= n;
-          c->wh = b->next;
-          free(b);
-        }
-      }
-      if (!c->wh) c->wt = NULL;
+      drop_written(c, (size_t)w);
     }
     HReq* r = c->qhead;
     int popped = 0;
@@ -436,25 +473,7 @@ static void flush_owned(HConn* c)
       else c->wh = got;
       c->wt = t;
     }
-    if (popped) {
-      c->qhead = r->next;
-      if (!c->qhead) c->qtail = NULL;
-      c->nreq--;
-      c->ninflight--;
-      if (!r->keep_alive || r->refused) c->close_after = 1;
-      if (r->refused) c->refused_close = 1;
-      h1_req_free(srv, r);
-      c->idle_since = srv->now;
-      if (c->close_after) { /* nothing after it is answered */
-        while (c->qhead) {
-          HReq* n = c->qhead->next;
-          h1_req_free(srv, c->qhead);
-          c->qhead = n;
-        }
-        c->qtail = NULL;
-        c->nreq = c->ninflight = 0;
-      }
-    }
+    if (popped) pop_answered(c, r);
     if (blocked || (!got && !popped)) break;
   }
   if (c->dead) return;
@@ -472,191 +491,8 @@ static void flush_owned(HConn* c)
     c->paused = 0;
     STAT_ADD(srv->g_paused, -1);
     h1_parse(c); /* what it read before pausing, then its socket again */
-    if (reading(c)) pending_set(c, 1);
+    if (reading(c)) h1_pending_set(c, 1);
   }
   h1_schedule(c);
   h1_update_events(c);
-}
-
-/* ------------------------------------------------------------------------ */
-/* accepting, closing, timers                                                */
-
-static void conn_new(HttpServerObject* srv, int fd)
-{
-  HConn* c = calloc(1, sizeof *c);
-  if (!c) {
-    close(fd);
-    return;
-  }
-  c->srv = srv;
-  c->fd = fd;
-  c->accepted_at = c->idle_since = srv->now;
-  head_reset(&c->head);
-  if (srv->ssl_ctx) {
-    c->ssl = ossl.SSL_new(srv->ssl_ctx);
-    if (!c->ssl || ossl.SSL_set_fd(c->ssl, fd) != 1) {
-      if (c->ssl) ossl.SSL_free(c->ssl);
-      free(c);
-      close(fd);
-      return;
-    }
-    ossl.SSL_set_accept_state(c->ssl);
-    c->handshaking = 1;
-  }
-  c->events = EPOLLIN | EPOLLRDHUP;
-  struct epoll_event e = {.events = (uint32_t)c->events, .data.ptr = c};
-  epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &e);
-  c->next = srv->conns;
-  if (srv->conns) srv->conns->prev = c;
-  srv->conns = c;
-  srv->nconns++;
-  STAT_ADD(srv->n_open, 1);
-}
-
-void h1_close(HConn* c)
-{
-  HttpServerObject* srv = c->srv;
-  pending_set(c, 0);
-  /* Its requests first: until each is detached (r->conn cleared under mu), a thread answering it
-   * can put c back on the dirty list. */
-  while (c->qhead) {
-    HReq* n = c->qhead->next;
-    h1_req_free(srv, c->qhead);
-    c->qhead = n;
-  }
-  free_outbufs(c->wh);
-  pthread_mutex_lock(&srv->mu);
-  if (c->dirty) { /* off the dirty list: nothing can put it back now */
-    for (HConn** p = &srv->dirty_head; *p; p = &(*p)->dnext)
-      if (*p == c) {
-        *p = c->dnext;
-        break;
-      }
-    c->dirty = 0;
-  }
-  STAT_ADD(srv->g_buffered, -(int64_t)c->buffered);
-  pthread_mutex_unlock(&srv->mu);
-  STAT_ADD(srv->g_held, -(int64_t)c->held);
-  if (c->paused) STAT_ADD(srv->g_paused, -1);
-  if (c->ssl) ossl.SSL_free(c->ssl);
-  /* What the client sent that was not read (a refused body, plaintext on a TLS port) would make
-   * the close a reset, which can destroy the answer before the client reads it: a little of it is
-   * read first. */
-  uint8_t scrap[16384];
-  for (int i = 0; i < 16 && recv(c->fd, scrap, sizeof scrap, MSG_DONTWAIT) > 0; i++) {
-  }
-  epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-  close(c->fd);
-  h1_in_free(c);
-  free(c->head.fields);
-  if (c->prev) c->prev->next = c->next;
-  else srv->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
-  srv->nconns--;
-  STAT_ADD(srv->n_open, -1);
-  free(c);
-}
-
-/* Nothing in flight: no request arriving, queued or being answered, nothing left to write. */
-int h1_idle(HConn* c)
-{
-  return !c->dead && !c->in_request && !c->qhead && !c->wh && c->inoff == c->inlen;
-}
-
-#define ACCEPT_BATCH 64  /* connections accepted per iteration */
-#define ACCEPT_PAUSE 0.1 /* seconds without accepting after an error that would repeat at once */
-
-static void listen_watch(HttpServerObject* srv, int on)
-{
-  struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.ptr = &srv->listen_fd};
-  epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &e);
-}
-
-/* At the cap, or out of descriptors: close an idle connection to admit the newcomer, one that
- * never sent anything first (the cheapest attack: connect and send nothing), then the longest
- * idle; none accepted this iteration (not read yet). While silent connections arrive, one that
- * spoke is not closed for them (the newcomer is refused instead). It is closed at the end of this
- * iteration. 0 when none is a candidate. */
-static int evict_idle(HttpServerObject* srv)
-{
-  HConn* victim = NULL;
-  int silent = 0;
-  for (HConn* c = srv->conns; c; c = c->next) {
-    if (c->dead) continue;
-    if (!c->spoke) silent = 1;
-    if (!h1_idle(c) || c->accepted_at >= srv->now) continue;
-    /* (the list runs newest first: of those idle since the same turn, the last, the oldest) */
-    if (!victim || c->spoke < victim->spoke ||
-        (c->spoke == victim->spoke && c->idle_since <= victim->idle_since))
-      victim = c;
-  }
-  if (!victim || (victim->spoke && silent)) return 0;
-  victim->dead = 1;
-  STAT_ADD(srv->n_evicted, 1);
-  return 1;
-}
-
-void h1_accept(HttpServerObject* srv)
-{
-  for (int i = 0; i < ACCEPT_BATCH; i++) {
-    int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      if (errno == EMFILE || errno == ENFILE) {
-        STAT_ADD(srv->n_emfile, 1);
-        if (evict_idle(srv)) return; /* the newcomer is accepted next iteration */
-        if (srv->reserve_fd >= 0) {  /* refuse it: take it off the queue with the reserve */
-          close(srv->reserve_fd);
-          fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-          if (fd >= 0) {
-            close(fd);
-            STAT_ADD(srv->n_refused, 1);
-          }
-          srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-          if (fd >= 0 && srv->reserve_fd >= 0) continue;
-        }
-      }
-      if (srv->reserve_fd < 0) srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-      listen_watch(srv, 0);
-      srv->accept_at = srv->now + ACCEPT_PAUSE;
-      return;
-    }
-    if (srv->nconns >= srv->max_conns && !evict_idle(srv)) {
-      close(fd);
-      STAT_ADD(srv->n_refused, 1);
-      continue;
-    }
-    STAT_ADD(srv->n_accepted, 1);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    conn_new(srv, fd);
-  }
-}
-
-/* Every sweep_every seconds: a TLS handshake or a request not done within request_timeout (the
- * request gets 408 after the answers before it), a connection idle for idle_timeout, the end of an
- * accept pause. */
-void h1_sweep(HttpServerObject* srv)
-{
-  double now = srv->now;
-  srv->next_sweep = now + srv->sweep_every;
-  if (srv->accept_at > 0 && now >= srv->accept_at && srv->listen_fd >= 0) {
-    srv->accept_at = 0;
-    listen_watch(srv, 1);
-  }
-  for (HConn* c = srv->conns; c; c = c->next) {
-    if (c->dead) continue;
-    if (c->linger_until > 0) {
-      if (now >= c->linger_until) c->dead = 1;
-    } else if (c->handshaking) {
-      if (now - c->accepted_at >= srv->request_timeout) c->dead = 1;
-    } else if (c->in_request && !c->stopped && now >= c->req_deadline) {
-      STAT_ADD(srv->n_timeouts, 1);
-      h1_refuse(c, 408, "the request did not arrive within request_timeout_s");
-    } else if (h1_idle(c) && now - c->idle_since >= srv->idle_timeout && !srv->stopping) {
-      c->dead = 1;
-      STAT_ADD(srv->n_idle_closed, 1);
-    }
-  }
 }
