@@ -9,10 +9,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from serving import Served
+from serving import Served, wait_for
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
@@ -21,11 +22,12 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 grpc = pytest.importorskip("grpc")
 
 SLOW = """
-import time
+import pathlib, time
 import numpy as np
 from embedtriton import ModelConfig, Tensor
 
 def slow(requests):
+    pathlib.Path("running").touch()  # (in the test's folder: the test waits for it)
     time.sleep(float(requests[0].parameters.get("seconds", 1.5)))
     return [{"y": r["x"] * 2} for r in requests]
 
@@ -41,25 +43,34 @@ def _x() -> list:
     return [x]
 
 
-def _start_slow_call(address: str, seconds: float) -> list:
+def _start_slow_call(served: Served, folder: Path, seconds: float) -> list:
+    """A call to Slow, running in the server (served from ``folder``) once this returns."""
     done: list = []
-    client = grpcclient.InferenceServerClient(address)
+    client = grpcclient.InferenceServerClient(served.address)
     client.async_infer(
         "Slow", _x(), callback=lambda result, error: done.append((result, error)), parameters={"seconds": seconds}
     )
+    assert wait_for(lambda: (folder / "running").exists()), "Slow never ran the call"
     return done
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+
+def _draining(address: str) -> bool:
+    """Whether the server took the signal: its health says NOT_SERVING."""
+    return _health(address) == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def test_sigterm_drains_requests_in_flight(tmp_path):
     served = Served(tmp_path, SLOW, "--exit-timeout", "10")
     try:
-        done = _start_slow_call(served.address, 1.5)
-        time.sleep(0.3)
+        done = _start_slow_call(served, tmp_path, 1.5)
+        assert _health(served.address) == health_pb2.HealthCheckResponse.SERVING
         served.signal(signal.SIGTERM)
-        time.sleep(0.3)  # draining now
-        channel = grpc.insecure_channel(served.address)
-        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
-        assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert wait_for(lambda: _draining(served.address)), "health still says SERVING after SIGTERM"
         client = grpcclient.InferenceServerClient(served.address)
         with pytest.raises(InferenceServerException, match="stopping") as info:
             client.infer("Slow", _x(), parameters={"seconds": 0})
@@ -75,10 +86,9 @@ def test_sigterm_drains_requests_in_flight(tmp_path):
 def test_a_second_signal_exits_at_once(tmp_path):
     served = Served(tmp_path, SLOW, "--exit-timeout", "30")
     try:
-        _start_slow_call(served.address, 20)
-        time.sleep(0.3)
+        _start_slow_call(served, tmp_path, 20)
         served.signal(signal.SIGINT)  # drains: would wait up to 20 s for the call
-        time.sleep(0.5)
+        assert wait_for(lambda: _draining(served.address)), "health still says SERVING after SIGINT"
         assert served.alive()
         started = time.monotonic()
         served.signal(signal.SIGINT)

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 from embedtriton import (
     DynamicBatcher,
@@ -96,10 +97,8 @@ def test_a_full_inner_queue_fails_the_outer_request_instead_of_hanging():
         busy = [pool.submit(server.model("Slow").infer, {"x": one()})]
         assert running.wait(10)  # one runs...
         busy.append(pool.submit(server.model("Slow").infer, {"x": one()}))
-        deadline = time.monotonic() + 10  # ...and one waits in the queue (a slow machine may take a while)
-        while 'nv_inference_pending_request_count{model="Slow",version="1"} 1' not in server.metrics():
-            assert time.monotonic() < deadline, "the second request never reached Slow's queue"
-            time.sleep(0.01)
+        queued = 'nv_inference_pending_request_count{model="Slow",version="1"} 1'  # ...and one waits in the queue
+        assert wait_for(lambda: queued in server.metrics()), "the second request never reached Slow's queue"
         with pytest.raises(
             InternalError, match=r"model 'Caller' raised UnavailableError: .*[Ee]xceeds maximum queue size"
         ):
@@ -132,7 +131,7 @@ def test_stop_drains_requests_whose_callable_is_calling_another_model():
         assert started.wait(5)
         stopping = threading.Thread(target=server.stop)
         stopping.start()
-        time.sleep(0.05)
+        assert wait_for(lambda: server.stopping), "stop() did not begin"
         with pytest.raises(UnavailableError, match="the server is stopping"):
             server.model("Inner").infer({"x": one()})  # a new request from outside is refused
         assert call.result(timeout=10)["y"][0, 0] == 6  # the request in flight finished, inner call and all
@@ -248,9 +247,11 @@ def test_stop_drains_an_async_callable_mid_call():
 def test_the_calling_requests_timeout_bounds_its_model_to_model_calls():
     server = Server()
     gate = threading.Event()
+    running = threading.Event()
 
     @batch
     def slow(x):
+        running.set()
         gate.wait(5)
         return {"y": x}
 
@@ -270,7 +271,7 @@ def test_the_calling_requests_timeout_bounds_its_model_to_model_calls():
     server.bind("Late", late, [t("x")], [t("y")], ModelConfig(max_batch_size=1))
     with server, ThreadPoolExecutor(2) as pool:
         blocker = pool.submit(server.model("Slow").infer, {"x": one()})  # holds Slow's one instance
-        time.sleep(0.1)
+        assert running.wait(10), "Slow never ran the blocker"
         started = time.monotonic()
         with pytest.raises(InternalError, match=r"model 'Outer' raised UnavailableError: .*[Tt]imeout"):
             server.model("Outer").infer({"x": one()}, timeout_us=300_000)  # its inner call queues behind
