@@ -46,7 +46,7 @@ def served():
     )
     with server:
         port = server.serve_http("127.0.0.1:0")
-        yield port, server.endpoint("http"), gate, seen
+        yield port, server.endpoint("http"), gate, seen, lambda: _native.pending(server._handle)[0]
 
 
 def body(x: int) -> bytes:
@@ -73,13 +73,23 @@ def post(port: int, x: int) -> tuple[int, bytes]:
         conn.close()
 
 
-def leave(port: int, data: bytes, how: str) -> bytes:
+def live(port: int) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/v2/health/live")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def leave(port: int, data: bytes, how: str, queued) -> bytes:
     """Send data, then go: "close", "reset" (RST), or "shut" (shut the sending side and read
-    what comes back)."""
+    what comes back). ``queued()``: whether the request reached Triton's queue."""
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     try:
         s.sendall(data)
-        time.sleep(0.2)  # (the request reaches Triton's queue, behind the busy instance)
+        # (the request reaches Triton's queue, behind the busy instance)
+        assert wait_for(queued), "the request never reached Triton"
         if how == "reset":
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         elif how == "shut":
@@ -106,18 +116,26 @@ def busy(port: int, gate: threading.Event, seen: list[int]) -> threading.Thread:
 @pytest.mark.parametrize("route", ["c", "python", "asyncio"])
 @pytest.mark.parametrize("how", ["close", "reset"])
 def test_a_client_that_leaves_cancels_its_queued_request(served, route, how):
-    port, endpoint, gate, seen = served
+    port, endpoint, gate, seen, in_flight = served
     endpoint.use_c_path(route == "c")
     try:
         first = busy(port, gate, seen)
         taken = _native.http_stats()[0]
-        threads = [threading.Thread(target=leave, args=(port, request(x, route == "asyncio"), how)) for x in (2, 3)]
+        threads = [
+            threading.Thread(target=leave, args=(port, request(x, route == "asyncio"), how, lambda: in_flight() >= 3))
+            for x in (2, 3)
+        ]  # (each waits for both: x=1 runs, x=2 and x=3 queue)
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
         assert (_native.http_stats()[0] - taken == 2) == (route == "c")  # (each went the way named)
-        time.sleep(0.3)  # (the IO thread notices the leave and cancels them in Triton)
+        # The IO thread cancels their calls in Triton first thing in a dispatch, before it hands on a request that
+        # came later (the barrier below): for a close, in the loop turn that reads the end; for a reset, in the turn
+        # after the one that closes the connection (then only the busy client's is open)
+        if how == "reset":
+            assert wait_for(lambda: endpoint.stats()["connections"] == 1), endpoint.stats()
+        assert live(port) == 200
         gate.set()
         first.join(30)
         assert post(port, 4) == (200, post_answer(4))  # still serving: the next client is answered
@@ -135,14 +153,14 @@ def post_answer(x: int) -> bytes:
 def test_a_client_that_shuts_its_sending_side_reads_the_same_answer_on_every_route(served):
     """A client that shut its sending side is taken as gone too: its queued request is cancelled,
     and the answer it still reads is the cancellation, worded alike on the three routes."""
-    port, endpoint, gate, seen = served
+    port, endpoint, gate, seen, in_flight = served
     answers = []
     for route in ("c", "python", "asyncio"):
         endpoint.use_c_path(route == "c")
         try:
             first = busy(port, gate, seen)
             threading.Timer(0.5, gate.set).start()  # (a cancelled request leaves the queue once x=1 is done)
-            got = leave(port, request(2, route == "asyncio"), "shut")
+            got = leave(port, request(2, route == "asyncio"), "shut", lambda: in_flight() >= 2)
             first.join(30)
         finally:
             gate.set()
@@ -157,7 +175,7 @@ def test_a_client_that_shuts_its_sending_side_reads_the_same_answer_on_every_rou
 def test_clients_that_leave_let_go_of_everything(served):
     """Many clients leaving mid-request, on both paths: every call lets go of the server (no cycle
     through the cancel hook is left), answers are complete for those that stay."""
-    port, endpoint, gate, _ = served
+    port, endpoint, gate, _, _ = served
     gate.set()
     http_server = endpoint._http
     before = sys.getrefcount(http_server)
@@ -183,7 +201,7 @@ def test_clients_that_leave_as_their_answers_are_written(served):
     races the thread that queues its answer. Under ASan (nox -s tests-asan) this found the answer
     putting a connection back on the list of those to write after its close had taken it off, and
     then freed it (http1_conn.c h1_close detaches its requests first now)."""
-    port, endpoint, gate, _ = served
+    port, endpoint, gate, _, _ = served
     gate.set()
     rng = np.random.default_rng(7)
     for in_c in (True, False):

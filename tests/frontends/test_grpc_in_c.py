@@ -10,6 +10,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("tritonclient.grpc")
 
+from helpers import wait_for  # noqa: E402
 from tritonclient.grpc import service_pb2  # noqa: E402
 
 from embedtriton import ModelConfig, Server, Tensor, _native  # noqa: E402
@@ -251,16 +252,13 @@ def test_message_size_limit_and_compression_as_the_python_path(limited, monkeypa
 
 def test_a_client_that_leaves_cancels_its_request(limited):
     import threading
-    import time
 
     infer, gate, seen = limited
     gate.clear()
     seen.clear()
     first = threading.Thread(target=ask, args=(infer, one_int("Slow", "x", 1)))
     first.start()
-    deadline = time.monotonic() + 10
-    while not seen and time.monotonic() < deadline:  # the instance is busy with the first
-        time.sleep(0.01)
+    assert wait_for(lambda: seen == [1]), seen  # the instance is busy with the first
     taken = _native.grpc_stats()[0]
     code = None
     try:
@@ -268,11 +266,13 @@ def test_a_client_that_leaves_cancels_its_request(limited):
     except grpc.RpcError as exc:
         code = exc.code()
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED and _native.grpc_stats()[0] == taken + 1
-    time.sleep(0.3)  # (the reset reaches the server, which cancels the request in Triton)
+    # A barrier: on the same connection, after the reset, the server takes this call only once it has
+    # handled the reset (its events are handled in order), which cancels the request in Triton
+    assert ask(infer, one_int("Big", "n", 1))[0] == 0
     gate.set()
     first.join(30)
-    time.sleep(0.3)
-    assert seen == [1]  # Triton dropped the cancelled request before running it
+    assert ask(infer, one_int("Slow", "x", 3))[0] == 0  # queued after x=2: had x=2 not been dropped, it ran first
+    assert seen == [1, 3]  # Triton dropped the cancelled request before running it
 
 
 @pytest.mark.parametrize("in_c", [True, False])
@@ -309,12 +309,14 @@ def test_stop_with_calls_in_flight_answers_them_as_the_python_path(in_c, monkeyp
         threads = [threading.Thread(target=lambda: outcomes.append(ask(infer, data))) for _ in range(3)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        # (asserted once the callers are answered)
+        all_in = wait_for(lambda: _native.pending(server._handle)[0] == 3)
         started = time.monotonic()
     release.set()
     for t in threads:
         t.join(30)
     channel.close()
+    assert all_in, "the 3 calls were not all in flight before stop()"
     assert time.monotonic() - started < 15
     assert [o[:2] for o in outcomes] == [(14, "the server stopped before this request completed")] * 3
     assert (_native.grpc_stats()[0] - taken == 3) == in_c
