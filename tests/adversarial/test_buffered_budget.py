@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 import pytest
-from serving import Served, read_all
+from serving import Served, read_all, wait_for
 
 _h2 = pytest.importorskip("embedtriton._h2")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -130,14 +130,13 @@ def grpc_infer(port: int) -> tuple[float | str, float]:
 
 def served_again(infer, ok) -> bool:
     """Once the flood is gone, a new request is answered (the refusals before it are prompt)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def answered() -> bool:
         result = infer()
         assert result[-1] < 5, result  # (seconds: never a hang)
-        if ok(result):
-            return True
-        time.sleep(0.05)
-    return False
+        return ok(result)
+
+    return wait_for(answered, every=0.05)
 
 
 def readable(socks: list[socket.socket], wait: float) -> list[socket.socket]:
@@ -308,10 +307,7 @@ def test_http_the_request_over_the_budget_is_refused_after_the_answers_before_it
     try:
         holder = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         holder.sendall(b"POST /held HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (4 << 20) + b"h" * (768 << 10))
-        deadline = time.monotonic() + 5
-        while srv.stats()["incoming_bytes"] != 960 << 10 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert srv.stats()["incoming_bytes"] == 960 << 10
+        assert wait_for(lambda: srv.stats()["incoming_bytes"] == 960 << 10), srv.stats()
         post = b"POST /big HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (512 << 10) + b"b" * (512 << 10)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
             s.sendall(b"GET /first HTTP/1.1\r\n\r\n" + post + b"GET /after HTTP/1.1\r\nConnection: close\r\n\r\n")
@@ -322,9 +318,7 @@ def test_http_the_request_over_the_budget_is_refused_after_the_answers_before_it
         assert refusal.endswith(b"\r\n\r\n" + message) and b"Connection: close" in refusal, got
         assert answered == ["/first"] and srv.stats()["budget_refusals"] == 1
         holder.close()
-        while srv.stats()["incoming_bytes"] != 0 and time.monotonic() < deadline + 5:
-            time.sleep(0.01)
-        assert srv.stats()["incoming_bytes"] == 0
+        assert wait_for(lambda: srv.stats()["incoming_bytes"] == 0), srv.stats()
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
             s.sendall(post.replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\nConnection: close\r\n", 1))
             got = read_all(s)
@@ -370,9 +364,7 @@ def test_grpc_the_call_over_the_budget_fails_and_the_others_go_on():
         holder.conn.send_data(sid, b"\0" + (1 << 20).to_bytes(4, "big") + b"h" * (512 << 10))
         holder.conn.send_data(sid, b"h" * ((512 << 10) - 1))  # all of its 1 MiB message but a byte
         holder.flush()
-        deadline = time.monotonic() + 5
-        while srv.stats()["incoming_bytes"] < (1 << 20) - 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_for(lambda: srv.stats()["incoming_bytes"] >= (1 << 20) - 1), srv.stats()
         assert (1 << 20) - 1 <= srv.stats()["incoming_bytes"] <= 1 << 20
         other = Raw(srv.port)
         other.wait(lambda e: isinstance(e, h2_events.SettingsAcknowledged), 3.0)
@@ -383,9 +375,7 @@ def test_grpc_the_call_over_the_budget_fails_and_the_others_go_on():
         assert srv.stats()["budget_refusals"] == 1 and handler.messages == []
         holder.conn.reset_stream(sid, error_code=8)
         holder.flush()
-        while srv.stats()["incoming_bytes"] != 0 and time.monotonic() < deadline + 5:
-            time.sleep(0.01)
-        assert srv.stats()["incoming_bytes"] == 0
+        assert wait_for(lambda: srv.stats()["incoming_bytes"] == 0), srv.stats()
         assert not other.closed and other.call("Echo", b"o" * (32 << 10))[:3:2] == (0, b"o" * (32 << 10))
         assert srv.stats()["incoming_bytes"] == 0
     finally:

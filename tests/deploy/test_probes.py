@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 grpc = pytest.importorskip("grpc")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -49,6 +50,7 @@ def slow(requests):
         time.sleep({WARMUP_S})
         Path("loaded").write_text(repr(time.time()))
     else:
+        Path("running").touch()  # (the test waits for it)
         time.sleep(float(seconds))
     return [{{"y": r["x"] * 2}} for r in requests]
 
@@ -156,12 +158,13 @@ def test_probes_follow_loading_and_draining(tmp_path, deployment, container):
         # 2. Draining: kubelet ran the preStop hook (sleep) and sent SIGTERM; a request is in flight.
         assert prestop[0] == "sleep"
         done = _slow_call(ports["--grpc"], 3.0)
-        time.sleep(0.3)
+        assert wait_for(lambda: (tmp_path / "running").exists()), "the request never ran"
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        time.sleep(0.2)
+        assert wait_for(lambda: _grpc_probe(ports["--grpc"], timeout) == "NOT_SERVING"), "no drain after SIGTERM"
+        polled = time.monotonic()
         draining = []
-        while not done and time.monotonic() - signalled < 1.2:
+        while not done and time.monotonic() - polled < 1.0:
             grpc_seen = _grpc_probe(ports["--grpc"], timeout)
             draining.append((grpc_seen, _http_probe(ports["--http"], http_probe["path"], timeout)))
             time.sleep(0.1)
