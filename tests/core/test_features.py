@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 from embedtriton import (
     AlreadyExistsError,
@@ -23,6 +24,7 @@ from embedtriton import (
     TimeoutAction,
     UnavailableError,
     WarmupInput,
+    _native,
     batch,
 )
 
@@ -274,7 +276,9 @@ def blocking_server(batcher: DynamicBatcher):
     return server, executed
 
 
-def run_concurrently(calls):
+def run_concurrently(server, calls):
+    """Each call in a thread of its own, started once the one before reached the server (or was
+    answered): they arrive in order."""
     results: list = [None] * len(calls)
 
     def run(i, call):
@@ -288,7 +292,9 @@ def run_concurrently(calls):
         t = threading.Thread(target=run, args=(i, call))
         t.start()
         threads.append(t)
-        time.sleep(0.02)  # arrival order
+        # (the answered counted before those in flight: one answered in between is missed for a poll, never counted twice)
+        arrived = wait_for(lambda i=i: sum(r is not None for r in results) + _native.pending(server._handle)[0] > i)
+        assert arrived, f"call {i} never reached the server"
     for t in threads:
         t.join(timeout=30)
     return results
@@ -303,7 +309,7 @@ def test_high_priority_overtakes_a_queued_backlog():
             return lambda: model.infer({"x": np.full((1, 1), value, F32)}, priority=priority)
 
         calls = [call(-0.4)] + [call(float(i)) for i in range(1, 6)] + [call(100.0, priority=1)]
-        results = run_concurrently(calls)
+        results = run_concurrently(server, calls)
     assert all(isinstance(r, dict) for r in results)
     assert executed[0] < 0 and executed[1] == 100.0, executed
     assert executed[2:] == [1.0, 2.0, 3.0, 4.0, 5.0]
@@ -314,7 +320,7 @@ def test_queue_overflow_is_rejected_with_unavailable():
     with server:
         model = server.model("Queue")
         calls = [lambda v=v: model.infer({"x": np.full((1, 1), v, F32)}) for v in (-0.4, 1, 2, 3, 4, 5)]
-        results = run_concurrently(calls)
+        results = run_concurrently(server, calls)
     errors = [r for r in results if isinstance(r, Exception)]
     assert errors and all(isinstance(e, UnavailableError) for e in errors)
     assert "queue size" in str(errors[0])
@@ -330,11 +336,12 @@ def test_queue_timeout_reject_vs_delay(action):
         model = server.model("Queue")
         x = {"x": np.full((1, 1), 7, F32)}
         results = run_concurrently(
+            server,
             [
                 lambda: model.infer({"x": np.full((1, 1), -0.5, F32)}),  # occupies the instance for 0.5 s
                 lambda: model.infer(x),  # waits less than its 2 s timeout
                 lambda: model.infer(x, timeout_us=100_000),  # waits past its own 100 ms
-            ]
+            ],
         )
     assert isinstance(results[0], dict) and isinstance(results[1], dict)
     if action is TimeoutAction.REJECT:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+from helpers import wait_for
 
 pytest.importorskip("opentelemetry.sdk.trace")
 from opentelemetry import trace  # noqa: E402
@@ -15,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode  # noqa: E402
 
 from embedtriton import InvalidArgumentError, Server, ServerConfig, Tracing  # noqa: E402
+from embedtriton.tracing import live_spans  # noqa: E402  (spans begun, not finished yet)
 
 
 def in_memory_provider():
@@ -44,14 +44,21 @@ def traced(bind_double):
         yield server, provider, exporter, seen
 
 
+def _named(exporter, name):
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
 def _wait_for(exporter, name, count=1):
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        spans = [s for s in exporter.get_finished_spans() if s.name == name]
-        if len(spans) >= count:
-            return spans
-        time.sleep(0.01)
-    raise AssertionError(f"no {count} finished span(s) named {name!r}: {exporter.get_finished_spans()}")
+    assert wait_for(lambda: len(_named(exporter, name)) >= count), (
+        f"no {count} finished span(s) named {name!r}: {exporter.get_finished_spans()}"
+    )
+    return _named(exporter, name)
+
+
+def _all_finished():
+    """Once every sampled request's span is finished: no more will come (sampling is decided as a
+    request is submitted)."""
+    assert wait_for(lambda: not live_spans), f"spans never finished: {live_spans}"
 
 
 def test_in_process_request_span_has_timed_children(traced):
@@ -138,14 +145,14 @@ def test_sampling_rate_and_count(traced):
         for _ in range(9):
             server.model("Double").infer({"x": np.ones((1, 1), np.float32)})
         assert len(_wait_for(exporter, "Double", 3)) == 3
-        time.sleep(0.1)
-        assert len([s for s in exporter.get_finished_spans() if s.name == "Double"]) == 3
+        _all_finished()
+        assert len(_named(exporter, "Double")) == 3
         tracer.update(rate=1, count=2)
         exporter.clear()
         for _ in range(5):
             server.model("Double").infer({"x": np.ones((1, 1), np.float32)})
-        time.sleep(0.1)
-        assert len([s for s in exporter.get_finished_spans() if s.name == "Double"]) == 2
+        _all_finished()
+        assert len(_named(exporter, "Double")) == 2
         with pytest.raises(InvalidArgumentError, match="rate must be"):
             tracer.update(rate=0)
     finally:
@@ -173,8 +180,8 @@ def test_grpc_traceparent_is_the_parent_and_trace_setting_works(traced):
         client.update_trace_settings(settings={"trace_level": ["OFF"]})
         exporter.clear()
         client.infer("Double", [inp])
-        time.sleep(0.1)
-        assert not [s for s in exporter.get_finished_spans() if s.name == "Double"]
+        _all_finished()
+        assert not _named(exporter, "Double")
         with pytest.raises(Exception, match="not supported"):
             client.update_trace_settings(settings={"trace_file": "/tmp/t.json"})
     finally:
