@@ -99,9 +99,11 @@ def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str
 def find_python(version: str) -> str:
     home = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
     for candidate in [f"python{version}", *sorted(glob.glob(f"{home}/versions/{version}*/bin/python{version}"))]:
-        found = shutil.which(candidate) or (candidate if os.access(candidate, os.X_OK) else None)
-        if found:
-            return found
+        try:  # (run, not looked up: pyenv's shim for a version it does not select exists, and fails)
+            subprocess.run([candidate, "-c", ""], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return candidate
     raise SystemExit(f"wheels: no Python {version} here (pyenv install {version}, or --python without it)")
 
 
@@ -285,7 +287,9 @@ def no_compiler_path(venv: Path) -> str:
 
 
 def test_x86(work: Path, row: Row, quick: bool) -> None:
+    """(The examples and tests from the exported tree: the commit the wheel was built from.)"""
     assert row.wheel is not None
+    tree = work / "export"
     venv = work / f"try-{row.python}"
     shutil.rmtree(venv, ignore_errors=True)
     run([find_python(row.python), "-m", "venv", str(venv)])
@@ -304,12 +308,12 @@ def test_x86(work: Path, row: Row, quick: bool) -> None:
     passed = ["doctor"]
     with tempfile.TemporaryDirectory() as here:
         for example in EXAMPLES:
-            shutil.copy(ROOT / "examples" / example, here)
+            shutil.copy(tree / "examples" / example, here)
             run([str(venv / "bin" / "python"), example], env=env, cwd=here, timeout=300)
             passed.append(example)
     if not quick:
         done = run([str(venv / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", "--timeout", "300", *TESTS],
-                   env={**env, "EMBEDTRITON_REQUIRE_PERF_ANALYZER": ""}, cwd=ROOT, timeout=1800)  # fmt: skip
+                   env={**env, "EMBEDTRITON_REQUIRE_PERF_ANALYZER": ""}, cwd=tree, timeout=1800)  # fmt: skip
         passed.append(done.stdout.strip().splitlines()[-1].strip("= "))
     row.tests = "; ".join(passed)
 
@@ -334,7 +338,7 @@ def test_arm(work: Path, row: Row) -> None:
     if f"manylinux_2_28_{row.arch}" not in doctor or "triton C API" not in doctor:
         row.problems.append(f"doctor under qemu:\n{doctor}")
     with tempfile.TemporaryDirectory() as here:
-        shutil.copy(ROOT / "examples" / "add_sub.py", here)
+        shutil.copy(work / "export" / "examples" / "add_sub.py", here)
         out = run([*python, "add_sub.py"], env=env, cwd=here, timeout=1800).stdout
     row.tests = f"doctor; add_sub.py under qemu-aarch64 ({out.strip().splitlines()[-1][:60]})"
 
