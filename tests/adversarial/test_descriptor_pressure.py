@@ -10,6 +10,7 @@ hard (so raising the soft limit cannot help); the idle clients connect and send 
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 import pytest
-from serving import Served
+from serving import Served, wait_for
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
@@ -97,7 +98,7 @@ def http_infer(port: int, model: str = "Double") -> float:
 
 def flood_both(served) -> list[socket.socket]:
     idle = flood(served.port) + flood(served.http_port)
-    time.sleep(0.5)  # the server takes them in (or fails to)
+    time.sleep(0.5)  # the server takes them in (or fails to): its counters are in the child, out of reach
     return idle
 
 
@@ -133,9 +134,8 @@ def test_connections_with_a_request_in_flight_are_not_the_ones_closed(served):
     ]
     for call in calls:
         call.start()
-    deadline = time.monotonic() + 10
-    while not all((served.folder / m).exists() for m in ("SlowGrpc", "SlowHttp")) and time.monotonic() < deadline:
-        time.sleep(0.01)  # until both requests are in their models
+    in_models = wait_for(lambda: all((served.folder / m).exists() for m in ("SlowGrpc", "SlowHttp")))
+    assert in_models, "the requests never reached their models"
     idle = flood_both(served)
     try:
         assert grpc_infer(served.port) == 42
@@ -149,7 +149,7 @@ def test_connections_with_a_request_in_flight_are_not_the_ones_closed(served):
 
 
 HTTP_CHILD = """
-import os, resource, sys
+import json, os, resource, sys
 from embedtriton import Server
 
 with Server() as server:
@@ -157,7 +157,8 @@ with Server() as server:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 10, hard))
     print(port, flush=True)
-    sys.stdin.readline()
+    for line in sys.stdin:  # one line in, the endpoint's counters out
+        print(json.dumps(server.endpoint("http").stats()), flush=True)
 """
 
 
@@ -177,8 +178,15 @@ def test_http_out_of_descriptors_below_its_cap(tmp_path):
     idle = []
     try:
         port = int(child.stdout.readline())
+
+        def stats() -> dict:
+            child.stdin.write("stats\n")
+            child.stdin.flush()
+            return json.loads(child.stdout.readline())
+
         idle = flood(port, 50)
-        time.sleep(0.5)
+        # the server took each of them in (closing an idle one for it) or refused it
+        assert wait_for(lambda: (s := stats())["accepted"] + s["refused"] >= 50), stats()
         started = time.monotonic()
         for _ in range(3):  # newcomers one after the other
             assert live(port).startswith(b"HTTP/1.1 200")

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serving import wait_for
 
-from embedtriton import ModelConfig, Server, Tensor, batch  # noqa: E402
+from embedtriton import ModelConfig, Server, Tensor, _native, batch  # noqa: E402
 
 F32 = np.float32
 
@@ -64,10 +65,7 @@ def test_at_the_connection_cap_the_longest_idle_connection_makes_room(server_and
     endpoint = server.endpoint("http")
 
     def wait_for_connections(n: int) -> None:
-        deadline = time.monotonic() + 5
-        while endpoint.stats()["connections"] != n and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert endpoint.stats()["connections"] == n
+        assert wait_for(lambda: endpoint.stats()["connections"] == n), endpoint.stats()
 
     wait_for_connections(0)  # (the earlier tests' connections are gone: the four below are all there is)
     stalled = socket.create_connection(("127.0.0.1", port), timeout=5)  # the oldest, with a request arriving
@@ -87,7 +85,7 @@ def test_at_the_connection_cap_the_longest_idle_connection_makes_room(server_and
     assert stalled.recv(4096).startswith(b"HTTP/1.1 408")  # not closed to make room
     spoke.sendall(b"GET /v2/health/live HTTP/1.1\r\n\r\n")
     assert spoke.recv(4096).startswith(b"HTTP/1.1 200")  # not closed either
-    time.sleep(1.5)  # idle_timeout_s: the others are closed
+    wait_for_connections(0)  # idle_timeout_s: the others are closed
     assert spoke.recv(4096) == b"" and held[1].recv(4096) == b""
     for s in [stalled, spoke, *held]:
         s.close()
@@ -118,9 +116,12 @@ def test_a_pipelining_flood_that_does_not_read_is_held_back():
         sender = threading.Thread(target=flood.sendall, args=(request * count,), daemon=True)
         sender.start()
         answered = lambda: server.model("Wide").statistics()["inference_stats"]["success"]["count"]  # noqa: E731
-        time.sleep(1.0)
+        # it stops reading the client, and what it read is answered (into its buffer)
+        assert wait_for(
+            lambda: server.endpoint("http").stats()["paused_now"] == 1 and _native.pending(server._handle)[0] == 0
+        ), (server.endpoint("http").stats(), _native.pending(server._handle))
         held = answered()
-        time.sleep(0.5)
+        time.sleep(0.5)  # (that nothing more happens: a span of time, no state to wait for)
         assert answered() == held < count // 4  # it stopped answering a client that does not read
         stats = server.endpoint("http").stats()
         assert stats["paused_now"] == 1  # the flooding connection is read no further
