@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 from embedtriton import (
     InvalidArgumentError,
@@ -149,11 +149,8 @@ def test_poll_picks_up_versions_edits_and_removals_without_dropping_requests(rep
             except BaseException as exc:  # noqa: BLE001 - counted
                 errors.append(exc)
 
-    def wait_for(value: float) -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (not answers or answers[-1] != value):
-            time.sleep(0.05)
-        assert answers[-1] == value
+    def serves(value: float) -> None:
+        assert wait_for(lambda: answers and answers[-1] == value, every=0.05), (answers[-1:], value)
 
     with server:
         assert y(server, "Adder") == 3
@@ -162,13 +159,15 @@ def test_poll_picks_up_versions_edits_and_removals_without_dropping_requests(rep
             thread.start()
         try:
             model_py(repository / "Adder" / "3", 30)  # a new version
-            wait_for(31)
+            serves(31)
             model_py(repository / "Adder" / "3", 300)  # an edited model.py
-            wait_for(301)
+            serves(301)
             with caplog.at_level(logging.ERROR, logger="embedtriton"):
                 (repository / "Adder" / "3" / "model.py").write_text("def broken(:\n")
-                time.sleep(1)
-            assert any("SyntaxError" in r.getMessage() for r in caplog.records)
+                logged = wait_for(lambda: any("SyntaxError" in r.getMessage() for r in caplog.records))
+            assert logged, [r.getMessage() for r in caplog.records]
+            count = len(answers)
+            assert wait_for(lambda: len(answers) > count), "no answer since"
             assert answers[-1] == 301  # what served still serves
         finally:
             stop.set()
@@ -178,10 +177,7 @@ def test_poll_picks_up_versions_edits_and_removals_without_dropping_requests(rep
         import shutil
 
         shutil.rmtree(repository / "Twice")  # a removed model is unloaded
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "Twice" in {m.name for m in server.models()}:
-            time.sleep(0.05)
-        assert "Twice" not in {m.name for m in server.models()}
+        assert wait_for(lambda: "Twice" not in {m.name for m in server.models()}, every=0.05), server.models()
 
 
 def test_repository_settings_are_checked(tmp_path):

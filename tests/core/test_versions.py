@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 from embedtriton import InvalidArgumentError, ModelConfig, NotFoundError, Server, Tensor, VersionPolicy, batch
 
@@ -101,16 +102,23 @@ def under_load(server: Server, swap) -> tuple[Counter, list[BaseException], int]
             with lock:
                 counts[value] += 1
 
+    def answered() -> int:
+        with lock:
+            return sum(counts.values())
+
     threads = [threading.Thread(target=caller) for _ in range(64)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
-    before_swap = sum(counts.values())
+    loaded = wait_for(lambda: answered() >= 64)  # under load (asserted once the callers are stopped)
+    before_swap = answered()
     swap()
-    time.sleep(0.5)
+    after_swap = answered()
+    # 128 answers after the swap: at most 64 of them (one a caller) were asked before it
+    loaded_after = wait_for(lambda: answered() >= after_swap + 2 * 64)
     stop.set()
     for thread in threads:
         thread.join(10)
+    assert loaded and loaded_after, (before_swap, after_swap, counts, errors[:3])
     return counts, errors, before_swap
 
 
