@@ -133,8 +133,8 @@ def test_http_a_large_answer_to_a_slow_reader_is_finished_by_the_io_thread(serve
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
         sock.sendall(big_request(BIG))
-        time.sleep(0.5)  # the answer is made while nobody reads: the socket takes part of it
-        assert http_stats(server)["buffered_bytes"] > 0  # the rest waits for the IO thread
+        # the answer is made while nobody reads: the socket takes part of it, the rest waits for the IO thread
+        assert wait_for(lambda: http_stats(server)["buffered_bytes"] > 0), http_stats(server)
         buf = bytearray()
         status, body = read_answer(sock, buf)
         assert status == 200

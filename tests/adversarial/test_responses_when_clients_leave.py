@@ -16,6 +16,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("tritonclient.grpc")
 
+from serving import wait_for  # noqa: E402
 from tritonclient.grpc import service_pb2  # noqa: E402
 
 from embedtriton import ModelConfig, Server, Tensor, _native  # noqa: E402
@@ -55,14 +56,18 @@ def settled(server, taken_before: int, before: tuple[int, int]) -> tuple[int, in
     """Once nothing is in flight and every request the C path took has its response deleted
     (or 30 s passed): (requests taken, responses kept, responses buried) since before. A client
     whose deadline expires before the server reads its request is never taken (no response)."""
-    deadline = time.monotonic() + 30
-    while True:
+
+    def counts() -> tuple[int, int, int]:
         taken = _native.grpc_stats()[0] - taken_before
         kept, buried = (now - then for now, then in zip(_native.response_stats(), before, strict=True))
-        idle = _native.pending(server._handle) == (0, 0)
-        if (idle and kept + buried == taken) or time.monotonic() > deadline:
-            return taken, kept, buried
-        time.sleep(0.05)
+        return taken, kept, buried
+
+    def done() -> bool:
+        taken, kept, buried = counts()
+        return _native.pending(server._handle) == (0, 0) and kept + buried == taken
+
+    wait_for(done, 30, every=0.05)  # (what did not settle, the caller's assertions say)
+    return counts()
 
 
 def test_grpc_clients_whose_deadlines_expire_leave_no_response_behind(served):
@@ -102,9 +107,10 @@ def test_in_process_callers_that_give_up_leave_no_response_behind(served):
 
     answered = asyncio.run(give_up())
     assert answered >= 50
-    deadline = time.monotonic() + 30
-    while sum(_native.response_stats()) - sum(before) < 100 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert wait_for(lambda: sum(_native.response_stats()) - sum(before) >= 100, 30, every=0.05), (
+        before,
+        _native.response_stats(),
+    )
     after = _native.response_stats()
     assert sum(after) - sum(before) == 100, (before, after)
     out = model.infer({"x": np.full((1, 1), 5, np.int32)})

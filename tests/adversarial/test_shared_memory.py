@@ -8,20 +8,22 @@ import time
 
 import numpy as np
 import pytest
-from serving import Served
+from serving import Served, wait_for
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 import tritonclient.utils.shared_memory as shm  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 DOUBLE_AFTER_A_PAUSE = """
-import time
+import pathlib, time
 import numpy as np
 from embedtriton import ModelConfig, Tensor
 
 def slow_double(requests):
     for r in requests:
         pause = float(r.parameters.get("pause", 0))
+        if pause:
+            pathlib.Path("pausing").touch()  # (the test waits for it)
         time.sleep(pause)  # the client shrinks the region meanwhile
     return [{"y": r["x"] * 2} for r in requests]
 
@@ -33,7 +35,9 @@ def bind(server):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    process = Served(tmp_path_factory.mktemp("shm"), DOUBLE_AFTER_A_PAUSE)
+    folder = tmp_path_factory.mktemp("shm")
+    process = Served(folder, DOUBLE_AFTER_A_PAUSE)
+    process.folder = folder
     yield process
     process.close()
 
@@ -118,17 +122,17 @@ def test_a_region_shrunk_while_the_model_runs_does_not_crash_the_server(served, 
         out = grpcclient.InferRequestedOutput("y")
         out.set_shared_memory(where, 4 * n, offset=4 * n)
         done = []
+        pausing = served.folder / "pausing"
+        pausing.unlink(missing_ok=True)
         client.async_infer(
             "Double", inputs, callback=lambda result, error: done.append((result, error)), outputs=[out],
             parameters={"pause": 0.5},
         )  # fmt: skip
-        time.sleep(0.2)  # the model is pausing before it reads (or writes) the region
+        assert wait_for(pausing.exists), "the model never ran"  # it pauses before it reads (or writes) the region
         os.truncate(f"/dev/shm/{key.lstrip('/')}", 0)
-        deadline = time.monotonic() + 20
-        while not done and time.monotonic() < deadline:
-            time.sleep(0.05)
+        replied = wait_for(lambda: done or not served.alive(), 20, every=0.05)
         assert served.alive(), "the server died (SIGBUS)"
-        assert done, "no reply"
+        assert replied and done, "no reply"
         result, error = done[0]
         assert result is None and "shrunk by its owner" in str(error)
         # still serving, other requests unharmed
