@@ -9,6 +9,9 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
+
+from embedtriton import _native
 
 F32 = np.float32
 
@@ -44,7 +47,8 @@ def test_completions_for_a_closed_loop_are_dropped(server):
 
     loop.run_until_complete(submit_and_leave())
     loop.close()
-    time.sleep(0.2)
+    # their completions come (and are dropped) while this test runs
+    assert wait_for(lambda: _native.pending(server._handle) == (0, 0)), _native.pending(server._handle)
 
     async def one() -> dict:
         return await asyncio.wait_for(model.infer_async(pair(3)), 10)

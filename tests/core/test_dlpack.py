@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
-import time
 import weakref
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 from embedtriton import (
     InstanceGroup,
@@ -65,12 +65,12 @@ def test_dlpack_input_is_released_after_the_request(doubler):
     ref = weakref.ref(x)
     model.infer({"x": DLPackOnly(x)})
     del x
-    for _ in range(20):  # Triton lets go of the request just after the response
+
+    def freed() -> bool:
         gc.collect()
-        if ref() is None:
-            break
-        time.sleep(0.01)
-    assert ref() is None
+        return ref() is None
+
+    assert wait_for(freed), "the input is still held"  # Triton lets go of the request just after the response
 
 
 def test_dlpack_input_async(doubler):
