@@ -221,7 +221,7 @@ PyObject* py_submit_many(PyObject* self, PyObject* const* args, Py_ssize_t nargs
       PyObject* r = NULL;
       atomic_fetch_add(&g.left, 1); /* before Triton may complete it */
       if (lock_open_server(shared.server) == 0)
-        r = submit_locked(&one, Py_None, Py_None, 0, release_gil, 0, &g, &c);
+        r = submit_locked(&one, &(Submission){Py_None, Py_None, 0, release_gil, 0, &g}, &c);
       if (r != NULL) {
         Py_DECREF(r);
         c->group_index = i;
