@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 from embedtriton import (
     InvalidArgumentError,
@@ -241,15 +242,13 @@ def test_start_returns_with_the_others_serving_and_no_stub_outlives_a_sigkill(
     log = tmp_path / "serve.log"
     env = {**os.environ, "PATH": f"{stub_python['bin']}{os.pathsep}{os.environ['PATH']}"}
     command = [sys.executable, "-m", "embedtriton", "serve", "--model-repository", str(tmp_path / "models")]
-    started = time.monotonic()
     with open(log, "w") as out:
         process = subprocess.Popen(
             [*command, "--grpc", "127.0.0.1:0", "--metrics", ""], cwd=tmp_path, env=env, stdout=out, stderr=out
         )
     try:
-        while " ready: " not in log.read_text(errors="replace"):
-            assert process.poll() is None and time.monotonic() - started < 60, log.read_text(errors="replace")
-            time.sleep(0.1)
+        up = wait_for(lambda: " ready: " in log.read_text(errors="replace") or process.poll() is not None, 60, 0.1)
+        assert up and process.poll() is None, log.read_text(errors="replace")
         text = log.read_text(errors="replace")
         assert "model 'broken' of the repository failed to load" in text and "a_framework_that_is_not" in text
         port = int(text.split("serving gRPC on 127.0.0.1:0 (port ")[1].split(")")[0])
@@ -268,9 +267,7 @@ def test_start_returns_with_the_others_serving_and_no_stub_outlives_a_sigkill(
         client.close()
         assert stubs_of(process.pid), "add_sub's stub should be running"
         process.send_signal(signal.SIGKILL)  # and not reaped until the end
-        deadline = time.monotonic() + 10
-        while (stubs_of(process.pid) or shm_of(process.pid)) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: not stubs_of(process.pid) and not shm_of(process.pid), every=0.1)  # (asserted below)
         assert stubs_of(process.pid) == [] and shm_of(process.pid) == []
     finally:
         process.kill()

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("grpc")
@@ -81,10 +82,7 @@ def test_health_metadata_config_statistics_index(endpoint):
     client.infer("AddSub", add_sub_inputs(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)))
     # (Triton reports a request's statistics after its answer is sent, which may reach us first)
     count = lambda: client.get_inference_statistics("AddSub").model_stats[0].inference_count  # noqa: E731
-    deadline = time.monotonic() + 5
-    while count() < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert count() >= 1
+    assert wait_for(lambda: count() >= 1), count()
     assert {m.name for m in client.get_model_repository_index().models} == {"AddSub", "Echo", "Sum"}
 
 
@@ -251,7 +249,6 @@ def test_serve_command(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
     import urllib.request
 
     (tmp_path / "models.py").write_text(

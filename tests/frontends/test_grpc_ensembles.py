@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+from helpers import wait_for
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
@@ -59,9 +58,7 @@ def test_a_pipeline_in_one_grpc_call(add_sub, add_sub_tensors):
         assert client.get_model_config("Pipeline").config.platform == "ensemble"
         # (Triton reports a request's statistics after its answer is sent, which may reach us first)
         count = lambda: client.get_inference_statistics("Embed").model_stats[0].inference_count  # noqa: E731
-        deadline = time.monotonic() + 5
-        while count() < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_for(lambda: count() >= 2), count()
         assert count() == 2
         assert {m.name for m in client.get_model_repository_index().models} == {"Tokenize", "Embed", "Pipeline"}
         client.unload_model("Embed")  # the ensemble is unavailable, and says why

@@ -7,10 +7,10 @@ import asyncio
 import json
 import re
 import socket
-import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 httpclient = pytest.importorskip("tritonclient.http")
 
@@ -66,10 +66,7 @@ def test_stock_http_client_health_metadata_and_json_inference(endpoint):
     assert echoed.get_response()["outputs"][0]["data"] == ["hi", "there"]
     # (Triton reports a request's statistics after its answer is sent, which may reach us first)
     count = lambda: client.get_inference_statistics("AddSub")["model_stats"][0]["inference_count"]  # noqa: E731
-    deadline = time.monotonic() + 5
-    while count() < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert count() >= 2
+    assert wait_for(lambda: count() >= 2), count()
 
 
 def test_stock_asyncio_http_client_many_in_flight(endpoint):
