@@ -459,6 +459,58 @@ PyObject* py_finish_batch(PyObject* self, PyObject* args)
 }
 
 /* Run one batch of live requests through the callable and answer each. */
+/* A plain @batch function called from here (fast_batch.c) when the batch allows it: its result
+ * (the batch's rows counted, *batch_err set as the callable's path sets it), or, *declined, the
+ * batch goes the general way. */
+static PyObject* run_fast(Batch* b, TRITONSERVER_Error** batch_err, int* declined,
+                          uint64_t* compute_end)
+{
+  PyObject* result = fast_batch_run(b->ms, b->requests, b->count, b->views, &b->n_views, b->sizes,
+                                    &b->compute_start, batch_err, declined);
+  if (!*declined) {
+    *compute_end = now_ns();
+    for (uint32_t i = 0; i < b->count; i++) b->batch_size += b->sizes[i];
+    if (result == NULL && *batch_err == NULL)
+      *batch_err = error_from_python("model binding failed");
+    else if (result != NULL && PyUnicode_Check(result)) /* the function raised: its message */
+      *batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
+  }
+  return result;
+}
+
+/* An async callable: its coroutine (result, whose reference this takes) runs on the library's
+ * event loop and finishes the batch there (finish_batch); this instance is free for other
+ * batches meanwhile. b is the execute's own (its requests are copied for the loop). */
+static void schedule_batch(Batch* b, PyObject* result)
+{
+  ModelState* ms = b->ms;
+  Batch* held = malloc(sizeof(Batch) + b->count * sizeof(TRITONBACKEND_Request*));
+  PyObject* capsule = NULL;
+  if (held != NULL) {
+    *held = *b;
+    held->requests = (TRITONBACKEND_Request**)(held + 1);
+    memcpy(held->requests, b->requests, b->count * sizeof(TRITONBACKEND_Request*));
+    capsule = PyCapsule_New(held, "embedtriton.batch", batch_capsule_free);
+  }
+  PyObject* r =
+      capsule ? PyObject_CallMethod(ms->binding, "schedule", "OO", result, capsule) : NULL;
+  Py_DECREF(result);
+  if (r != NULL) {
+    Py_DECREF(r);
+    Py_DECREF(capsule); /* the loop holds it now */
+    return;
+  }
+  /* not scheduled: answer here with the error (held's parts are b's) */
+  TRITONSERVER_Error* err = error_from_python("cannot schedule the async model");
+  if (capsule != NULL) {
+    held->list = NULL; /* finished below, through b */
+    Py_DECREF(capsule);
+  } else {
+    free(held);
+  }
+  finish_batch(b, NULL, err, now_ns());
+}
+
 static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
                                          TRITONBACKEND_Request** requests, const uint32_t count,
                                          uint64_t exec_start)
@@ -510,18 +562,7 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
   TRITONSERVER_Error* batch_err = NULL;
   PyObject* result = NULL;
   int declined = 1; /* a plain @batch function: called from here when the batch allows it */
-  if (ms->fast_func != NULL) {
-    result = fast_batch_run(ms, requests, count, b->views, &b->n_views, b->sizes, &b->compute_start,
-                            &batch_err, &declined);
-    if (!declined) {
-      compute_end = now_ns();
-      for (uint32_t i = 0; i < count; i++) b->batch_size += b->sizes[i];
-      if (result == NULL && batch_err == NULL)
-        batch_err = error_from_python("model binding failed");
-      else if (result != NULL && PyUnicode_Check(result)) /* the function raised: its message */
-        batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
-    }
-  }
+  if (ms->fast_func != NULL) result = run_fast(b, &batch_err, &declined, &compute_end);
   for (uint32_t i = 0; declined && i < count && batch_err == NULL; i++) {
     PyObject* req =
         build_request(requests[i], ms, device, b->views, &b->n_views, &b->sizes[i], &batch_err);
@@ -536,36 +577,7 @@ static TRITONSERVER_Error* execute_batch(ModelState* ms, TRITONBACKEND_ModelInst
     else if (PyUnicode_Check(result)) /* the callable raised: its message */
       batch_err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(result));
     else if (PyCoro_CheckExact(result) && !ms->decoupled) {
-      /* an async callable: its coroutine runs on the library's event loop and finishes the
-       * batch there (finish_batch); this instance is free for other batches meanwhile */
-      Batch* held = malloc(sizeof(Batch) + count * sizeof(TRITONBACKEND_Request*));
-      PyObject* capsule = NULL;
-      if (held != NULL) {
-        *held = local;
-        held->requests = (TRITONBACKEND_Request**)(held + 1);
-        memcpy(held->requests, requests, count * sizeof(TRITONBACKEND_Request*));
-        capsule = PyCapsule_New(held, "embedtriton.batch", batch_capsule_free);
-      }
-      PyObject* r =
-          capsule ? PyObject_CallMethod(ms->binding, "schedule", "OO", result, capsule) : NULL;
-      Py_DECREF(result);
-      if (r != NULL) {
-        Py_DECREF(r);
-        Py_DECREF(capsule); /* the loop holds it now */
-        gil_leave(entered);
-        t_in_execute = 0;
-        flush_wakes();
-        return NULL;
-      }
-      /* not scheduled: answer here with the error (held's parts are local's) */
-      TRITONSERVER_Error* err = error_from_python("cannot schedule the async model");
-      if (capsule != NULL) {
-        held->list = NULL; /* finished below, through local */
-        Py_DECREF(capsule);
-      } else {
-        free(held);
-      }
-      finish_batch(b, NULL, err, now_ns());
+      schedule_batch(b, result);
       gil_leave(entered);
       t_in_execute = 0;
       flush_wakes();

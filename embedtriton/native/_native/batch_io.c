@@ -134,6 +134,77 @@ static PyObject* gpu_input(TRITONBACKEND_Request* request, ModelState* ms,
   return arr;
 }
 
+/* A sequence-batcher control input (int32 0/1) of a request as its Request attribute
+ * (sequence_start, _end, _ready). 0, or -1 with *err or a Python error. */
+static int control_input(PyObject* req, TRITONBACKEND_Input* input, const char* name,
+                         TRITONSERVER_Error** err)
+{
+  const void* data = NULL;
+  uint64_t size = 0;
+  TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
+  int64_t mtype_id = 0;
+  if ((*err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id))) return -1;
+  int32_t flag = size >= 4 ? *(const int32_t*)data : 0;
+  const char* attr = name + sizeof CONTROL_PREFIX - 1; /* start, end, ready */
+  char full[32];
+  snprintf(full, sizeof full, "sequence_%s", attr);
+  return PyObject_SetAttrString(req, full, flag ? Py_True : Py_False) < 0 ? -1 : 0;
+}
+
+/* A BYTES input (or one of a datatype numpy cannot hold): gathered, then decoded (g_decode_bytes).
+ * NULL with *err or a Python error. */
+static PyObject* bytes_input(TRITONBACKEND_Input* input, const char* name,
+                             TRITONSERVER_DataType dtype, const int64_t* shape, uint32_t ndim,
+                             uint32_t n_buffers, uint64_t byte_size, TRITONSERVER_Error** err)
+{
+  PyObject* arr;
+  char* gathered = malloc(byte_size ? byte_size : 1);
+  if ((*err = gather_input(input, name, n_buffers, gathered, byte_size, 0))) {
+    free(gathered);
+    return NULL;
+  }
+  uint64_t offset = byte_size;
+  if (dtype == TRITONSERVER_TYPE_BYTES) {
+    PyObject* shape_t = PyTuple_New(ndim);
+    for (uint32_t d = 0; shape_t && d < ndim; d++)
+      PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
+    PyObject* raw = PyBytes_FromStringAndSize(gathered, (Py_ssize_t)offset);
+    arr =
+        (shape_t && raw) ? PyObject_CallFunctionObjArgs(g_decode_bytes, raw, shape_t, NULL) : NULL;
+    Py_XDECREF(raw);
+    Py_XDECREF(shape_t);
+    free(gathered);
+  } else {
+    free(gathered);
+    *err =
+        new_error(TRITONSERVER_ERROR_UNSUPPORTED,
+                  "input '%s' has datatype %s, which numpy cannot hold", name, dtype_name(dtype));
+    return NULL;
+  }
+  return arr;
+}
+
+/* A sequence's correlation id (an int, or a str) as the Request's correlation_id (None when Triton
+ * has neither). 0, or -1 with a Python error. */
+static int set_correlation_id(PyObject* req, TRITONBACKEND_Request* request)
+{
+  uint64_t number = 0;
+  const char* text = NULL;
+  PyObject* id = NULL;
+  TRITONSERVER_Error* e = api.TRITONBACKEND_RequestCorrelationId(request, &number);
+  if (e == NULL) {
+    id = PyLong_FromUnsignedLongLong(number);
+  } else {
+    api.TRITONSERVER_ErrorDelete(e);
+    e = api.TRITONBACKEND_RequestCorrelationIdString(request, &text);
+    if (e == NULL) id = PyUnicode_FromString(text ? text : "");
+    else api.TRITONSERVER_ErrorDelete(e), id = Py_NewRef(Py_None);
+  }
+  int rc = id ? PyObject_SetAttrString(req, "correlation_id", id) : -1;
+  Py_XDECREF(id);
+  return rc < 0 ? -1 : 0;
+}
+
 /* With the GIL: the inputs of one request as a Request (a dict subclass).
  * Views of Triton's buffers are appended to views[] (new references). */
 PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int device,
@@ -163,18 +234,7 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int devi
       goto fail;
     }
     if (ms->sequence && strncmp(name, CONTROL_PREFIX, sizeof CONTROL_PREFIX - 1) == 0) {
-      /* a sequence-batcher control input (int32 0/1): a Request attribute */
-      const void* data = NULL;
-      uint64_t size = 0;
-      TRITONSERVER_MemoryType mtype = TRITONSERVER_MEMORY_CPU;
-      int64_t mtype_id = 0;
-      if ((*err = api.TRITONBACKEND_InputBuffer(input, 0, &data, &size, &mtype, &mtype_id)))
-        goto fail;
-      int32_t flag = size >= 4 ? *(const int32_t*)data : 0;
-      const char* attr = name + sizeof CONTROL_PREFIX - 1; /* start, end, ready */
-      char full[32];
-      snprintf(full, sizeof full, "sequence_%s", attr);
-      if (PyObject_SetAttrString(req, full, flag ? Py_True : Py_False) < 0) goto py_fail;
+      if (control_input(req, input, name, err) < 0) goto failed;
       continue;
     }
     if (ms->max_batch_size > 0 && ndim > 0) *batch_size = (uint64_t)shape[0];
@@ -207,10 +267,7 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int devi
     if (gpu) {
       arr = gpu_input(request, ms, input, name, dtype, shape, ndim, byte_size, n_buffers, data,
                       size, mtype, mtype_id, device, views, n_views, &hold, err);
-      if (arr == NULL) {
-        if (*err != NULL) goto fail;
-        goto py_fail;
-      }
+      if (arr == NULL) goto failed;
     } else if (n_buffers == 1 && mtype != TRITONSERVER_MEMORY_GPU &&
                dtype != TRITONSERVER_TYPE_BYTES && typenum >= 0) {
       /* one host buffer: a read-only view, no copy */
@@ -218,66 +275,24 @@ PyObject* build_request(TRITONBACKEND_Request* request, ModelState* ms, int devi
       views[(*n_views)++] = Py_NewRef(arr);
     } else if (dtype != TRITONSERVER_TYPE_BYTES && typenum >= 0) {
       /* several buffers: one contiguous copy */
-      if ((arr = host_copy(input, name, n_buffers, typenum, (int)ndim, dims, err)) == NULL) {
-        if (*err != NULL) goto fail;
-        goto py_fail;
-      }
-    } else {
-      /* BYTES (or a datatype numpy cannot hold): gathered, then decoded */
-      char* gathered = malloc(byte_size ? byte_size : 1);
-      if ((*err = gather_input(input, name, n_buffers, gathered, byte_size, 0))) {
-        free(gathered);
-        goto fail;
-      }
-      uint64_t offset = byte_size;
-      if (dtype == TRITONSERVER_TYPE_BYTES) {
-        PyObject* shape_t = PyTuple_New(ndim);
-        for (uint32_t d = 0; shape_t && d < ndim; d++)
-          PyTuple_SET_ITEM(shape_t, d, PyLong_FromLongLong(shape[d]));
-        PyObject* raw = PyBytes_FromStringAndSize(gathered, (Py_ssize_t)offset);
-        arr = (shape_t && raw) ? PyObject_CallFunctionObjArgs(g_decode_bytes, raw, shape_t, NULL)
-                               : NULL;
-        Py_XDECREF(raw);
-        Py_XDECREF(shape_t);
-        free(gathered);
-      } else {
-        free(gathered);
-        *err = new_error(TRITONSERVER_ERROR_UNSUPPORTED,
-                         "input '%s' has datatype %s, which numpy cannot hold", name,
-                         dtype_name(dtype));
-        goto fail;
-      }
-      if (arr == NULL) goto py_fail;
+      if ((arr = host_copy(input, name, n_buffers, typenum, (int)ndim, dims, err)) == NULL)
+        goto failed;
+    } else if ((arr = bytes_input(input, name, dtype, shape, ndim, n_buffers, byte_size, err)) ==
+               NULL) {
+      goto failed;
     }
     int rc = dict_set_name(req, name, arr);
     Py_DECREF(arr);
     if (rc < 0) goto py_fail;
   }
   params = read_parameters(request, err);
-  if (params == NULL) {
-    if (*err != NULL) goto fail;
-    goto py_fail;
-  }
+  if (params == NULL) goto failed;
   if (PyObject_SetAttr(req, s_parameters, params) < 0) goto py_fail;
-  if (ms->sequence) {
-    uint64_t number = 0;
-    const char* text = NULL;
-    PyObject* id = NULL;
-    TRITONSERVER_Error* e = api.TRITONBACKEND_RequestCorrelationId(request, &number);
-    if (e == NULL) {
-      id = PyLong_FromUnsignedLongLong(number);
-    } else {
-      api.TRITONSERVER_ErrorDelete(e);
-      e = api.TRITONBACKEND_RequestCorrelationIdString(request, &text);
-      if (e == NULL) id = PyUnicode_FromString(text ? text : "");
-      else api.TRITONSERVER_ErrorDelete(e), id = Py_NewRef(Py_None);
-    }
-    int rc = id ? PyObject_SetAttrString(req, "correlation_id", id) : -1;
-    Py_XDECREF(id);
-    if (rc < 0) goto py_fail;
-  }
+  if (ms->sequence && set_correlation_id(req, request) < 0) goto py_fail;
   Py_DECREF(params);
   return req;
+failed: /* (*err, or else a Python error) */
+  if (*err != NULL) goto fail;
 py_fail:
   *err = error_from_python("cannot hand the request to Python");
 fail:
@@ -368,6 +383,100 @@ static TRITONSERVER_Error* check_gpu_output(ModelState* ms, OutputSpec* o, GpuVa
   return check_shape(ms, o, g->ndim, g->shape, batch_size, index);
 }
 
+/* Every output the callable returned must be declared (a misspelt name is not dropped): the
+ * error for the first one that is not, or NULL. */
+static TRITONSERVER_Error* undeclared_output(ModelState* ms, PyObject* out, size_t index)
+{
+  TRITONSERVER_Error* err = NULL;
+  Py_ssize_t pos = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(out, &pos, &key, &value)) {
+    int declared = 0;
+    for (Py_ssize_t k = 0; k < ms->n_outputs && !declared; k++)
+      declared = key == ms->outputs[k].name_obj ||
+                 (PyUnicode_Check(key) && PyUnicode_Compare(key, ms->outputs[k].name_obj) == 0);
+    if (!declared) {
+      PyObject* text = PyObject_Repr(key);
+      PyErr_Clear();
+      err = new_error(TRITONSERVER_ERROR_INTERNAL,
+                      "model '%s' returned output %s for request %zu, which its outputs do not "
+                      "declare; declare it with a Tensor in bind(outputs=...) or stop returning it",
+                      ms->name, text ? PyUnicode_AsUTF8(text) : "?", index);
+      Py_XDECREF(text);
+      return err;
+    }
+  }
+  return NULL;
+}
+
+/* The output `name` of a response: value (declared as o) checked and copied into the buffer Triton
+ * gives, on the GPU when it is there or the model wants it there. Returns the error, or NULL. */
+static TRITONSERVER_Error* write_output(ModelState* ms, TRITONBACKEND_Response* response,
+                                        const char* name, OutputSpec* o, PyObject* value,
+                                        uint64_t batch_size, size_t index)
+{
+  TRITONSERVER_Error* err = NULL;
+  /* a GPU array (cupy, torch, ...) is copied device to device; a host one through numpy */
+  GpuValue g = {0};
+  int on_gpu = gpu_value(value, &g, name, &err);
+  if (on_gpu < 0) return err;
+  PyArrayObject* arr = NULL;
+  PyObject* bytes = NULL;
+  const void* data;
+  size_t nbytes;
+  int64_t shape[MAX_DIMS];
+  int ndim;
+  if (on_gpu) {
+    if ((err = check_gpu_output(ms, o, &g, batch_size, index)) != NULL) {
+      gpu_value_done(&g);
+      return err;
+    }
+    data = g.data, nbytes = g.nbytes, ndim = g.ndim;
+    memcpy(shape, g.shape, sizeof(int64_t) * (size_t)ndim);
+  } else {
+    arr = check_output(ms, o, value, batch_size, index, &err);
+    if (arr == NULL) return err;
+    data = PyArray_DATA(arr);
+    nbytes = (size_t)PyArray_NBYTES(arr);
+    if (o->dtype == TRITONSERVER_TYPE_BYTES) {
+      bytes = PyObject_CallOneArg(g_encode_bytes, (PyObject*)arr);
+      if (bytes == NULL) {
+        Py_DECREF(arr);
+        err = error_from_python("cannot serialize a BYTES output");
+        return err;
+      }
+      data = PyBytes_AS_STRING(bytes);
+      nbytes = (size_t)PyBytes_GET_SIZE(bytes);
+    }
+    ndim = PyArray_NDIM(arr);
+    for (int d = 0; d < ndim; d++) shape[d] = PyArray_DIM(arr, d);
+  }
+  TRITONBACKEND_Output* output;
+  void* buffer;
+  /* where the data is (or where the model wants it) is where we ask Triton for the buffer:
+   * an ensemble's next step then gets it there; our caller-side allocator decides by the
+   * caller's output_device */
+  int prefer_gpu = on_gpu || (o->gpu && o->dtype != TRITONSERVER_TYPE_BYTES && cuda_ready());
+  TRITONSERVER_MemoryType mtype = prefer_gpu ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
+  int64_t mtype_id = on_gpu ? g.device : 0;
+  err = api.TRITONBACKEND_ResponseOutput(response, &output, name, o->dtype, shape, (uint32_t)ndim);
+  if (err == NULL) err = api.TRITONBACKEND_OutputBuffer(output, &buffer, nbytes, &mtype, &mtype_id);
+  if (err == NULL && nbytes) {
+    if (on_gpu || mtype == TRITONSERVER_MEMORY_GPU) { /* one copy, whichever way */
+      const char* why = cuda_copy(buffer, data, nbytes);
+      if (why != NULL)
+        err = new_error(TRITONSERVER_ERROR_INTERNAL, "cannot copy output '%s' of model '%s': %s",
+                        name, ms->name, why);
+    } else {
+      memcpy(buffer, data, nbytes);
+    }
+  }
+  if (on_gpu) gpu_value_done(&g);
+  Py_XDECREF(bytes);
+  Py_XDECREF(arr);
+  return err;
+}
+
 /* With the GIL: build request i's response from out (a dict), outputs copied
  * in. Returns the response to send (NULL if none could be made) and sets
  * *error when the request failed. */
@@ -385,28 +494,7 @@ TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request
                     ms->name, Py_TYPE(out)->tp_name, index);
     goto send;
   }
-  /* every output the callable returns must be declared: a misspelt name is not dropped */
-  {
-    Py_ssize_t pos = 0;
-    PyObject *key, *value;
-    while (PyDict_Next(out, &pos, &key, &value)) {
-      int declared = 0;
-      for (Py_ssize_t k = 0; k < ms->n_outputs && !declared; k++)
-        declared = key == ms->outputs[k].name_obj ||
-                   (PyUnicode_Check(key) && PyUnicode_Compare(key, ms->outputs[k].name_obj) == 0);
-      if (!declared) {
-        PyObject* text = PyObject_Repr(key);
-        PyErr_Clear();
-        err =
-            new_error(TRITONSERVER_ERROR_INTERNAL,
-                      "model '%s' returned output %s for request %zu, which its outputs do not "
-                      "declare; declare it with a Tensor in bind(outputs=...) or stop returning it",
-                      ms->name, text ? PyUnicode_AsUTF8(text) : "?", index);
-        Py_XDECREF(text);
-        goto send;
-      }
-    }
-  }
+  if ((err = undeclared_output(ms, out, index))) goto send;
   uint32_t n_requested = 0;
   if ((err = api.TRITONBACKEND_RequestOutputCount(request, &n_requested))) goto send;
   for (uint32_t r = 0; r < n_requested; r++) {
@@ -427,67 +515,7 @@ TRITONSERVER_Error* fill_response(ModelState* ms, TRITONBACKEND_Request* request
       Py_XDECREF(keys);
       goto send;
     }
-    /* a GPU array (cupy, torch, ...) is copied device to device; a host one through numpy */
-    GpuValue g = {0};
-    int on_gpu = gpu_value(value, &g, name, &err);
-    if (on_gpu < 0) goto send;
-    PyArrayObject* arr = NULL;
-    PyObject* bytes = NULL;
-    const void* data;
-    size_t nbytes;
-    int64_t shape[MAX_DIMS];
-    int ndim;
-    if (on_gpu) {
-      if ((err = check_gpu_output(ms, o, &g, batch_size, index)) != NULL) {
-        gpu_value_done(&g);
-        goto send;
-      }
-      data = g.data, nbytes = g.nbytes, ndim = g.ndim;
-      memcpy(shape, g.shape, sizeof(int64_t) * (size_t)ndim);
-    } else {
-      arr = check_output(ms, o, value, batch_size, index, &err);
-      if (arr == NULL) goto send;
-      data = PyArray_DATA(arr);
-      nbytes = (size_t)PyArray_NBYTES(arr);
-      if (o->dtype == TRITONSERVER_TYPE_BYTES) {
-        bytes = PyObject_CallOneArg(g_encode_bytes, (PyObject*)arr);
-        if (bytes == NULL) {
-          Py_DECREF(arr);
-          err = error_from_python("cannot serialize a BYTES output");
-          goto send;
-        }
-        data = PyBytes_AS_STRING(bytes);
-        nbytes = (size_t)PyBytes_GET_SIZE(bytes);
-      }
-      ndim = PyArray_NDIM(arr);
-      for (int d = 0; d < ndim; d++) shape[d] = PyArray_DIM(arr, d);
-    }
-    TRITONBACKEND_Output* output;
-    void* buffer;
-    /* where the data is (or where the model wants it) is where we ask Triton for the buffer:
-     * an ensemble's next step then gets it there; our caller-side allocator decides by the
-     * caller's output_device */
-    int prefer_gpu = on_gpu || (o->gpu && o->dtype != TRITONSERVER_TYPE_BYTES && cuda_ready());
-    TRITONSERVER_MemoryType mtype = prefer_gpu ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
-    int64_t mtype_id = on_gpu ? g.device : 0;
-    err =
-        api.TRITONBACKEND_ResponseOutput(response, &output, name, o->dtype, shape, (uint32_t)ndim);
-    if (err == NULL)
-      err = api.TRITONBACKEND_OutputBuffer(output, &buffer, nbytes, &mtype, &mtype_id);
-    if (err == NULL && nbytes) {
-      if (on_gpu || mtype == TRITONSERVER_MEMORY_GPU) { /* one copy, whichever way */
-        const char* why = cuda_copy(buffer, data, nbytes);
-        if (why != NULL)
-          err = new_error(TRITONSERVER_ERROR_INTERNAL, "cannot copy output '%s' of model '%s': %s",
-                          name, ms->name, why);
-      } else {
-        memcpy(buffer, data, nbytes);
-      }
-    }
-    if (on_gpu) gpu_value_done(&g);
-    Py_XDECREF(bytes);
-    Py_XDECREF(arr);
-    if (err != NULL) goto send;
+    if ((err = write_output(ms, response, name, o, value, batch_size, index))) goto send;
   }
 send:
   return err;

@@ -208,6 +208,84 @@ static int request_ready(TRITONBACKEND_Request* request)
   return size < 4 || *(const int32_t*)data != 0;
 }
 
+/* One request's item of an iteration's step: (key, Request) on its first iteration (its inputs,
+ * copied: they are kept across iterations), (key, None) on the others, (None, None) for padding
+ * (nobody waits for it). */
+static PyObject* step_item(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                           TRITONBACKEND_Request* request, uint64_t* size,
+                           TRITONSERVER_Error** error)
+{
+  if (!request_ready(request)) return Py_BuildValue("(OO)", Py_None, Py_None);
+  PyObject* key = PyLong_FromVoidPtr(request);
+  PyObject* req = Py_NewRef(Py_None);
+  PyObject* views[MAX_DIMS * 4];
+  Py_ssize_t n_views = 0;
+  uint32_t n_inputs = 0;
+  api.TRITONBACKEND_RequestInputCount(request, &n_inputs);
+  PyObject* known = PyObject_CallMethod(ms->binding, "_knows", "O", key);
+  if (known == Py_False && n_inputs <= MAX_DIMS * 4) { /* first iteration: hand over its inputs */
+    Py_DECREF(req);
+    int32_t device = 0;
+    TRITONSERVER_Error* no_id = api.TRITONBACKEND_ModelInstanceDeviceId(instance, &device);
+    if (no_id != NULL) api.TRITONSERVER_ErrorDelete(no_id), device = 0;
+    req = build_request(request, ms, device, views, &n_views, size, error);
+    for (Py_ssize_t v = 0; v < n_views; v++) { /* kept across iterations: own copies */
+      detach_view((PyArrayObject*)views[v]);
+      Py_DECREF(views[v]);
+    }
+    if (req == NULL) req = Py_NewRef(Py_None);
+  }
+  Py_XDECREF(known);
+  PyErr_Clear();
+  return Py_BuildValue("(NN)", key, req);
+}
+
+/* One request's answer to an iteration, through a response factory: its error, its outputs (out,
+ * a dict; None: no response this time) or, done, the end of its stream. A request whose stream
+ * was closed or that was cancelled is forgotten and done; so is one whose response failed (*errp:
+ * that error). Returns whether it is done. */
+static int answer_step(ModelState* ms, TRITONBACKEND_Request* request, PyObject* out, int done,
+                       TRITONSERVER_Error** errp, uint64_t batch_size, size_t index)
+{
+  TRITONSERVER_Error* err = *errp;
+  TRITONBACKEND_ResponseFactory* factory = NULL;
+  if (api.TRITONBACKEND_ResponseFactoryNew(&factory, request) != NULL) return done;
+  bool cancelled = false;
+  if (!done && (take_stream_closed(request) ||
+                (api.TRITONBACKEND_RequestIsCancelled(request, &cancelled) == NULL && cancelled))) {
+    PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(request));
+    Py_XDECREF(r);
+    PyErr_Clear();
+    done = 1;
+  }
+  if (err != NULL) {
+    factory_finish(&factory, err);
+  } else if (out != Py_None) {
+    TRITONBACKEND_Response* response = NULL;
+    err = api.TRITONBACKEND_ResponseNewFromFactory(&response, factory);
+    if (err == NULL) err = fill_response(ms, request, response, out, batch_size, index);
+    if (err != NULL) {
+      if (response) send_final(response, err);
+      PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(request));
+      Py_XDECREF(r);
+      PyErr_Clear();
+      done = 1;
+    } else {
+      TRITONSERVER_Error* send_err = api.TRITONBACKEND_ResponseSend(
+          response, done ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0, NULL);
+      if (send_err)
+        api.TRITONSERVER_ErrorDelete(send_err), api.TRITONBACKEND_ResponseDelete(response);
+    }
+    api.TRITONBACKEND_ResponseFactoryDelete(factory);
+    factory = NULL;
+  } else if (done) {
+    factory_finish(&factory, NULL);
+  }
+  if (factory != NULL) api.TRITONBACKEND_ResponseFactoryDelete(factory);
+  *errp = err;
+  return done;
+}
+
 void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
                    TRITONBACKEND_Request** requests, uint32_t count, uint64_t exec_start)
 {
@@ -216,34 +294,8 @@ void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
   PyObject* step = PyList_New(count); /* (key, Request or None) per request */
   uint64_t* sizes = calloc(count, sizeof(uint64_t));
   TRITONSERVER_Error** errors = calloc(count, sizeof(TRITONSERVER_Error*));
-  for (uint32_t i = 0; i < count && step; i++) {
-    if (!request_ready(requests[i])) { /* padding: nobody waits for it */
-      PyList_SET_ITEM(step, i, Py_BuildValue("(OO)", Py_None, Py_None));
-      continue;
-    }
-    PyObject* key = PyLong_FromVoidPtr(requests[i]);
-    PyObject* req = Py_NewRef(Py_None);
-    PyObject* views[MAX_DIMS * 4];
-    Py_ssize_t n_views = 0;
-    uint32_t n_inputs = 0;
-    api.TRITONBACKEND_RequestInputCount(requests[i], &n_inputs);
-    PyObject* known = PyObject_CallMethod(ms->binding, "_knows", "O", key);
-    if (known == Py_False && n_inputs <= MAX_DIMS * 4) { /* first iteration: hand over its inputs */
-      Py_DECREF(req);
-      int32_t device = 0;
-      TRITONSERVER_Error* no_id = api.TRITONBACKEND_ModelInstanceDeviceId(instance, &device);
-      if (no_id != NULL) api.TRITONSERVER_ErrorDelete(no_id), device = 0;
-      req = build_request(requests[i], ms, device, views, &n_views, &sizes[i], &errors[i]);
-      for (Py_ssize_t v = 0; v < n_views; v++) { /* kept across iterations: own copies */
-        detach_view((PyArrayObject*)views[v]);
-        Py_DECREF(views[v]);
-      }
-      if (req == NULL) req = Py_NewRef(Py_None);
-    }
-    Py_XDECREF(known);
-    PyErr_Clear();
-    PyList_SET_ITEM(step, i, Py_BuildValue("(NN)", key, req));
-  }
+  for (uint32_t i = 0; i < count && step; i++)
+    PyList_SET_ITEM(step, i, step_item(ms, instance, requests[i], &sizes[i], &errors[i]));
   uint64_t compute_start = now_ns();
   /* result: per request (outputs dict | None | error str, done) */
   PyObject* result = step ? PyObject_CallOneArg(ms->iterate, step) : NULL;
@@ -270,45 +322,7 @@ void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
       if (PyUnicode_Check(out))
         err = new_error(TRITONSERVER_ERROR_INTERNAL, "%s", PyUnicode_AsUTF8(out));
     }
-    TRITONBACKEND_ResponseFactory* factory = NULL;
-    if (api.TRITONBACKEND_ResponseFactoryNew(&factory, requests[i]) == NULL) {
-      bool cancelled = false;
-      if (!done &&
-          (take_stream_closed(requests[i]) ||
-           (api.TRITONBACKEND_RequestIsCancelled(requests[i], &cancelled) == NULL && cancelled))) {
-        PyObject* r =
-            PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(requests[i]));
-        Py_XDECREF(r);
-        PyErr_Clear();
-        done = 1;
-      }
-      if (err != NULL) {
-        factory_finish(&factory, err);
-      } else if (out != Py_None) {
-        TRITONBACKEND_Response* response = NULL;
-        err = api.TRITONBACKEND_ResponseNewFromFactory(&response, factory);
-        if (err == NULL)
-          err = fill_response(ms, requests[i], response, out, sizes[i] ? sizes[i] : 1, i);
-        if (err != NULL) {
-          if (response) send_final(response, err);
-          PyObject* r =
-              PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(requests[i]));
-          Py_XDECREF(r);
-          PyErr_Clear();
-          done = 1;
-        } else {
-          TRITONSERVER_Error* send_err = api.TRITONBACKEND_ResponseSend(
-              response, done ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0, NULL);
-          if (send_err)
-            api.TRITONSERVER_ErrorDelete(send_err), api.TRITONBACKEND_ResponseDelete(response);
-        }
-        api.TRITONBACKEND_ResponseFactoryDelete(factory);
-        factory = NULL;
-      } else if (done) {
-        factory_finish(&factory, NULL);
-      }
-      if (factory != NULL) api.TRITONBACKEND_ResponseFactoryDelete(factory);
-    }
+    done = answer_step(ms, requests[i], out, done, &err, sizes[i] ? sizes[i] : 1, i);
     if (done) {
       api.TRITONBACKEND_ModelInstanceReportStatistics(
           instance, requests[i], err == NULL, exec_start, compute_start, compute_end, now_ns());
