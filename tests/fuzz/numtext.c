@@ -10,14 +10,13 @@
  *  - kj_decode's number reading (exact decimal arithmetic for short numbers, numtext.cc beyond)
  *    of the input as an FP64, FP32 and INT64 element agrees with strtod / strtoll, correctly
  *    rounded (FP32: the double rounded to float, as Python's path does it). */
+#include "numtext.h"
 #include "kserve_json.h"
 
 #include <errno.h>
 #include <math.h>
 
 #include "fuzz.h"
-
-int nt_parse_double(const char* first, const char* last, double* out);
 
 static void writes_and_reads_back(double v)
 {

@@ -28,7 +28,7 @@ def source(path: Path) -> str:
 
 
 def files() -> dict[str, str]:
-    return {p.name: source(p) for p in sorted(NATIVE.glob("*.c"))}
+    return {p.name: source(p) for p in sorted([*NATIVE.glob("*.c"), *NATIVE.glob("*.cc")])}
 
 
 def definitions(texts: dict[str, str]) -> dict[str, str]:
@@ -144,6 +144,8 @@ OWNERS = {
     "complete.h": {"complete.c"},
     "inputs.h": {"inputs.c"},
     "submit.h": {"submit.c"},
+    "request_spec.h": {"request_spec.c"},
+    "numtext.h": {"numtext.cc"},
     "many.h": {"many.c"},
     "kserve_pb.h": {"kserve_pb.c"},
     "kserve_json.h": {"kserve_json.c", "kserve_json_write.c"},
@@ -321,7 +323,7 @@ def test_common_h_tells_the_files_the_calls_and_the_headers():
     assert listed == {p.name for p in NATIVE.iterdir() if p.suffix in {".c", ".cc"}}
     calls = text[text.index("Who calls whom") : text.index("A lower file reaches")]
     told = {
-        m.group(1): {f for f in re.split(r"[,\s]+", m.group(2)) if f.endswith(".c")}
+        m.group(1): {f for f in re.split(r"[,\s]+", m.group(2)) if f.endswith((".c", ".cc"))}
         for m in re.finditer(r"(\w+\.c)\s+->\s+(.*?)(?=\w+\.c\s+->|\Z)", calls, re.S)
     }
     edges = graph()
@@ -332,3 +334,59 @@ def test_common_h_tells_the_files_the_calls_and_the_headers():
         m.group(1): set(re.split(r",\s*", m.group(2))) for m in re.finditer(r"^  (\w+\.h)\s+\(([^)]*)\)", table, re.M)
     }
     assert owners == OWNERS
+
+
+# ---- sizes: files and functions short enough to read ---------------------------------------
+
+MAX_FILE_LINES = 600  # a file has fewer
+MAX_FUNCTION_LINES = 100  # a function has fewer, from its signature's first line to its closing brace
+# Functions that may be longer: "file: function" -> why it is not split.
+LONG_FUNCTIONS: dict[str, str] = {}
+
+
+def sources() -> list[Path]:
+    return sorted(p for d in (NATIVE, H2) for p in d.iterdir() if p.suffix in {".c", ".cc", ".h"})
+
+
+def functions(text: str) -> dict[str, int]:
+    """function -> its length in lines: from the first line of its signature (at column 0; a
+    signature's further lines are indented) to its closing brace at column 0. A function's
+    opening brace is on a line of its own (.clang-format)."""
+    lines = COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text).split("\n")
+    found = {}
+    for i, line in enumerate(lines):
+        if line.rstrip() != "{":
+            continue
+        start = i - 1
+        while start > 0 and lines[start][:1] in {" ", "\t"} and lines[start].strip():
+            start -= 1
+        end = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("}"))
+        name = re.search(r"(\w+)\s*\(", " ".join(lines[start:i]))
+        found[name.group(1) if name else lines[start].strip()] = end - start + 1
+    return found
+
+
+def test_functions_are_found():
+    found = functions((NATIVE / "calls.c").read_text())
+    assert "call_unref" in found and all(n > 2 for n in found.values())
+    text = "static int f(int a,\n                 int b)\n{\n  return a;\n}\n"
+    assert functions(text) == {"f": 5}
+
+
+def test_files_are_short():
+    long = {
+        f"{p.parent.name}/{p.name}": n for p in sources() if (n := len(p.read_text().splitlines())) >= MAX_FILE_LINES
+    }
+    assert long == {}
+
+
+def test_functions_are_short():
+    long = {}
+    for p in sources():
+        for name, n in functions(p.read_text()).items():
+            key = f"{p.parent.name}/{p.name}: {name}"
+            if n >= MAX_FUNCTION_LINES and key not in LONG_FUNCTIONS:
+                long[key] = n
+    assert long == {}
+    present = {f"{p.parent.name}/{p.name}: {name}" for p in sources() for name in functions(p.read_text())}
+    assert set(LONG_FUNCTIONS) <= present  # (no stale entries)

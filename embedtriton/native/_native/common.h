@@ -21,6 +21,7 @@
  *
  *   module.c     the module: load(), set_hooks(), the function table
  *   submit.c     submit(), cancel(): a call is set up and handed to Triton
+ *   request_spec.c  one request as Python gives it, read (RequestSpec)
  *   kserve_grpc.c  a unary gRPC ModelInfer decoded, submitted and answered in C
  *   kserve_http.c  an HTTP/REST inference decoded, submitted and answered in C
  *   kserve.c     what the two share: the call, its hand-over, the models' table
@@ -58,8 +59,8 @@
  * Who calls whom (-> : calls or refers to; convert.c and api.c, at the bottom, are used by
  * most; module.c, at the top, refers to every py_*):
  *
- *   many.c    -> submit.c, inputs.c, cancel.c, outputs.c, calls.c, trace.c, threads.c,
- *                graveyard.c
+ *   many.c    -> submit.c, request_spec.c, inputs.c, cancel.c, outputs.c, calls.c, trace.c,
+ *                threads.c, graveyard.c
  *   backend.c -> fast_batch.c, modes.c, batch_io.c, complete.c, queues.c, gates.c,
  *                device_array.c, threads.c
  *   fast_batch.c -> batch_io.c
@@ -70,10 +71,10 @@
  *                cancel.c, calls.c, graveyard.c
  *   kserve.c  -> kserve_pb.c, complete.c, gates.c, servers.c, calls.c, threads.c, graveyard.c
  *   kserve_json.c -> kserve_pb.c, numtext.cc
- *   kserve_json_write.c -> kserve_pb.c, numtext.cc, cuda.c
+ *   kserve_json_write.c -> kserve_pb.c, cuda.c, numtext.cc
  *   kserve_pb.c -> cuda.c
- *   submit.c  -> inputs.c, complete.c, cancel.c, queues.c, gates.c, servers.c, outputs.c,
- *                device_array.c, calls.c, trace.c, threads.c, graveyard.c
+ *   submit.c  -> request_spec.c, inputs.c, complete.c, cancel.c, queues.c, gates.c, servers.c,
+ *                outputs.c, device_array.c, calls.c, trace.c, threads.c, graveyard.c
  *   inputs.c  -> device_array.c
  *   complete.c -> queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c, graveyard.c
  *   streams.c -> cancel.c, outputs.c, calls.c, threads.c, graveyard.c
@@ -94,8 +95,8 @@
  * Headers: one per concept, private to the files beside it, each declaring what its owning
  * file(s) define for the others (everything else in them is static). A file includes the
  * headers it uses, only of files at or below it (test_native_layers.py checks both), its own
- * first; each header includes the ones its declarations need, and common.h first of all, since
- * Python.h must come before the system headers:
+ * first; each header includes the ones its declarations need, common.h first of all (Python.h
+ * must come before the system headers; numtext.h, plain C declarations, needs none):
  *
  *   common.h     (api.c, convert.c) Python, numpy, Triton's API table and Python's hooks;
  *                dtypes and errors
@@ -114,10 +115,12 @@
  *   streams.h    (streams.c)        stream_ops
  *   complete.h   (complete.c)       Triton's callbacks, the kinds, completion delivery
  *   inputs.h     (inputs.c)         a request's inputs and parameters; what the options take
- *   submit.h     (submit.c)         RequestSpec, submit_locked
+ *   submit.h     (submit.c)         submit_locked and what it takes (Submission)
+ *   request_spec.h (request_spec.c) RequestSpec: a request's target and options, read
  *   many.h       (many.c)           submit_many
  *   kserve_pb.h  (kserve_pb.c)      the KServe-v2 protobuf subset
  *   kserve_json.h (kserve_json.c, kserve_json_write.c) the KServe-v2 JSON subset
+ *   numtext.h    (numtext.cc)       numbers as JSON text (C++: std::from_chars, std::to_chars)
  *   kserve.h     (kserve.c)         the C paths' call (KsCall), hand-over and models' table
  *   kserve_grpc.h (kserve_grpc.c)   gRPC ModelInfer in C
  *   kserve_http.h (kserve_http.c)   HTTP/REST inference in C

@@ -16,9 +16,7 @@
 #include "kserve_json.h"
 
 #include "kserve_pb.h"
-
-/* numtext.cc: the C++ standard library's number reading */
-int nt_parse_double(const char* first, const char* last, double* out);
+#include "numtext.h"
 
 #include <math.h>
 

@@ -9,11 +9,9 @@
 
 #include "cuda.h"
 #include "kserve_pb.h"
+#include "numtext.h"
 
 #include <math.h>
-
-/* numtext.cc: the C++ standard library's shortest number text */
-int nt_shortest(double v, char* digits, int* exp10);
 
 static char* put(char* p, const char* s)
 {
@@ -189,6 +187,34 @@ typedef struct {
   void* host; /* a copy of GPU memory */
 } KjOutput;
 
+/* One output's object in the answer's "outputs" (after a ", " unless it is the first): its name,
+ * datatype, shape and then its data, or, a binary one, its size (its bytes follow the JSON). */
+static char* put_output(char* p, const KjOutput* o, int first)
+{
+  const char* dt = dtype_name(o->t.dtype);
+  p = put(p, first ? "{\"name\": " : ", {\"name\": ");
+  p = put_string(p, (const uint8_t*)o->t.name, strlen(o->t.name));
+  p = put(p, ", \"datatype\": ");
+  p = put_string(p, (const uint8_t*)dt, strlen(dt));
+  p = put(p, ", \"shape\": [");
+  for (uint64_t d = 0; d < o->t.ndim; d++) {
+    if (d) p = put(p, ", ");
+    p = put_i64(p, o->t.shape[d]);
+  }
+  if (o->binary) {
+    p = put(p, "], \"parameters\": {\"binary_data_size\": ");
+    p = put_u64(p, o->t.size);
+    return put(p, "}}");
+  }
+  p = put(p, "], \"data\": [");
+  size_t step = dtype_size(o->t.dtype);
+  for (size_t k = 0; k < o->t.size; k += step) {
+    if (k) p = put(p, ", ");
+    p = put_element(p, o->t.dtype, (const uint8_t*)o->t.base + k);
+  }
+  return put(p, "]}");
+}
+
 char* kj_encode(const KjAnswer* a, TRITONSERVER_InferenceResponse* resp, size_t* len,
                 size_t* header_len, KsError* e)
 {
@@ -247,32 +273,7 @@ char* kj_encode(const KjAnswer* a, TRITONSERVER_InferenceResponse* resp, size_t*
   p = put(p, ", \"model_version\": ");
   p = put_string(p, version.p, version.n);
   p = put(p, ", \"outputs\": [");
-  for (uint32_t i = 0; i < count; i++) {
-    KjOutput* o = &outs[i];
-    const char* dt = dtype_name(o->t.dtype);
-    p = put(p, i ? ", {\"name\": " : "{\"name\": ");
-    p = put_string(p, (const uint8_t*)o->t.name, strlen(o->t.name));
-    p = put(p, ", \"datatype\": ");
-    p = put_string(p, (const uint8_t*)dt, strlen(dt));
-    p = put(p, ", \"shape\": [");
-    for (uint64_t d = 0; d < o->t.ndim; d++) {
-      if (d) p = put(p, ", ");
-      p = put_i64(p, o->t.shape[d]);
-    }
-    if (o->binary) {
-      p = put(p, "], \"parameters\": {\"binary_data_size\": ");
-      p = put_u64(p, o->t.size);
-      p = put(p, "}}");
-      continue;
-    }
-    p = put(p, "], \"data\": [");
-    size_t step = dtype_size(o->t.dtype);
-    for (size_t k = 0; k < o->t.size; k += step) {
-      if (k) p = put(p, ", ");
-      p = put_element(p, o->t.dtype, (const uint8_t*)o->t.base + k);
-    }
-    p = put(p, "]}");
-  }
+  for (uint32_t i = 0; i < count; i++) p = put_output(p, &outs[i], i == 0);
   p = put(p, "]");
   if (a->id.n) {
     p = put(p, ", \"id\": ");

@@ -10,6 +10,7 @@
 #include "graveyard.h"
 #include "inputs.h"
 #include "outputs.h"
+#include "request_spec.h"
 #include "servers.h"
 #include "submit.h"
 #include "threads.h"
