@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <stdio.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>

@@ -8,8 +8,8 @@
  *                the thread that completes the call, with the GIL (after the execute,
  *                when one completes it: flush_deferred);
  *   CALL_STREAM  several responses, queued for their consumer (streams.c's hooks);
- *   CALL_NATIVE  answered in C by hooks its submitter registers (call_set_ops: kserve.c's
- *                gRPC calls), without the GIL. */
+ *   CALL_NATIVE  answered in C by hooks its submitter registers (call_set_ops: the KServe C
+ *                paths' calls, kserve_grpc.c and kserve_http.c), without the GIL. */
 #include "complete.h"
 
 #include "calls.h"
@@ -367,7 +367,7 @@ void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target)
   c->is_async = c->kind == CALL_LOOP || c->kind == CALL_TARGET;
 }
 
-/* A call completed by hooks of its submitter's own (kserve.c's gRPC calls): asynchronous. */
+/* A call completed by hooks of its submitter's own (the KServe C paths' calls): asynchronous. */
 void call_set_ops(Call* c, const CallOps* ops)
 {
   c->kind = CALL_NATIVE;
