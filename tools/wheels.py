@@ -139,7 +139,8 @@ class Toolchain:
             "LDSHARED": f"{self.bin['cc']} -shared",
             "CFLAGS": f"-I{self.include}",
             "LDFLAGS": f"-L{self.lib}",
-            "EMBEDTRITON_NO_LTO": "1",  # (zig's lld with -flto works, but cost/benefit unmeasured; see note)
+            # link-time optimisation as the source build (zig's clang and lld): EMBEDTRITON_NO_LTO=1 turns it off
+            "EMBEDTRITON_NO_LTO": os.environ.get("EMBEDTRITON_NO_LTO", "0"),
         }
         if self.arch != os.uname().machine:
             tag = python_version.replace(".", "")
