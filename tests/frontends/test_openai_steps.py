@@ -161,7 +161,7 @@ def test_a_client_that_leaves_is_gone_before_the_next_iteration(served):
     assert slow.left_states[0]["made"] >= 3 and gone.state == {}  # its state was dropped
     with slow.lock:
         after = len(slow.steps)
-    time.sleep(0.1)
+    time.sleep(0.1)  # (that no iteration comes: a span of time, no state to wait for)
     with slow.lock:
         assert len(slow.steps) == after, "iterations went on with nobody left"  # (it was the only one)
         assert all(gone not in step for step in slow.steps[after:])

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -86,12 +85,10 @@ def serve(repository: Path, stub_bin: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PATH": f"{stub_bin}{os.pathsep}{os.environ['PATH']}"}
     with open(log, "w") as out:
         process = subprocess.Popen(command, cwd=repository.parent, env=env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while " ready: " not in log.read_text(errors="replace"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"embedtriton serve did not start:\n{log.read_text(errors='replace')[-4000:]}")
-        time.sleep(0.2)
+    ready = wait_for(lambda: " ready: " in log.read_text(errors="replace") or process.poll() is not None, 120, 0.2)
+    if not ready or " ready: " not in log.read_text(errors="replace"):
+        process.kill()
+        pytest.fail(f"embedtriton serve did not start:\n{log.read_text(errors='replace')[-4000:]}")
     return process
 
 

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 from embedtriton import InvalidArgumentError, TritonError, UnavailableError
 from embedtriton.pytriton.client import ModelClient
@@ -156,12 +157,13 @@ def test_unrecoverable_error_stops_the_server(local_config, url_of):
 
 SERVE_SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import pathlib, sys, time
     import numpy as np
     from embedtriton.pytriton.model_config import ModelConfig, Tensor
     from embedtriton.pytriton.triton import Triton, TritonConfig
 
     def slow(requests):
+        pathlib.Path(__file__).with_name("running").touch()  # (the test waits for it)
         time.sleep(1.0)
         return [{"y": r["x"] + 1} for r in requests]
 
@@ -194,7 +196,7 @@ def test_serve_drains_and_returns_on_a_signal(tmp_path, signum):
 
         caller = threading.Thread(target=call)
         caller.start()
-        time.sleep(0.5)  # the request is in the model (1 s)
+        assert wait_for(lambda: (tmp_path / "running").exists()), "the request never reached the model"  # (1 s)
         proc.send_signal(signum)
         caller.join(timeout=30)
         out, _ = proc.communicate(timeout=30)
