@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 import embedtriton
 from embedtriton import ModelConfig, Server, Tensor, batch
@@ -170,13 +171,13 @@ def test_a_replica_that_dies_is_replaced_and_retries_lose_nothing(app):
                 failed.remove(i)
     assert not failed
     assert all(np.array_equal(y, x * 2) for x, y in zip(xs, results, strict=True))
-    while time.monotonic() < deadline:  # Ray replaced the replica: two again, one a new process
-        now = replicas(handle, 2)
-        if victim["pid"] not in {i["pid"] for i in now.values()}:
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail("Ray did not replace the killed replica within 60 s")
+    # Ray replaced the replica: two again, one a new process
+    replaced = wait_for(
+        lambda: victim["pid"] not in {i["pid"] for i in replicas(handle, 2).values()},
+        max(deadline - time.monotonic(), 0.0),
+        every=0.5,
+    )
+    assert replaced, "Ray did not replace the killed replica within 60 s"
 
 
 def test_starting_ray_from_the_source_checkout_says_so(monkeypatch):
