@@ -233,7 +233,7 @@ def test_a_stream_whose_client_reads_nothing_is_let_go(served):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         socks.append(s)
-    wait_for(lambda: flags.flooding >= 4, 5)
+    assert wait_for(lambda: flags.flooding >= 4), f"{flags.flooding} of 4 floods started"
     wait_for(lambda: not flags.flooding, 20)  # the buffers fill, then request_timeout_s (0.5 s) passes
     assert flags.flooding == 0, "a stream nobody reads kept its generator running"
     for s in socks:
@@ -251,7 +251,8 @@ def test_a_flood_of_streams_that_read_nothing(served):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.sendall(request)
         socks.append(s)
-    time.sleep(0.5)
+    # each of the generator's instances (bind_chat gives it 8) runs a stream nobody reads; the rest wait in the queue
+    assert wait_for(lambda: flags.open == 8), flags.open
     healthy(port)  # the others are served while 40 streams sit unread
     for s in socks:
         s.close()
