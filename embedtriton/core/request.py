@@ -25,7 +25,7 @@ def sequence_flags(start: bool, end: bool) -> int:
 _INT64_MAX, _UINT64_MAX = 2**63 - 1, 2**64 - 1
 
 # What each option takes: a wrong one is refused as "<option> must be <takes>, not <what it got>"
-# (refusal). The native submit refuses most of them (the TAKES_* of native.h, the same words);
+# (refusal). The native submit refuses most of them (the TAKES_* of native/_native/inputs.h, the same words);
 # Python checks only what it reads before the native path does, and only when options are given.
 TAKES = {
     "parameters": "a mapping of str names to str, int, float or bool values, such as {'k': 1}",
