@@ -232,7 +232,11 @@ def test_the_first_two_commands_install_nothing_outside_a_virtual_environment():
     commands = _first_commands()
     assert commands == ["./dev demo", "./dev tests"]
     ci = (ROOT / ".ci" / "run").read_text().rstrip().splitlines()
-    assert ci[-2:] == ["./dev tests tests-oldest tests-newest tests-asan lint docs", "./dev fuzz -- --seconds 20"]
+    assert ci[-3:] == [
+        "./dev tests tests-oldest tests-newest tests-asan lint docs",
+        "./dev fuzz -- --seconds 20",
+        "./dev wheels -- --python 3.11 --test quick",
+    ]
 
 
 @pytest.mark.skipif(
