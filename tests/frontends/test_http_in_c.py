@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 httpclient = pytest.importorskip("tritonclient.http")
 
@@ -343,11 +344,13 @@ def test_stop_with_requests_in_flight_answers_them_as_the_python_path(in_c):
                    for _ in range(3)]  # fmt: skip
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        # (asserted once the callers are answered)
+        all_in = wait_for(lambda: _native.pending(server._handle)[0] == 3)
         started = time.monotonic()
     release.set()
     for t in threads:
         t.join(30)
+    assert all_in, "the 3 calls were not all in flight before stop()"
     assert time.monotonic() - started < 15
     assert len(outcomes) == 3
     for status, _, answer in outcomes:
