@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-RECORDED = 106
+RECORDED = 107
 
 PUBLIC_MODULES = [
     "embedtriton",
