@@ -309,12 +309,8 @@ static TRITONSERVER_Error* hand_over_unlock(Call* c, TRITONSERVER_InferenceTrace
 {
   TRITONSERVER_Server* server = c->server;
   TRITONSERVER_InferenceRequest* req = c->request;
-  if (admitted != GATE_GO) {
-    /* held by the gate (err NULL), or refused (err: Triton's wording) */
-  } else if (release) {
-    *released = PyEval_SaveThread();
-    err = hand_over(server, req, trace);
-  } else {
+  if (admitted == GATE_GO) { /* (else held by the gate, err NULL, or refused: Triton's wording) */
+    if (release) *released = PyEval_SaveThread();
     err = hand_over(server, req, trace);
   }
   pthread_rwlock_unlock(&servers_lock);
