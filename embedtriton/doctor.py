@@ -25,7 +25,7 @@ from pathlib import Path
 from . import __version__
 from .errors import TritonError
 from .triton.devices import cuda_devices
-from .triton.runtime import HOME_VARIABLE, find_runtime
+from .triton.runtime import HOME_VARIABLE, find_runtime, runtime_nghttp2
 
 RUNTIME_PACKAGE = "nvidia-pytriton"
 RUNTIME_VERSION = "0.7.0"  # Triton 2.51: the runtime embedtriton is built and tested against
@@ -108,13 +108,7 @@ def _nghttp2() -> str:
     try:
         from . import _h2
 
-        path = None
-        try:
-            copies = sorted(find_runtime().lib_dir.glob("libnghttp2*.so*"))
-            path = str(copies[0]) if copies else None
-        except TritonError:
-            pass
-        info = _h2.library(path)
+        info = _h2.library(runtime_nghttp2())
         return f"{info['version']} from {info['path']}"
     except (ImportError, OSError, RuntimeError) as exc:
         return f"not found ({exc}): the native gRPC transport cannot start; transport='grpcio' can"

@@ -79,6 +79,16 @@ def find_runtime() -> Runtime:
     return runtime
 
 
+def runtime_nghttp2() -> str | None:
+    """The Triton runtime's own libnghttp2 (the wheel bundles one), for machines without the
+    system's; None without a runtime or a copy."""
+    try:
+        found = sorted(find_runtime().lib_dir.glob("libnghttp2*.so*"))
+    except NotFoundError:
+        return None
+    return str(found[0]) if found else None
+
+
 _MISSING = re.compile(r"([^\s:]+\.so[^\s:]*): cannot open shared object file")
 _lock = threading.Lock()
 _loaded: tuple[Runtime, ctypes.CDLL] | None = None

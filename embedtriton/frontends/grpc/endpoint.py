@@ -9,8 +9,8 @@ import threading
 from typing import Any
 
 from ...core import CoreServer
-from ...errors import InvalidArgumentError, TritonError, UnavailableError
-from ...triton.runtime import find_runtime
+from ...errors import InvalidArgumentError, UnavailableError
+from ...triton.runtime import runtime_nghttp2
 from ..descriptors import connection_cap
 from .options import COMPRESSION_LEVELS, GrpcLimits, GrpcOptions
 
@@ -73,7 +73,7 @@ class GrpcEndpoint:
         }
         try:
             self._h2_server = _h2.Server(
-                host, int(port), self.service, max_message_bytes, tls, _nghttp2_path(), **transport_options
+                host, int(port), self.service, max_message_bytes, tls, runtime_nghttp2(), **transport_options
             )
         except ValueError as exc:  # e.g. a TLS certificate or key file that does not load
             raise InvalidArgumentError(f"cannot serve gRPC on {address}: {exc}") from exc
@@ -153,15 +153,6 @@ class GrpcEndpoint:
             loop.call_soon_threadsafe(loop.stop)
             self._thread.join(timeout=5)
             loop.close()
-
-
-def _nghttp2_path() -> str | None:
-    """The Triton runtime's own libnghttp2, for machines without the system's."""
-    try:
-        found = sorted(find_runtime().lib_dir.glob("libnghttp2*.so*"))
-    except TritonError:
-        return None
-    return str(found[0]) if found else None
 
 
 def _milliseconds(seconds: float) -> int:
