@@ -4,6 +4,7 @@
 #define EMBEDTRITON_CALLS_H
 
 #include "common.h"
+#include "request.h"
 
 typedef struct Queued {
   struct Queued* next;
@@ -64,17 +65,7 @@ typedef struct Kept {
 
 #define KEPT_INLINE 256 /* bytes in a Call for its kept outputs (two small outputs fit) */
 
-/* An input read under the GIL and added to its request without it (submit_many's hand-over,
- * many.c): a C-contiguous numpy array, held by its call with its name. */
-typedef struct PendingInput {
-  const char* name;
-  TRITONSERVER_DataType dtype;
-  uint32_t ndim;
-  const int64_t* shape; /* the array's own dims */
-  const void* data;
-  size_t nbytes;
-} PendingInput;
-#define PENDING_INLINE 4
+#define PENDING_INLINE 4 /* a deferred call's inputs without a malloc */
 
 typedef struct Call {
   struct Call *prev, *next; /* the held list (Triton holds the request), for stop() */
@@ -125,8 +116,8 @@ typedef struct Call {
   struct Call* later_next;                 /* (free_later kinds) waiting for call_free_later */
   int deferred; /* built by submit_locked for submit_many, which hands it to Triton (many.c) */
   int n_pending;
-  PendingInput* pending; /* a deferred call's inputs, added by that hand-over */
-  PendingInput pending_inline[PENDING_INLINE];
+  InputDesc* pending; /* a deferred call's inputs (numpy arrays), added by that hand-over */
+  InputDesc pending_inline[PENDING_INLINE];
 } Call;
 
 /* The calls of one submit_many(): their caller waits for several at once. */

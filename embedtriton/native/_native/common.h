@@ -34,7 +34,7 @@
  *   modes.c      batch rules, decoupled models, iterative sequences
  *   fast_batch.c a plain @batch function called straight from Triton's buffers
  *   batch_io.c   a batch's inputs to Python, its outputs to Triton
- *   inputs.c     inputs (numpy, DLPack) and parameters of a request
+ *   inputs.c     inputs (numpy, DLPack) and parameters of a request, read from Python
  *   complete.c   how a call's end reaches its caller: Triton's callbacks; the call's
  *                kind (call_set_kind, the one place that tells kinds apart, registers
  *                the kind's CallOps); a sync caller woken, an asyncio future resolved
@@ -52,6 +52,8 @@
  *   graveyard.c  deleting requests and responses late
  *   device_array.c  DeviceArray, GPU inputs' holds, GPU arrays a callable returned
  *   cuda.c       the CUDA runtime: copies, device allocations, CUDA IPC
+ *   request.c    a request's inputs added to Triton from C descriptors (InputDesc): the one
+ *                place every builder (inputs.c, many.c, kserve.c) ends
  *   convert.c    dtype mapping, errors
  *   api.c        the Triton API table, the response allocator and Python's hooks (filled by
  *                module.c)
@@ -59,7 +61,7 @@
  * Who calls whom (-> : calls or refers to; convert.c and api.c, at the bottom, are used by
  * most; module.c, at the top, refers to every py_*):
  *
- *   many.c    -> submit.c, request_spec.c, inputs.c, cancel.c, outputs.c, calls.c, trace.c,
+ *   many.c    -> submit.c, request_spec.c, request.c, cancel.c, outputs.c, calls.c, trace.c,
  *                threads.c, graveyard.c
  *   backend.c -> fast_batch.c, modes.c, batch_io.c, complete.c, queues.c, gates.c,
  *                device_array.c, threads.c
@@ -69,13 +71,14 @@
  *   kserve_grpc.c -> kserve.c, kserve_pb.c, complete.c, calls.c, graveyard.c
  *   kserve_http.c -> kserve.c, kserve_json.c, kserve_json_write.c, kserve_pb.c, complete.c,
  *                cancel.c, calls.c, graveyard.c
- *   kserve.c  -> kserve_pb.c, complete.c, gates.c, servers.c, calls.c, threads.c, graveyard.c
+ *   kserve.c  -> kserve_pb.c, complete.c, gates.c, servers.c, calls.c, threads.c, graveyard.c,
+ *                request.c
  *   kserve_json.c -> kserve_pb.c, numtext.cc
  *   kserve_json_write.c -> kserve_pb.c, cuda.c, numtext.cc
  *   kserve_pb.c -> cuda.c
  *   submit.c  -> request_spec.c, inputs.c, complete.c, cancel.c, queues.c, gates.c, servers.c,
  *                outputs.c, device_array.c, calls.c, trace.c, threads.c, graveyard.c
- *   inputs.c  -> device_array.c
+ *   inputs.c  -> device_array.c, request.c
  *   complete.c -> queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c, graveyard.c
  *   streams.c -> cancel.c, outputs.c, calls.c, threads.c, graveyard.c
  *   cancel.c  -> queues.c, servers.c, calls.c
@@ -105,6 +108,7 @@
  *   trace.h      (trace.c)          timestamps
  *   cuda.h       (cuda.c)           the CUDA runtime, CUDA IPC
  *   device_array.h (device_array.c) DeviceArray, holds, GPU values
+ *   request.h    (request.c)        InputDesc, a request's inputs from C descriptors
  *   calls.h      (calls.c)          the Call (and what it holds), its references and end
  *   memory.h     (memory.c)         the response allocator, shared-memory mappings
  *   outputs.h    (outputs.c)        a finished call's outputs

@@ -258,13 +258,13 @@ void call_one_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32
   }
 }
 
-void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp)
+static void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp)
 {
   Call* c = (Call*)userp;
   c->ops->response(c, response, flags);
 }
 
-void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp)
+static void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp)
 {
   if (flags & RELEASE_RESCHEDULE) return; /* Triton keeps it for another iteration */
   Call* c = (Call*)userp;
@@ -284,6 +284,19 @@ void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, vo
   call_drop_inputs(c);
   call_unref(c);
   gil_leave(entered);
+}
+
+/* Triton's two callbacks on c's request (c->request), for every way a request is built: its
+ * release and its responses, whose output buffers the allocator asks c for when the caller gave
+ * its own (presets) or wants them on a GPU. */
+TRITONSERVER_Error* call_bind_request(Call* c)
+{
+  TRITONSERVER_Error* err =
+      api.TRITONSERVER_InferenceRequestSetReleaseCallback(c->request, release_cb, c);
+  if (err == NULL)
+    err = api.TRITONSERVER_InferenceRequestSetResponseCallback(
+        c->request, allocator, c->n_presets || c->out_device >= 0 ? c : NULL, response_cb, c);
+  return err;
 }
 
 /* ---- the kinds ---------------------------------------------------------- */

@@ -11,8 +11,7 @@ extern __thread PyObject* t_deferred;
 void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target);
 void call_set_ops(Call* c, const CallOps* ops);
 void call_one_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags);
-void response_cb(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
-void release_cb(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
+TRITONSERVER_Error* call_bind_request(Call* c);
 void flush_deferred(void);
 PyObject* py_complete(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 

@@ -3,8 +3,8 @@
  * goes to Triton as it is. */
 #include "inputs.h"
 
-#include "calls.h"
 #include "device_array.h"
+#include "request.h"
 
 #include <stdio.h>
 
@@ -96,11 +96,15 @@ static PyObject* add_dlpack_input(TRITONSERVER_InferenceRequest* req, const char
   }
   size_t nbytes = (size_t)count * (size_t)(t->dtype.bits / 8);
   const char* data = (const char*)t->data + t->byte_offset;
-  TRITONSERVER_Error* err =
-      api.TRITONSERVER_InferenceRequestAddInput(req, name, dtype, t->shape, (uint64_t)t->ndim);
-  if (err == NULL)
-    err =
-        api.TRITONSERVER_InferenceRequestAppendInputData(req, name, data, nbytes, mtype, mtype_id);
+  InputDesc in = {.name = name,
+                  .dtype = dtype,
+                  .ndim = (uint32_t)t->ndim,
+                  .shape = t->shape,
+                  .data = data,
+                  .nbytes = nbytes,
+                  .memory = mtype,
+                  .device = mtype_id};
+  TRITONSERVER_Error* err = request_add_inputs(req, &in, 1);
   if (err != NULL) {
     Py_DECREF(holder);
     return raise_from(err, 1);
@@ -176,8 +180,13 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject*
     data = PyBytes_AS_STRING(holder);
     nbytes = PyBytes_GET_SIZE(holder);
   }
-  PendingInput in = {name, dtype, (uint32_t)ndim, shape, data, (size_t)nbytes};
-  TRITONSERVER_Error* err = add_pending(req, &in, 1);
+  InputDesc in = {.name = name,
+                  .dtype = dtype,
+                  .ndim = (uint32_t)ndim,
+                  .shape = shape,
+                  .data = data,
+                  .nbytes = (size_t)nbytes}; /* (host memory) */
+  TRITONSERVER_Error* err = request_add_inputs(req, &in, 1);
   if (err != NULL) {
     Py_DECREF(holder);
     return raise_from(err, 1);
@@ -187,10 +196,10 @@ PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject*
 
 _Static_assert(sizeof(npy_intp) == sizeof(int64_t), "numpy's dims are Triton's shape");
 
-/* With the GIL: read an input that add_pending can add later without the GIL (a C-contiguous
- * numpy array of a dtype Triton carries, not BYTES) into *out and return 1; the caller holds
- * key and value meanwhile. 0: add it with add_input instead (which also says what is wrong). */
-int pending_input(PyObject* key, PyObject* value, PendingInput* out)
+/* With the GIL: read an input that request_add_inputs can add later without the GIL (a
+ * C-contiguous numpy array of a dtype Triton carries, not BYTES) into *out and return 1; the
+ * caller holds key and value meanwhile. 0: add it with add_input instead (which also says what is wrong). */
+int pending_input(PyObject* key, PyObject* value, InputDesc* out)
 {
   if (!PyUnicode_Check(key) || !PyArray_Check(value)) return 0;
   PyArrayObject* arr = (PyArrayObject*)value;
@@ -203,28 +212,13 @@ int pending_input(PyObject* key, PyObject* value, PendingInput* out)
     PyErr_Clear();
     return 0;
   }
-  *out = (PendingInput){name,
-                        dtype,
-                        (uint32_t)PyArray_NDIM(arr),
-                        (const int64_t*)PyArray_DIMS(arr),
-                        PyArray_DATA(arr),
-                        (size_t)PyArray_NBYTES(arr)};
+  *out = (InputDesc){.name = name,
+                     .dtype = dtype,
+                     .ndim = (uint32_t)PyArray_NDIM(arr),
+                     .shape = (const int64_t*)PyArray_DIMS(arr),
+                     .data = PyArray_DATA(arr),
+                     .nbytes = (size_t)PyArray_NBYTES(arr)}; /* (host memory) */
   return 1;
-}
-
-/* Add inputs whose host buffers are read (pending_input's, add_input's), with or without the
- * GIL. */
-TRITONSERVER_Error* add_pending(TRITONSERVER_InferenceRequest* req, const PendingInput* in, int n)
-{
-  for (int i = 0; i < n; i++) {
-    TRITONSERVER_Error* err = api.TRITONSERVER_InferenceRequestAddInput(
-        req, in[i].name, in[i].dtype, in[i].shape, (uint64_t)in[i].ndim);
-    if (err == NULL)
-      err = api.TRITONSERVER_InferenceRequestAppendInputData(
-          req, in[i].name, in[i].data, in[i].nbytes, TRITONSERVER_MEMORY_CPU, 0);
-    if (err != NULL) return err;
-  }
-  return NULL;
 }
 
 /* The INVALID_ARG error for one of the parameters, in the words of embedtriton/core/request.py:

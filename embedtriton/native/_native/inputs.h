@@ -3,7 +3,7 @@
 #ifndef EMBEDTRITON_INPUTS_H
 #define EMBEDTRITON_INPUTS_H
 
-#include "calls.h"
+#include "request.h"
 
 /* What each request option takes, in the words of embedtriton/core/request.py (TAKES): a wrong
  * one is refused as "<option> must be <takes>, not <what it got>" (refuse). */
@@ -23,8 +23,7 @@
 #define TEXT_HINT(value) (PyUnicode_Check(value) ? NOT_TEXT : "")
 
 PyObject* add_input(TRITONSERVER_InferenceRequest* req, PyObject* key, PyObject* value);
-int pending_input(PyObject* key, PyObject* value, PendingInput* out);
-TRITONSERVER_Error* add_pending(TRITONSERVER_InferenceRequest* req, const PendingInput* in, int n);
+int pending_input(PyObject* key, PyObject* value, InputDesc* out);
 TRITONSERVER_Error* set_parameter(TRITONSERVER_InferenceRequest* req, PyObject* key,
                                   PyObject* value);
 

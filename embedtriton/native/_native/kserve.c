@@ -14,6 +14,7 @@
 #include "kserve_json.h"
 #include "kserve_pb.h"
 #include "outputs.h"
+#include "request.h"
 #include "servers.h"
 #include "threads.h"
 
@@ -168,12 +169,13 @@ static int ks_build(TRITONSERVER_InferenceRequest* req, const KsRequest* r, KsCa
       bytes = copy;
       copy += (r->raw[i].n + 63) & ~(size_t)63;
     }
-    const char* name = TEXT(in->name);
-    ok = name != NULL &&
-         fine(api.TRITONSERVER_InferenceRequestAddInput(req, name, t, in->shape,
-                                                        (uint64_t)in->ndim)) &&
-         fine(api.TRITONSERVER_InferenceRequestAppendInputData(req, name, bytes, r->raw[i].n,
-                                                               TRITONSERVER_MEMORY_CPU, 0));
+    InputDesc desc = {.name = TEXT(in->name),
+                      .dtype = t,
+                      .ndim = (uint32_t)in->ndim,
+                      .shape = in->shape,
+                      .data = bytes,
+                      .nbytes = r->raw[i].n}; /* (host memory) */
+    ok = desc.name != NULL && fine(request_add_inputs(req, &desc, 1));
   }
   for (int i = 0; ok && i < r->n_outputs; i++) {
     int again = 0; /* an output named twice is asked for once (kserve.requested_outputs) */
@@ -201,18 +203,18 @@ static KsCall* ks_submit(TRITONSERVER_Server* server, const char* model, long lo
   KsCall* g = calloc(1, sizeof(KsCall));
   int ok = ks_build(req, r, g);
   Call* c = ok ? &g->c : NULL;
-  ok = ok && fine(api.TRITONSERVER_InferenceRequestSetReleaseCallback(req, release_cb, c)) &&
-       fine(api.TRITONSERVER_InferenceRequestSetResponseCallback(req, allocator, NULL, response_cb,
-                                                                 c));
+  if (ok) {
+    c->server = server;
+    c->request = req;
+    c->out_device = -1; /* (outputs in Triton's host buffers: the allocator needs no call) */
+    ok = fine(call_bind_request(c));
+  }
   if (!ok) { /* the Python path words what went wrong */
     api.TRITONSERVER_InferenceRequestDelete(req);
     if (g != NULL) free(g->copies);
     free(g);
     return NULL;
   }
-  c->server = server;
-  c->request = req;
-  c->out_device = -1;
   c->keep = c->keep_inline;
   /* moved: the caller's references to data and call are the call's now (it may have no GIL) */
   c->keep[c->n_keep++] = moved ? data : Py_NewRef(data);

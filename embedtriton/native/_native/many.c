@@ -8,8 +8,8 @@
 #include "calls.h"
 #include "cancel.h"
 #include "graveyard.h"
-#include "inputs.h"
 #include "outputs.h"
+#include "request.h"
 #include "request_spec.h"
 #include "servers.h"
 #include "submit.h"
@@ -46,7 +46,7 @@ static void hand_over_window(TRITONSERVER_Server* server, Group* g, Call** windo
       Call* c = window[i];
       if (!c->deferred) continue;
       /* its numpy inputs, read by submit_locked (pending_input), then the request to Triton */
-      c->gate_error = add_pending(c->request, c->pending, c->n_pending);
+      c->gate_error = request_add_inputs(c->request, c->pending, c->n_pending);
       if (c->gate_error != NULL) continue; /* (its trace is abandoned below) */
       TRITONSERVER_InferenceTrace* trace = c->gate_trace;
       c->gate_trace = NULL; /* (no gate: the field held its trace, see submit_locked) */

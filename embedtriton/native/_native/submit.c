@@ -12,6 +12,7 @@
 #include "inputs.h"
 #include "outputs.h"
 #include "queues.h"
+#include "request.h"
 #include "request_spec.h"
 #include "servers.h"
 #include "threads.h"
@@ -155,7 +156,7 @@ static void call_init(Call* c, const RequestSpec* s, TRITONSERVER_InferenceReque
   c->keep = n_held <= 8 ? c->keep_inline : calloc((size_t)n_held, sizeof(PyObject*));
   if (defers)
     c->pending = n_inputs <= PENDING_INLINE ? c->pending_inline
-                                            : calloc((size_t)n_inputs, sizeof(PendingInput));
+                                            : calloc((size_t)n_inputs, sizeof(InputDesc));
   atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
   call_set_kind(c, how->stream, how->loop, how->future); /* its kind's completion (complete.c) */
   c->request = req;
@@ -289,10 +290,7 @@ static int build_options(Call* c, const RequestSpec* s)
     while (PyDict_Next(s->parameters, &pos, &key, &value))
       if ((err = set_parameter(req, key, value))) goto fail_err;
   }
-  if ((err = api.TRITONSERVER_InferenceRequestSetReleaseCallback(req, release_cb, c)) ||
-      (err = api.TRITONSERVER_InferenceRequestSetResponseCallback(
-           req, allocator, c->n_presets || c->out_device >= 0 ? c : NULL, response_cb, c)))
-    goto fail_err;
+  if ((err = call_bind_request(c))) goto fail_err;
   return 0;
 fail_err:
   raise_from(err, 1);
