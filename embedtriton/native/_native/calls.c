@@ -32,10 +32,11 @@ static void call_destroy(Call* c)
   drop_outcome(c); /* (one that arrived after its caller was let go) */
   if (c->ops != NULL && c->ops->destroy != NULL) c->ops->destroy(c);
   Py_CLEAR(c->loop);
-  Py_CLEAR(c->future);
+  Py_CLEAR(c->to.any);
   if (c->gate_error != NULL) api.TRITONSERVER_ErrorDelete(c->gate_error);
+  if (c->deferred.error != NULL) api.TRITONSERVER_ErrorDelete(c->deferred.error);
   if (c->keep != c->keep_inline) free(c->keep);
-  if (c->pending != c->pending_inline) free(c->pending);
+  if (c->deferred.inputs != c->deferred.inputs_inline) free(c->deferred.inputs);
   for (Py_ssize_t i = 0; i < c->n_presets; i++) {
     PyBuffer_Release(&c->presets[i].view);
     Py_DECREF(c->presets[i].target);
@@ -99,7 +100,7 @@ void call_free(Call* c)
 {
   drop_outcome(c);
   Py_CLEAR(c->loop);
-  Py_CLEAR(c->future);
+  Py_CLEAR(c->to.any);
   call_unref(c);
 }
 

@@ -6,11 +6,6 @@
 #include "common.h"
 #include "request.h"
 
-typedef struct Queued {
-  struct Queued* next;
-  TRITONSERVER_InferenceResponse* response;
-} Queued;
-
 struct Call;
 /* How a call was submitted (call_set_kind, complete.c: the only place that tells them apart). */
 typedef enum { CALL_WAIT, CALL_LOOP, CALL_TARGET, CALL_STREAM, CALL_NATIVE } CallKind;
@@ -67,6 +62,10 @@ typedef struct Kept {
 
 #define PENDING_INLINE 4 /* a deferred call's inputs without a malloc */
 
+/* One call, from its submit to its end: what every kind has. A kind with fields of its own
+ * allocates a larger struct that starts with its Call (StreamCall, streams.h; KsCall, kserve.h);
+ * the fields of one stage are grouped by name: the gate's (gate_*, queues.c), submit_many's
+ * (deferred, many.c), what completes the caller (to, by kind). */
 typedef struct Call {
   struct Call *prev, *next; /* the held list (Triton holds the request), for stop() */
   TRITONSERVER_Server* server;
@@ -79,13 +78,6 @@ typedef struct Call {
   CallKind kind;
   const CallOps* ops; /* its kind's hooks */
   int is_async;       /* (submit.c) the caller does not wait: CALL_LOOP or CALL_TARGET */
-  /* streams (several responses): a queue the consumer pops, under mu */
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  struct Queued* head;
-  struct Queued* tail;
-  int finished;                           /* the final flag arrived */
-  int closed;                             /* the consumer let go */
   TRITONSERVER_InferenceRequest* request; /* for cancellation, while not released */
   int aborted;                            /* completed by stop(), not by Triton */
   int released;                           /* Triton released the request (under held_lock) */
@@ -95,8 +87,13 @@ typedef struct Call {
   _Atomic(TRITONSERVER_InferenceResponse*) response;
   _Atomic(struct Kept*) kept; /* or its outputs, read from it where it was sent (outputs.c) */
   _Alignas(16) char kept_inline[KEPT_INLINE]; /* kept's block when it fits (no malloc) */
-  PyObject* loop;   /* CALL_LOOP: its event loop (a stream's consumer's, if any) */
-  PyObject* future; /* CALL_LOOP: its future; CALL_TARGET: its target; a stream: its wake-up */
+  PyObject* loop;     /* CALL_LOOP: its event loop (a stream's consumer's, if any) */
+  union {             /* what completes the caller, by kind (call_set_kind); a reference */
+    PyObject* future; /* CALL_LOOP: the asyncio future resolved with the outcome */
+    PyObject* target; /* CALL_TARGET: called with (outputs, error) */
+    PyObject* wake;   /* CALL_STREAM read on a loop: wakes its consumer (else NULL) */
+    PyObject* any;    /* (whichever it is: let go of with the call) */
+  } to;
   Py_ssize_t n_keep;
   PyObject** keep; /* input arrays (and BYTES buffers) Triton reads from */
   PyObject* keep_inline[8];
@@ -114,10 +111,16 @@ typedef struct Call {
   TRITONSERVER_InferenceTrace* gate_trace; /* held: its trace, not handed to Triton yet */
   TRITONSERVER_Error* gate_error;          /* the error the gate completed it with (owned) */
   struct Call* later_next;                 /* (free_later kinds) waiting for call_free_later */
-  int deferred; /* built by submit_locked for submit_many, which hands it to Triton (many.c) */
-  int n_pending;
-  InputDesc* pending; /* a deferred call's inputs (numpy arrays), added by that hand-over */
-  InputDesc pending_inline[PENDING_INLINE];
+  /* A call submit_locked built for submit_many, which hands it to Triton itself, without the GIL
+   * (many.c's hand_over_window). */
+  struct {
+    int waiting; /* built, not handed over yet */
+    int n_inputs;
+    InputDesc* inputs; /* its numpy inputs (pending_input), added at the hand-over */
+    InputDesc inputs_inline[PENDING_INLINE];
+    TRITONSERVER_InferenceTrace* trace; /* its trace, until the hand-over */
+    TRITONSERVER_Error* error;          /* the hand-over's error (owned), until read with the GIL */
+  } deferred;
 } Call;
 
 /* The calls of one submit_many(): their caller waits for several at once. */

@@ -76,8 +76,8 @@
  *   kserve_json.c -> kserve_pb.c, numtext.cc
  *   kserve_json_write.c -> kserve_pb.c, cuda.c, numtext.cc
  *   kserve_pb.c -> cuda.c
- *   submit.c  -> request_spec.c, inputs.c, complete.c, cancel.c, queues.c, gates.c, servers.c,
- *                outputs.c, device_array.c, calls.c, trace.c, threads.c, graveyard.c
+ *   submit.c  -> request_spec.c, inputs.c, complete.c, streams.c, cancel.c, queues.c, gates.c,
+ *                servers.c, outputs.c, device_array.c, calls.c, trace.c, threads.c, graveyard.c
  *   inputs.c  -> device_array.c, request.c
  *   complete.c -> queues.c, servers.c, outputs.c, calls.c, trace.c, threads.c, graveyard.c
  *   streams.c -> cancel.c, outputs.c, calls.c, threads.c, graveyard.c
@@ -116,7 +116,7 @@
  *   queues.h     (queues.c)         queue policies and priorities: admission, letting through
  *   gates.h      (gates.c)          a model's gate and the registry of them
  *   cancel.h     (cancel.c)         cancelling and failing calls
- *   streams.h    (streams.c)        stream_ops
+ *   streams.h    (streams.c)        StreamCall (a stream's queue), stream_ops
  *   complete.h   (complete.c)       Triton's callbacks, the kinds, completion delivery
  *   inputs.h     (inputs.c)         a request's inputs and parameters; what the options take
  *   submit.h     (submit.c)         submit_locked and what it takes (Submission)

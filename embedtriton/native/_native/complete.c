@@ -175,9 +175,8 @@ void flush_deferred(void)
 }
 
 /* With the GIL: the caller's side takes a finished call's outcome and lets go of the call.
- * Returns its outputs, or NULL with *error its exception (a new reference, or NULL); *target
- * is its future or target (a new reference). */
-static PyObject* take_outcome(Call* c, PyObject** error, PyObject** target)
+ * Returns its outputs, or NULL with *error its exception (a new reference, or NULL). */
+static PyObject* take_outcome(Call* c, PyObject** error)
 {
   PyObject* result = call_collect(c);
   *error = NULL;
@@ -189,7 +188,6 @@ static PyObject* take_outcome(Call* c, PyObject** error, PyObject** target)
     Py_XDECREF(type);
     Py_XDECREF(tb);
   }
-  *target = Py_NewRef(c->future);
   call_free(c);
   return result;
 }
@@ -197,8 +195,8 @@ static PyObject* take_outcome(Call* c, PyObject** error, PyObject** target)
 /* With the GIL, on the event loop: resolve one async call's future. */
 static int complete_one(Call* c)
 {
-  PyObject *error, *fut;
-  PyObject* result = take_outcome(c, &error, &fut);
+  PyObject *error, *fut = Py_NewRef(c->to.future);
+  PyObject* result = take_outcome(c, &error);
   PyObject* done = PyObject_CallMethodNoArgs(fut, s_done);
   PyObject* r = NULL;
   if (done == Py_False)
@@ -334,8 +332,8 @@ static void loop_finish(Call* c)
 /* With the GIL: call the target (the caller's side is then done with the call). */
 static void call_target(Call* c)
 {
-  PyObject *error, *target;
-  PyObject* result = take_outcome(c, &error, &target);
+  PyObject *error, *target = Py_NewRef(c->to.target);
+  PyObject* result = take_outcome(c, &error);
   PyObject* r = PyObject_CallFunctionObjArgs(target, result ? result : Py_None,
                                              error ? error : Py_None, NULL);
   if (r == NULL) PyErr_WriteUnraisable(target);
@@ -360,7 +358,7 @@ static const CallOps target_ops = {
     .response = call_one_response, .finish = target_finish, .wake = target_finish};
 
 /* The call's kind, from submit()'s loop, target and stream, and its hooks; the call holds
- * the loop and target (c->loop, c->future; call_free lets go of them). */
+ * the loop and what completes its caller (c->loop, c->to; call_free lets go of them). */
 void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target)
 {
   c->kind = stream              ? CALL_STREAM
@@ -375,7 +373,13 @@ void call_set_kind(Call* c, int stream, PyObject* loop, PyObject* target)
     case CALL_NATIVE: break; /* (call_set_ops) */
   }
   if (loop != Py_None) c->loop = Py_NewRef(loop);
-  if (target != Py_None) c->future = Py_NewRef(target); /* a stream's: wakes its consumer */
+  if (target == Py_None) target = NULL;
+  switch (c->kind) {
+    case CALL_LOOP: c->to.future = Py_XNewRef(target); break;
+    case CALL_TARGET: c->to.target = Py_XNewRef(target); break;
+    case CALL_STREAM: c->to.wake = Py_XNewRef(target); break; /* (None: read without a loop) */
+    default: break;
+  }
   atomic_init(&c->done, WAIT_PENDING);
   c->is_async = c->kind == CALL_LOOP || c->kind == CALL_TARGET;
 }

@@ -198,7 +198,8 @@ _Static_assert(sizeof(npy_intp) == sizeof(int64_t), "numpy's dims are Triton's s
 
 /* With the GIL: read an input that request_add_inputs can add later without the GIL (a
  * C-contiguous numpy array of a dtype Triton carries, not BYTES) into *out and return 1; the
- * caller holds key and value meanwhile. 0: add it with add_input instead (which also says what is wrong). */
+ * caller holds key and value meanwhile. 0: add it with add_input instead (which also says what is
+ * wrong). */
 int pending_input(PyObject* key, PyObject* value, InputDesc* out)
 {
   if (!PyUnicode_Check(key) || !PyArray_Check(value)) return 0;

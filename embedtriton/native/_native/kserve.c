@@ -94,7 +94,7 @@ void ks_release(void)
                   : NULL;
   while (g != NULL) {
     KsCall* next = g->answered_next;
-    Py_CLEAR(g->c.future);
+    Py_CLEAR(g->call); /* (gRPC's; an HTTP answer took it) */
     call_unref(&g->c); /* the caller's */
     g = next;
   }
@@ -120,6 +120,7 @@ void ks_destroy(Call* c)
 {
   KsCall* g = (KsCall*)c;
   call_drop_inputs(c);
+  Py_CLEAR(g->call); /* (answered: already let go of) */
   free(g->copies);
   free(g->values);
   free(g->outputs);
@@ -218,8 +219,7 @@ static KsCall* ks_submit(TRITONSERVER_Server* server, const char* model, long lo
   c->keep = c->keep_inline;
   /* moved: the caller's references to data and call are the call's now (it may have no GIL) */
   c->keep[c->n_keep++] = moved ? data : Py_NewRef(data);
-  c->future = moved ? call : Py_NewRef(call);
-  g->call = call;
+  g->call = moved ? call : Py_NewRef(call);
   g->model = r->model;
   g->version = r->version;
   g->id = r->id;
@@ -244,10 +244,9 @@ static KsCall* ks_submit(TRITONSERVER_Server* server, const char* model, long lo
     api.TRITONSERVER_InferenceRequestDelete(req);
     if (moved) { /* (the caller's again) */
       c->n_keep = 0;
-      c->future = NULL;
     } else {
       call_drop_inputs(c);
-      Py_CLEAR(c->future);
+      Py_DECREF(call);
     }
     free(g->copies);
     free(g); /* (its values and outputs are the caller's again) */

@@ -12,7 +12,7 @@
 /* A call of either C path: the Call, then what its answer needs. */
 typedef struct KsCall {
   Call c;                   /* first: the Call is freed as a whole (calls.c) */
-  PyObject* call;           /* the _h2 call (c.future holds the reference) */
+  PyObject* call;           /* the _h2 call the answer goes to (a reference, until then) */
   Slice model, version, id; /* in the message (c.keep[0]; HTTP: the URL's str in c.keep) */
   void* copies;             /* inputs not aligned in the message, copied */
   struct KsCall* answered_next;

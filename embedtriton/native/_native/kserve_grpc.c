@@ -48,8 +48,9 @@ static void grpc_finish(Call* c)
 /* With the GIL: stop() completed the call (claimed) before Triton did. */
 static void grpc_wake(Call* c)
 {
-  ks_h2->reply(((KsCall*)c)->call, NULL, 14, "the server stopped before this request completed");
-  Py_CLEAR(c->future);
+  KsCall* g = (KsCall*)c;
+  ks_h2->reply(g->call, NULL, 14, "the server stopped before this request completed");
+  Py_CLEAR(g->call);
   call_unref(c);
 }
 

@@ -13,7 +13,7 @@
 
 static atomic_llong n_http_taken, n_http_declined;
 
-/* (http_reply takes the call's reference over: c->future's, cleared by the caller) */
+/* (http_reply takes the reference to call over: the caller's KsCall no longer holds it) */
 static void http_error(PyObject* call, int code, const char* text)
 {
   size_t len = 0;
@@ -35,7 +35,8 @@ static void http_finish(Call* c)
   KsError e = {0, ""};
   char* body = NULL;
   size_t len = 0, header_len = 0;
-  c->future = NULL; /* (its reference goes to http_reply, which releases it on the IO thread) */
+  PyObject* call = g->call; /* (its reference goes to http_reply, which lets go of it on the IO */
+  g->call = NULL;           /* thread) */
   if (resp == NULL) {
     e = (KsError){TRITONSERVER_ERROR_INTERNAL, "Triton completed the request without a response"};
   } else if (err != NULL) {
@@ -49,11 +50,11 @@ static void http_finish(Call* c)
     snprintf(fields, sizeof fields,
              "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: %zu\r\n",
              header_len);
-    ks_h2->http_reply(g->call, 200, fields, body, len);
+    ks_h2->http_reply(call, 200, fields, body, len);
   } else if (body != NULL) {
-    ks_h2->http_reply(g->call, 200, "Content-Type: application/json\r\n", body, len);
+    ks_h2->http_reply(call, 200, "Content-Type: application/json\r\n", body, len);
   } else {
-    http_error(g->call, e.code, e.text);
+    http_error(call, e.code, e.text);
   }
   free(body);
   ks_after_answer(c);
@@ -62,8 +63,10 @@ static void http_finish(Call* c)
 /* With the GIL: stop() completed the call (claimed) before Triton did. */
 static void http_wake(Call* c)
 {
-  c->future = NULL; /* (its reference goes to http_reply) */
-  http_error(((KsCall*)c)->call, TRITONSERVER_ERROR_UNAVAILABLE,
+  KsCall* g = (KsCall*)c;
+  PyObject* call = g->call; /* (its reference goes to http_reply) */
+  g->call = NULL;
+  http_error(call, TRITONSERVER_ERROR_UNAVAILABLE,
              "the server stopped before this request completed");
   call_unref(c);
 }

@@ -37,20 +37,20 @@ static void hand_over_window(TRITONSERVER_Server* server, Group* g, Call** windo
                              Py_ssize_t* held, PyObject* results)
 {
   Py_ssize_t built = 0;
-  for (Py_ssize_t i = from; i < *held; i++) built += window[i]->deferred;
+  for (Py_ssize_t i = from; i < *held; i++) built += window[i]->deferred.waiting;
   if (built == 0) return;
   int open = lock_open_server(server) == 0;
   if (open) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = from; i < *held; i++) {
       Call* c = window[i];
-      if (!c->deferred) continue;
+      if (!c->deferred.waiting) continue;
       /* its numpy inputs, read by submit_locked (pending_input), then the request to Triton */
-      c->gate_error = request_add_inputs(c->request, c->pending, c->n_pending);
-      if (c->gate_error != NULL) continue; /* (its trace is abandoned below) */
-      TRITONSERVER_InferenceTrace* trace = c->gate_trace;
-      c->gate_trace = NULL; /* (no gate: the field held its trace, see submit_locked) */
-      c->gate_error = hand_over(server, c->request, trace);
+      c->deferred.error = request_add_inputs(c->request, c->deferred.inputs, c->deferred.n_inputs);
+      if (c->deferred.error != NULL) continue; /* (its trace is abandoned below) */
+      TRITONSERVER_InferenceTrace* trace = c->deferred.trace;
+      c->deferred.trace = NULL;
+      c->deferred.error = hand_over(server, c->request, trace);
     }
     pthread_rwlock_unlock(&servers_lock);
     Py_END_ALLOW_THREADS
@@ -58,19 +58,19 @@ static void hand_over_window(TRITONSERVER_Server* server, Group* g, Call** windo
   Py_ssize_t kept = from;
   for (Py_ssize_t i = from; i < *held; i++) {
     Call* c = window[i];
-    if (!c->deferred) {
+    if (!c->deferred.waiting) {
       window[kept++] = c;
       continue;
     }
-    c->deferred = 0;
-    TRITONSERVER_Error* err = c->gate_error;
-    c->gate_error = NULL;
+    c->deferred.waiting = 0;
+    TRITONSERVER_Error* err = c->deferred.error;
+    c->deferred.error = NULL;
     if (!open) {
       PyErr_Clear(); /* (raised for each below) */
       err = api.TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, NOT_RUNNING);
     }
-    if (c->gate_trace != NULL) trace_abandon(c->gate_trace, NULL); /* (never handed over) */
-    c->gate_trace = NULL;
+    if (c->deferred.trace != NULL) trace_abandon(c->deferred.trace, NULL); /* (never handed over) */
+    c->deferred.trace = NULL;
     if (err == NULL) {
       window[kept++] = c;
       continue;

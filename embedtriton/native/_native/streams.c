@@ -21,7 +21,7 @@
 static void wake_stream_consumer(Call* c)
 {
   int entered = gil_enter();
-  PyObject* wake = Py_NewRef(c->future);
+  PyObject* wake = Py_NewRef(c->to.wake);
   if (c->loop != NULL) {
     PyObject* r = PyObject_CallMethodObjArgs(c->loop, s_call_soon_threadsafe, wake, NULL);
     if (r == NULL) PyErr_Clear(); /* the loop is closed */
@@ -38,23 +38,24 @@ static void wake_stream_consumer(Call* c)
 /* Triton's response callback for a stream: queue the response for the consumer. */
 static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
 {
+  StreamCall* s = (StreamCall*)c;
   Queued* q = response ? malloc(sizeof(Queued)) : NULL;
   if (q) q->next = NULL, q->response = response;
   int final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
-  pthread_mutex_lock(&c->mu);
-  int notify = !c->closed && !c->aborted && c->future != NULL;
-  if (q && !c->closed && !c->aborted) {
-    if (c->tail) c->tail->next = q;
-    else c->head = q;
-    c->tail = q;
+  pthread_mutex_lock(&s->mu);
+  int notify = !s->closed && !c->aborted && c->to.wake != NULL;
+  if (q && !s->closed && !c->aborted) {
+    if (s->tail) s->tail->next = q;
+    else s->head = q;
+    s->tail = q;
     q = NULL;
   }
   if (final) {
     c->finalized = 1;
-    if (call_claim(c)) c->finished = 1;
+    if (call_claim(c)) s->finished = 1;
   }
-  pthread_cond_signal(&c->cv);
-  pthread_mutex_unlock(&c->mu);
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
   if (q) { /* nobody reads it any more */
     bury(NULL, q->response);
     free(q);
@@ -66,11 +67,12 @@ static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, u
 /* With the GIL: the stream was completed here, not by Triton (claimed): it ends. */
 static void stream_wake(Call* c)
 {
-  pthread_mutex_lock(&c->mu);
-  c->finished = 1;
-  pthread_cond_signal(&c->cv);
-  int notify = !c->closed && c->future != NULL;
-  pthread_mutex_unlock(&c->mu);
+  StreamCall* s = (StreamCall*)c;
+  pthread_mutex_lock(&s->mu);
+  s->finished = 1;
+  pthread_cond_signal(&s->cv);
+  int notify = !s->closed && c->to.wake != NULL;
+  pthread_mutex_unlock(&s->mu);
   if (notify) wake_stream_consumer(c);
 }
 
@@ -99,14 +101,23 @@ static void stream_cancelled(Call* c)
 /* With the GIL: the call is freed; so is what its consumer never read. */
 static void stream_destroy(Call* c)
 {
-  for (Queued* q = c->head; q != NULL;) {
+  StreamCall* s = (StreamCall*)c;
+  for (Queued* q = s->head; q != NULL;) {
     Queued* next = q->next;
     bury(NULL, q->response);
     free(q);
     q = next;
   }
-  pthread_mutex_destroy(&c->mu);
-  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+}
+
+/* A new stream's queue (its call allocated as a StreamCall). */
+void stream_init(Call* c)
+{
+  StreamCall* s = (StreamCall*)c;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
 }
 
 const CallOps stream_ops = {
@@ -129,36 +140,37 @@ PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   }
   Call* c = (Call*)PyCapsule_GetPointer(args[0], "embedtriton.stream");
   if (c == NULL) return NULL;
+  StreamCall* s = (StreamCall*)c;
   int block = PyObject_IsTrue(args[1]) == 1;
   Queued* q = NULL;
   int finished = 0;
   int main = block && on_main_thread();
   PyThreadState* saved = block ? PyEval_SaveThread() : NULL; /* never wait for the GIL holding mu */
-  pthread_mutex_lock(&c->mu);
-  while (block && c->head == NULL && !c->finished) {
+  pthread_mutex_lock(&s->mu);
+  while (block && s->head == NULL && !s->finished) {
     if (!main) {
-      pthread_cond_wait(&c->cv, &c->mu);
+      pthread_cond_wait(&s->cv, &s->mu);
       continue;
     }
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_nsec += (long)SIGNAL_CHECK_NS;
     if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-    if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT) { /* run signal handlers */
-      pthread_mutex_unlock(&c->mu);
+    if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT) { /* run signal handlers */
+      pthread_mutex_unlock(&s->mu);
       PyEval_RestoreThread(saved);
       if (PyErr_CheckSignals() < 0) return NULL; /* Ctrl-C: the iterator closes the stream */
       saved = PyEval_SaveThread();
-      pthread_mutex_lock(&c->mu);
+      pthread_mutex_lock(&s->mu);
     }
   }
-  q = c->head;
+  q = s->head;
   if (q != NULL) {
-    c->head = q->next;
-    if (c->head == NULL) c->tail = NULL;
+    s->head = q->next;
+    if (s->head == NULL) s->tail = NULL;
   }
-  finished = c->finished;
-  pthread_mutex_unlock(&c->mu);
+  finished = s->finished;
+  pthread_mutex_unlock(&s->mu);
   if (saved) PyEval_RestoreThread(saved);
   if (q == NULL) {
     if (finished && c->aborted)
@@ -215,11 +227,12 @@ PyObject* py_stream_close(PyObject* self, PyObject* capsule)
   (void)self;
   Call* c = (Call*)PyCapsule_GetPointer(capsule, "embedtriton.stream");
   if (c == NULL) return NULL;
+  StreamCall* s = (StreamCall*)c;
   if (PyCapsule_SetName(capsule, "embedtriton.closed-stream") < 0) return NULL;
-  pthread_mutex_lock(&c->mu);
-  c->closed = 1;
-  int cancel = !c->finished;
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_lock(&s->mu);
+  s->closed = 1;
+  int cancel = !s->finished;
+  pthread_mutex_unlock(&s->mu);
   if (cancel) call_cancel(c);
   call_unref(c);
   Py_RETURN_NONE;

@@ -15,6 +15,7 @@
 #include "request.h"
 #include "request_spec.h"
 #include "servers.h"
+#include "streams.h"
 #include "threads.h"
 #include "trace.h"
 
@@ -155,17 +156,14 @@ static void call_init(Call* c, const RequestSpec* s, TRITONSERVER_InferenceReque
   Py_ssize_t n_held = defers ? 2 * n_inputs : n_inputs; /* (a pending input's name is held too) */
   c->keep = n_held <= 8 ? c->keep_inline : calloc((size_t)n_held, sizeof(PyObject*));
   if (defers)
-    c->pending = n_inputs <= PENDING_INLINE ? c->pending_inline
-                                            : calloc((size_t)n_inputs, sizeof(InputDesc));
+    c->deferred.inputs = n_inputs <= PENDING_INLINE ? c->deferred.inputs_inline
+                                                    : calloc((size_t)n_inputs, sizeof(InputDesc));
   atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
   call_set_kind(c, how->stream, how->loop, how->future); /* its kind's completion (complete.c) */
   c->request = req;
   c->group = how->group;
   c->out_device = s->out_device;
-  if (how->stream) {
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-  }
+  if (how->stream) stream_init(c);
 }
 
 /* The inputs (a dict name -> array) added to c's request, or, handed over by submit_many
@@ -174,10 +172,10 @@ static int build_inputs(Call* c, PyObject* inputs, int defers)
 {
   Py_ssize_t pos = 0;
   PyObject *key, *value;
-  while (c->keep != NULL && (c->pending != NULL || !defers) &&
+  while (c->keep != NULL && (c->deferred.inputs != NULL || !defers) &&
          PyDict_Next(inputs, &pos, &key, &value)) {
-    if (defers && pending_input(key, value, &c->pending[c->n_pending])) {
-      c->n_pending++;
+    if (defers && pending_input(key, value, &c->deferred.inputs[c->deferred.n_inputs])) {
+      c->deferred.n_inputs++;
       c->keep[c->n_keep++] = Py_NewRef(value);
       c->keep[c->n_keep++] = Py_NewRef(key);
       continue;
@@ -186,7 +184,7 @@ static int build_inputs(Call* c, PyObject* inputs, int defers)
     if (holder == NULL) return -1;
     c->keep[c->n_keep++] = holder;
   }
-  if (c->keep == NULL || (defers && c->pending == NULL)) {
+  if (c->keep == NULL || (defers && c->deferred.inputs == NULL)) {
     PyErr_NoMemory();
     return -1;
   }
@@ -373,7 +371,7 @@ PyObject* submit_locked(const RequestSpec* s, const Submission* how, Call** out)
     pthread_rwlock_unlock(&servers_lock);
     return raise_from(err, 1);
   }
-  Call* c = calloc(1, sizeof(Call));
+  Call* c = calloc(1, how->stream ? sizeof(StreamCall) : sizeof(Call)); /* (its kind's fields) */
   if (c == NULL) {
     pthread_rwlock_unlock(&servers_lock);
     api.TRITONSERVER_InferenceRequestDelete(req);
@@ -408,9 +406,9 @@ PyObject* submit_locked(const RequestSpec* s, const Submission* how, Call** out)
     admitted = gate_admit(gate, c, trace, s->priority, s->timeout_us, id, &err);
     gate_release_ref(gate);
   }
-  if (defers) {            /* submit_many hands it over */
-    c->gate_trace = trace; /* (no gate: its field holds the trace until then) */
-    c->deferred = 1;
+  if (defers) { /* submit_many hands it over */
+    c->deferred.trace = trace;
+    c->deferred.waiting = 1;
     pthread_rwlock_unlock(&servers_lock);
     *out = c;
     Py_RETURN_NONE;
