@@ -136,9 +136,9 @@ def kserve_json_decode(body: bytes, header_len: int, /) -> _JsonDecoded | None:
 def kserve_json_double(value: float, /) -> str:
     """A float as the C path's JSON answers write it: Python's repr (tests)."""
 
-def grpc_release() -> None:
-    """Let go of the gRPC calls answered in C since the last grpc_model_infer (their _h2 calls
-    and messages)."""
+def release_answered() -> int:
+    """Let go of the calls the C paths (gRPC and HTTP) answered since a request last took them
+    (their _h2 calls and messages), as an endpoint stops; returns how many."""
 
 def response_stats() -> tuple[int, int]:
     """(kept, buried): responses read and deleted on the thread that sent them (our backend's

@@ -24,7 +24,7 @@ __all__ = [
     "Memory",
     "Stream",
     "grpc_model_infer",
-    "grpc_release",
+    "release_answered",
     "http_fast",
     "memory",
 ]
@@ -81,11 +81,12 @@ def http_fast() -> Any:
     return _native()._HTTP_FAST
 
 
-def grpc_release() -> None:
-    """Let go of the gRPC calls the C path answered since it last took one (their messages and
-    transport calls), e.g. as the endpoint stops."""
-    if library._native is not None:
-        library._native.grpc_release()
+def release_answered() -> int:
+    """Let go of the calls the C paths (gRPC and HTTP) answered since a request last took them
+    (their messages and transport calls), as an endpoint stops; returns how many."""
+    if library._native is None:
+        return 0
+    return int(library._native.release_answered())
 
 
 class Memory:

@@ -321,6 +321,22 @@ def test_memory_stays_flat_over_many_requests_answered_in_c(add_sub, add_sub_ten
     assert grown < 32 * 1024, grown  # (a leak of the bodies alone would be 125 MiB)
 
 
+def test_stopping_lets_go_of_the_calls_answered_in_c(add_sub, add_sub_tensors):
+    """A call answered in C is let go of (its body, its HTTP call) when the next request is taken;
+    the last ones wait for the endpoint's stop, which lets go of them as the gRPC endpoint's
+    does, instead of holding them until some later request."""
+    body = json.dumps({"inputs": [tensor("a", "FP32", [1, 1], [1]), tensor("b", "FP32", [1, 1], [2])]}).encode()
+    server = Server()
+    server.bind("AddSub", add_sub, *add_sub_tensors, config=ModelConfig(max_batch_size=8))
+    with server:
+        port = server.serve_http("127.0.0.1:0")
+        taken = _native.http_stats()[0]
+        for _ in range(3):
+            assert post(port, ADD, body)[0] == 200
+        assert _native.http_stats()[0] - taken == 3
+    assert _native.release_answered() == 0
+
+
 @pytest.mark.parametrize("in_c", [True, False])
 def test_stop_with_requests_in_flight_answers_them_as_the_python_path(in_c):
     """Stopping while requests wait on a slow model (exit_timeout_secs=1): each gets the same

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ...core import CoreServer
-from ...core.handles import grpc_release
+from ...core.handles import release_answered
 from ...errors import (
     SERVER_STOPPING,
     NotFoundError,
@@ -265,7 +265,7 @@ class Service:
             )
             call.finish(UNAVAILABLE, "the server is stopping")
         self.shm.clear()
-        grpc_release()  # the calls answered in C since it last took one
+        release_answered()  # the calls answered in C since a request last took them
 
     # -- server and model information ---------------------------------------------
 

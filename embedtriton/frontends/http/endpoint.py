@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ...core import CoreServer
-from ...core.handles import http_fast
+from ...core.handles import http_fast, release_answered
 from ...errors import InvalidArgumentError, UnavailableError
 from .. import c_path, kserve, security
 from ..descriptors import connection_cap
@@ -259,6 +259,7 @@ class RestEndpoint(RestApi):
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self.shm.clear()
+        release_answered()  # the calls answered in C since a request last took them
 
 
 async def _watch(call: Any, task: asyncio.Task[Any]) -> None:

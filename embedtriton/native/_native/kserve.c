@@ -86,9 +86,11 @@ const H2Reply* ks_h2 = NULL;
  * the call) and the caller's reference are let go of by the next ks_release, with the GIL. */
 static _Atomic(KsCall*) answered = NULL;
 
-/* With the GIL: let go of what answered calls hold, and free those that are done. */
-void ks_release(void)
+/* With the GIL: let go of what answered calls hold, and free those that are done. Returns how
+ * many it let go of. */
+Py_ssize_t ks_release(void)
 {
+  Py_ssize_t n = 0;
   KsCall* g = atomic_load_explicit(&answered, memory_order_relaxed)
                   ? atomic_exchange(&answered, NULL)
                   : NULL;
@@ -97,8 +99,10 @@ void ks_release(void)
     Py_CLEAR(g->call); /* (gRPC's; an HTTP answer took it) */
     call_unref(&g->c); /* the caller's */
     g = next;
+    n++;
   }
   call_free_later();
+  return n;
 }
 
 /* After the answer (Triton's thread, no GIL): Triton's response goes, and the call waits for
@@ -292,11 +296,10 @@ KsCall* ks_submit_open(TRITONSERVER_Server* server, const char* model, long long
   return g;
 }
 
-/* grpc_release(): let go of the calls answered since the last grpc_model_infer or HTTP request
- * (their _h2 calls and messages), e.g. as the endpoint stops. */
-PyObject* py_grpc_release(PyObject* self, PyObject* unused)
+/* release_answered() -> n: let go of the calls both C paths answered since the last gRPC or HTTP
+ * request took one (their _h2 calls and messages), as an endpoint stops; how many. */
+PyObject* py_release_answered(PyObject* self, PyObject* unused)
 {
   (void)self, (void)unused;
-  ks_release();
-  Py_RETURN_NONE;
+  return PyLong_FromSsize_t(ks_release());
 }

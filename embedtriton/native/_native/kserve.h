@@ -35,7 +35,7 @@ int ks_status(int code, int http);
 const char* without_request_id(const char* m);
 
 /* With the GIL: let go of what answered calls hold, and free those that are done. */
-void ks_release(void);
+Py_ssize_t ks_release(void);
 /* After the answer (Triton's thread, no GIL): Triton's response goes, and the call waits for
  * the next ks_release. */
 void ks_after_answer(Call* c);
@@ -48,6 +48,6 @@ int ks_entry(PyObject* table, PyObject* bound_models, PyObject* key, PyObject* s
 KsCall* ks_submit_open(TRITONSERVER_Server* server, const char* model, long long version,
                        const KsRequest* r, PyObject* call, PyObject* data, const CallOps* ops,
                        const KsCall* http, int moved);
-PyObject* py_grpc_release(PyObject* self, PyObject* unused);
+PyObject* py_release_answered(PyObject* self, PyObject* unused);
 
 #endif
