@@ -350,7 +350,8 @@ void accept_some(ServerObject* srv)
       if (srv->reserve_fd < 0) srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
       listen_watch(srv, 0);
       srv->accept_at = srv->now + ACCEPT_PAUSE;
-      if (srv->next_sweep > srv->accept_at) srv->next_sweep = srv->accept_at; /* not a sweep later */
+      if (srv->next_sweep > srv->accept_at)
+        srv->next_sweep = srv->accept_at; /* not a sweep later */
       return;
     }
     /* At the cap an idle connection makes room (one per newcomer: it counts until its close at the

@@ -153,7 +153,8 @@ void h1_accept(HttpServerObject* srv)
       if (srv->reserve_fd < 0) srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
       listen_watch(srv, 0);
       srv->accept_at = srv->now + ACCEPT_PAUSE;
-      if (srv->next_sweep > srv->accept_at) srv->next_sweep = srv->accept_at; /* not a sweep later */
+      if (srv->next_sweep > srv->accept_at)
+        srv->next_sweep = srv->accept_at; /* not a sweep later */
       return;
     }
     if (srv->nconns >= srv->max_conns && !evict_idle(srv)) {
