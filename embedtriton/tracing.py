@@ -88,8 +88,6 @@ class Tracer:
         self._tracer = provider.get_tracer("embedtriton")
         self._lock = threading.Lock()
         self._seen = 0
-        # Triton's timestamps are steady-clock (CLOCK_MONOTONIC) nanoseconds
-        self._offset = time.time_ns() - time.monotonic_ns()
 
     def update(self, **changes: Any) -> Tracing:
         """Change settings (``rate``, ``count``, ``level``); returns the settings now in force."""
@@ -124,10 +122,16 @@ class Tracer:
         """Start a request's span if sampled: (span, timestamp sink, parameters) or Nones."""
         if not self._sampled():
             return None, None, None
+        # Triton's timestamps are steady-clock (CLOCK_MONOTONIC) nanoseconds: this request's spans
+        # put them on the wall clock as it reads now. (One offset for the server's life would drift
+        # from the wall clock as NTP adjusts it: a child span then started before its parent.)
+        steady = time.monotonic_ns()
+        offset = time.time_ns() - steady
         span = self._tracer.start_span(
             model,
             context=parent,  # None: the caller's current context
             kind=self._trace.SpanKind.SERVER if remote else self._trace.SpanKind.INTERNAL,
+            start_time=steady + offset,  # (Triton's stamps for it come later on the same clock)
         )
         if not span.is_recording():
             return None, None, None
@@ -146,34 +150,39 @@ class Tracer:
 
         def sink(trace_id: int, stamps: tuple[int, ...], children: list[tuple[str, int, int, tuple[int, ...]]]) -> None:
             live_spans.pop(key, None)
-            self._finish(span, trace_id, stamps, children)
+            self._finish(span, trace_id, stamps, children, offset)
 
         return span, sink, params
 
     def _finish(
-        self, span: Any, trace_id: int, stamps: tuple[int, ...], children: list[tuple[str, int, int, tuple[int, ...]]]
+        self,
+        span: Any,
+        trace_id: int,
+        stamps: tuple[int, ...],
+        children: list[tuple[str, int, int, tuple[int, ...]]],
+        offset: int,
     ) -> None:
         span.set_attribute("triton.trace.id", trace_id)
         if not any(stamps):
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, "Triton did not run the request"))
-        self._phases(span, stamps)
+        self._phases(span, stamps, offset)
         # An ensemble's step requests (children of its trace; nested ensembles nest): a span each.
         spans = {trace_id: span}
         for model, child_id, parent_id, child_stamps in sorted(children, key=lambda c: c[3][_REQUEST_START]):
             parent = self._trace.set_span_in_context(spans.get(parent_id, span))
             start = child_stamps[_REQUEST_START] or child_stamps[_QUEUE_START]
-            child = self._tracer.start_span(model, context=parent, start_time=start + self._offset if start else None)
+            child = self._tracer.start_span(model, context=parent, start_time=start + offset if start else None)
             child.set_attribute("triton.model.name", model)
             child.set_attribute("triton.trace.id", child_id)
-            self._phases(child, child_stamps)
+            self._phases(child, child_stamps, offset)
             spans[child_id] = child
             end = child_stamps[_REQUEST_END] or child_stamps[_COMPUTE_END]
-            child.end(end_time=end + self._offset if end else None)
-        span.end(end_time=stamps[_REQUEST_END] + self._offset if stamps[_REQUEST_END] else time.time_ns())
+            child.end(end_time=end + offset if end else None)
+        span.end(end_time=(stamps[_REQUEST_END] or time.monotonic_ns()) + offset)
 
-    def _phases(self, span: Any, stamps: tuple[int, ...]) -> None:
-        """The ``queue`` and ``compute`` children of a request's span, timed by Triton's clock."""
-        offset = self._offset
+    def _phases(self, span: Any, stamps: tuple[int, ...], offset: int) -> None:
+        """The ``queue`` and ``compute`` children of a request's span, timed by Triton's clock
+        (``offset``: from it to the wall clock, as the request began)."""
 
         def at(i: int) -> int | None:
             return stamps[i] + offset if stamps[i] else None

@@ -88,6 +88,29 @@ def test_in_process_request_span_has_timed_children(traced):
     assert current_id == request.context.span_id and spans[0].get_span_context().span_id == current_id
 
 
+def test_spans_nest_after_the_wall_clock_is_set_forward(bind_double, monkeypatch):
+    """NTP sets the wall clock forward while the server runs (here: it was 50 ms behind as the
+    server was made): a request's spans still nest, its queue and compute inside it. Triton's
+    steady timestamps are put on the wall clock as it reads when the request begins, not with an
+    offset taken once (CI saw a child begin 0.4 ms before its parent after a few minutes)."""
+    import time
+
+    provider, exporter = in_memory_provider()
+    wall = time.time_ns
+    with monkeypatch.context() as behind:
+        behind.setattr(time, "time_ns", lambda: wall() - 50_000_000)
+        server = Server(ServerConfig(tracing=Tracing(tracer_provider=provider)))
+    bind_double(server, lambda requests: [{"y": r["x"] * 2} for r in requests])
+    with server:
+        server.model("Double").infer({"x": np.ones((1, 3), np.float32)})
+        (request,) = _wait_for(exporter, "Double")
+        (queue,) = _wait_for(exporter, "queue")
+        (compute,) = _wait_for(exporter, "compute")
+    assert request.start_time <= queue.start_time <= queue.end_time <= compute.start_time
+    assert compute.start_time <= compute.end_time <= request.end_time
+    assert abs(request.start_time - wall()) < 60 * 10**9  # (on the wall clock: this minute)
+
+
 def test_infer_many_traces_each_request_and_ends_a_refused_ones_span(traced):
     """infer_many hands a refill's requests to Triton together, with each one's trace: every
     request gets its own span with Triton's timestamps; one Triton refuses ends with an error."""
