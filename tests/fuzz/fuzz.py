@@ -137,9 +137,9 @@ def build(targets: list[Target]) -> None:
 def runtime_nghttp2() -> str:
     """The Triton runtime's own libnghttp2, which the h2_session target (as the gRPC transport,
     load_nghttp2) weighs against the system's; "" without the runtime."""
-    from embedtriton.frontends.grpc.endpoint import _nghttp2_path
+    from embedtriton.triton.runtime import runtime_nghttp2 as bundled
 
-    return _nghttp2_path() or ""
+    return bundled() or ""
 
 
 @dataclass
