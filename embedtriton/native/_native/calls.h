@@ -60,7 +60,7 @@ typedef struct Kept {
 
 #define KEPT_INLINE 256 /* bytes in a Call for its kept outputs (two small outputs fit) */
 
-#define PENDING_INLINE 4 /* a deferred call's inputs without a malloc */
+#define DEFERRED_INLINE 4 /* a deferred call's inputs without a malloc */
 
 /* One call, from its submit to its end: what every kind has. A kind with fields of its own
  * allocates a larger struct that starts with its Call (StreamCall, streams.h; KsCall, kserve.h);
@@ -117,7 +117,7 @@ typedef struct Call {
     int waiting; /* built, not handed over yet */
     int n_inputs;
     InputDesc* inputs; /* its numpy inputs (pending_input), added at the hand-over */
-    InputDesc inputs_inline[PENDING_INLINE];
+    InputDesc inputs_inline[DEFERRED_INLINE];
     TRITONSERVER_InferenceTrace* trace; /* its trace, until the hand-over */
     TRITONSERVER_Error* error;          /* the hand-over's error (owned), until read with the GIL */
   } deferred;

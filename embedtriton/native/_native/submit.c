@@ -156,8 +156,8 @@ static void call_init(Call* c, const RequestSpec* s, TRITONSERVER_InferenceReque
   Py_ssize_t n_held = defers ? 2 * n_inputs : n_inputs; /* (a pending input's name is held too) */
   c->keep = n_held <= 8 ? c->keep_inline : calloc((size_t)n_held, sizeof(PyObject*));
   if (defers)
-    c->deferred.inputs = n_inputs <= PENDING_INLINE ? c->deferred.inputs_inline
-                                                    : calloc((size_t)n_inputs, sizeof(InputDesc));
+    c->deferred.inputs = n_inputs <= DEFERRED_INLINE ? c->deferred.inputs_inline
+                                                     : calloc((size_t)n_inputs, sizeof(InputDesc));
   atomic_init(&c->refs, 1); /* the caller's; Triton's is added when it takes the request */
   call_set_kind(c, how->stream, how->loop, how->future); /* its kind's completion (complete.c) */
   c->request = req;
