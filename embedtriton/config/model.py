@@ -138,7 +138,8 @@ class SequenceBatcher:
     ``strategy``: "direct" (one batch slot per sequence) or "oldest" (dynamic batching
     across the oldest sequences; ``max_candidate_sequences`` and ``preferred_batch_size``
     apply to it). ``max_queue_delay_microseconds``: how long a batch may wait to fill (both). A sequence idle for longer than
-    ``max_sequence_idle_microseconds`` is ended by Triton.
+    ``max_sequence_idle_microseconds`` is ended by Triton; with ``iterative=True`` an iteration
+    counts as idle time, so give such a model a limit longer than its slowest iteration.
     """
 
     strategy: str = "direct"

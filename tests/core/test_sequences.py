@@ -16,6 +16,7 @@ from embedtriton import (
     SequenceBatcher,
     Server,
     Tensor,
+    UnavailableError,
 )
 
 X = [Tensor(name="x", dtype=np.float32, shape=(1,))]
@@ -134,12 +135,12 @@ def test_sequence_batcher_validation():
         SequenceBatcher(max_candidate_sequences=4)
 
 
-def iterative_server(step_seconds=0.0, closed=None):
+def iterative_server(step_seconds=0.0, closed=None, idle_us=1_000_000, slow_step=None):
     def tokens(request):
         """An iterative model's function takes one request and yields its outputs step by step."""
         try:
             for i in range(int(request["n"][0, 0])):
-                time.sleep(step_seconds)
+                time.sleep(step_seconds if i != slow_step else 0.5)
                 yield {"token": np.array([[i]], np.int32)}
         finally:
             if closed is not None:
@@ -151,7 +152,11 @@ def iterative_server(step_seconds=0.0, closed=None):
         tokens,
         [Tensor(name="n", dtype=np.int32, shape=(1,))],
         [Tensor(name="token", dtype=np.int32, shape=(1,))],
-        ModelConfig(max_batch_size=4, decoupled=True, sequence_batcher=SequenceBatcher(iterative=True)),
+        ModelConfig(
+            max_batch_size=4,
+            decoupled=True,
+            sequence_batcher=SequenceBatcher(iterative=True, max_sequence_idle_microseconds=idle_us),
+        ),
     )
     return server
 
@@ -193,6 +198,33 @@ def test_leaving_an_iterative_stream_closes_its_generator():
         assert wait_for(lambda: closed), "the generator was not closed after the consumer left"
         assert closed == [1000]
         assert ask(model, 2) == [0, 1]
+
+
+def test_an_iteration_longer_than_the_idle_limit_fails_its_sequence_instead_of_losing_it():
+    """An iteration counts against max_sequence_idle_microseconds (the request is in no queue while
+    it runs): Triton's reaper ends the sequence and refuses its RESCHEDULE, leaving the request
+    with the backend. Its caller gets what was sent and then an error saying what to change; it
+    used to wait forever (CI: an OpenAI step model's first prefill took over 1 s under load)."""
+    server = iterative_server(idle_us=50_000, slow_step=1)
+    got: list = []
+    failed: list = []
+
+    def consume():
+        try:
+            for part in server.model("Tokens").stream({"n": np.array([[4]], np.int32)}):
+                got.append(int(part["token"][0, 0]))
+        except Exception as exc:
+            failed.append(exc)
+
+    with server:
+        reader = threading.Thread(target=consume)
+        reader.start()
+        reader.join(timeout=20)
+        assert not reader.is_alive(), "the stream was left hanging"
+        assert ask(server.model("Tokens"), 1) == [0]  # (and the model goes on serving)
+    assert got == [0, 1]
+    assert len(failed) == 1 and isinstance(failed[0], UnavailableError), failed
+    assert "max_sequence_idle_microseconds" in str(failed[0])
 
 
 def test_iterative_needs_decoupled():

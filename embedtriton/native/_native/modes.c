@@ -286,6 +286,37 @@ static int answer_step(ModelState* ms, TRITONBACKEND_Request* request, PyObject*
   return done;
 }
 
+/* Put a request that is not done back for the next iteration. Triton refuses when its sequence
+ * batcher ended the sequence meanwhile: an iteration counts against max_sequence_idle_microseconds
+ * (the request is in no queue while it runs), so a slow one gets its sequences' slots taken away.
+ * Triton leaves the request with us then: end it with an error that says what to change rather
+ * than leave its caller waiting forever. */
+static void reschedule(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
+                       TRITONBACKEND_Request* request, uint64_t exec_start, uint64_t compute_start,
+                       uint64_t compute_end)
+{
+  TRITONSERVER_Error* refused = api.TRITONBACKEND_RequestRelease(request, RELEASE_RESCHEDULE);
+  if (refused == NULL) return;
+  PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(request));
+  Py_XDECREF(r);
+  PyErr_Clear();
+  TRITONBACKEND_ResponseFactory* factory = NULL;
+  if (api.TRITONBACKEND_ResponseFactoryNew(&factory, request) == NULL) {
+    TRITONSERVER_Error* err = new_error(
+        TRITONSERVER_ERROR_UNAVAILABLE,
+        "Triton's sequence batcher ended this sequence while an iteration ran: an iteration "
+        "counts against SequenceBatcher.max_sequence_idle_microseconds; give the model a limit "
+        "longer than an iteration can take (Triton: %s)",
+        api.TRITONSERVER_ErrorMessage(refused));
+    factory_finish(&factory, err);
+    api.TRITONSERVER_ErrorDelete(err);
+  }
+  api.TRITONSERVER_ErrorDelete(refused);
+  api.TRITONBACKEND_ModelInstanceReportStatistics(instance, request, false, exec_start,
+                                                  compute_start, compute_end, now_ns());
+  api.TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL);
+}
+
 void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
                    TRITONBACKEND_Request** requests, uint32_t count, uint64_t exec_start)
 {
@@ -328,7 +359,7 @@ void run_iterative(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
           instance, requests[i], err == NULL, exec_start, compute_start, compute_end, now_ns());
       api.TRITONBACKEND_RequestRelease(requests[i], TRITONSERVER_REQUEST_RELEASE_ALL);
     } else {
-      api.TRITONBACKEND_RequestRelease(requests[i], RELEASE_RESCHEDULE);
+      reschedule(ms, instance, requests[i], exec_start, compute_start, compute_end);
     }
     if (err != NULL) api.TRITONSERVER_ErrorDelete(err);
   }
