@@ -201,9 +201,17 @@ def _bind_generator(
     return model
 
 
+# A batch-step model's max_sequence_idle_microseconds (unless its config has a sequence batcher):
+# an iteration counts against it, and a sequence's only request comes back at every iteration, so
+# the limit bounds how long one iteration may take (a long prompt's prefill on a loaded CPU can
+# take seconds), not how long a client may stay away. Triton's default, 1 s, ended sequences.
+STEP_IDLE_US = 3_600_000_000
+
+
 def _step_config(name: str, config: ModelConfig | None, max_sequences: int) -> ModelConfig:
     """A batch-step model's config: an iterative sequence model with max_sequences slots on one
-    instance (unless the config names its instances: then max_sequences per instance)."""
+    instance (unless the config names its instances: then max_sequences per instance), whose
+    iterations may take up to an hour (STEP_IDLE_US)."""
     _positive_int(name, "max_sequences", max_sequences)
     if config is None:
         config = ModelConfig()
@@ -212,7 +220,10 @@ def _step_config(name: str, config: ModelConfig | None, max_sequences: int) -> M
     if not config.batching:
         raise InvalidArgumentError(f"model '{name}': a batch-step model batches its sequences: leave batching=True")
     batcher = config.sequence_batcher
-    batcher = SequenceBatcher(iterative=True) if batcher is None else dataclasses.replace(batcher, iterative=True)
+    if batcher is None:
+        batcher = SequenceBatcher(iterative=True, max_sequence_idle_microseconds=STEP_IDLE_US)
+    else:
+        batcher = dataclasses.replace(batcher, iterative=True)
     return dataclasses.replace(
         config,
         max_batch_size=max_sequences,

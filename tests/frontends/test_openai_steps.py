@@ -64,6 +64,13 @@ def words(seqs: list[Sequence], rec: Recorder, pause: float = 0.0) -> list[str]:
     return out
 
 
+def long_prefill(seqs):
+    """An iteration with a new sequence takes 1.5 s (a long prompt's prefill on a busy CPU)."""
+    if any(seq.new for seq in seqs):
+        time.sleep(1.5)
+    return ["t"] * len(seqs)
+
+
 @pytest.fixture(scope="module")
 def served():
     rec = Recorder()
@@ -89,6 +96,7 @@ def served():
     bind_chat(server, "slow", step=lambda seqs: words(seqs, slow, 0.005), max_sequences=MAX_SEQUENCES, on_leave=slow.leave)  # fmt: skip
     bind_chat(server, "pieces", step=pieces)
     bind_completion(server, "async-words", step=async_words)
+    bind_chat(server, "long-prefill", step=long_prefill)
     with server:
         port = server.serve_http("127.0.0.1:0", openai=True)
         yield server, port, rec, slow
@@ -335,6 +343,25 @@ def test_bad_requests_and_step_functions_fail_alone(served):
                     {"messages": inputs["messages"], "parameters": np.array([[b"{}"]], object)}
                 )
             )
+
+
+def test_an_iteration_may_take_longer_than_tritons_idle_limit(served):
+    """An iteration counts against the sequence batcher's max_sequence_idle_microseconds; with
+    Triton's default (1 s) a 1.5 s prefill ended every running sequence (503: CI saw the example
+    transformer's first prefill take over 1 s under load). A batch-step model's limit is an hour."""
+    _, port, _, _ = served
+    answers: dict = {}
+
+    def ask(i: int) -> None:
+        out = client(port).chat.completions.create(model="long-prefill", messages=USER, max_tokens=3)
+        answers[i] = out.choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert answers == {0: "ttt", 1: "ttt"}
 
 
 def test_binding_checks():
