@@ -28,6 +28,7 @@ class Flags:
     def __init__(self) -> None:
         self.open = 0
         self.flooding = 0
+        self.flooded = 0  # pieces the flood model made, in all
         self.lock = threading.Lock()
 
 
@@ -54,6 +55,7 @@ def served():
             flags.flooding += 1
         try:
             while True:
+                flags.flooded += 1
                 yield "y" * 65536
         finally:
             with flags.lock:
@@ -236,6 +238,9 @@ def test_a_stream_whose_client_reads_nothing_is_let_go(served):
     assert wait_for(lambda: flags.flooding >= 4), f"{flags.flooding} of 4 floods started"
     wait_for(lambda: not flags.flooding, 20)  # the buffers fill, then request_timeout_s (0.5 s) passes
     assert flags.flooding == 0, "a stream nobody reads kept its generator running"
+    # each generator was held back once 256 pieces (16 MiB) waited for its route: without that
+    # they made about 10,000 pieces a second (600 MB/s) until let go, and starved the route
+    assert flags.flooded < 4 * 1000, flags.flooded
     for s in socks:
         s.close()
     healthy(port)

@@ -261,3 +261,48 @@ def test_stop_ends_running_streams_with_an_error():
     assert not thread.is_alive()
     assert 0.7 < stopped < 2.5  # it streamed on through the grace period, no longer
     assert got and len(errors) == 1 and "stopped" in str(errors[0])
+
+
+def test_a_consumer_that_is_behind_holds_the_generator_back():
+    """A generator that yields faster than its consumer reads waits once 256 responses (or
+    16 MiB) are queued for it, as a generator would, instead of queueing without bound (an
+    unread OpenAI stream grew the process by 600 MB/s); it goes on as the consumer reads, and
+    stop() ends a stream whose consumer reads nothing."""
+    made = [0]
+    closed: list[float] = []
+
+    @batch
+    def flood(x):
+        try:
+            while True:
+                made[0] += 1
+                yield {"y": x}
+        finally:
+            closed.append(time.monotonic())
+
+    srv = Server(ServerConfig(exit_timeout_secs=1))
+    srv.bind("Flood", flood, X, Y, ModelConfig(decoupled=True))
+    with srv:
+        stream = iter(srv.model("Flood").stream(count_to(1)))
+        next(stream)
+        assert wait_for(lambda: made[0] >= 256)
+        time.sleep(0.3)  # (the generator would go on yielding here if it were not held back)
+        held = made[0]
+        assert held <= 300, f"{held} responses queued for a consumer that read one"
+        for _ in range(200):  # reading takes the queue down to half: the generator goes on
+            next(stream)
+        assert wait_for(lambda: made[0] > held + 100), (held, made[0])
+        stream.close()
+        assert wait_for(lambda: closed), "the generator was not closed after the consumer left"
+
+        before = made[0]
+        unread = iter(srv.model("Flood").stream(count_to(1)))
+        next(unread)
+        assert wait_for(lambda: made[0] >= before + 256)
+        started = time.monotonic()
+    stopped = time.monotonic() - started
+    assert len(closed) == 2, "stop() did not end the stream held back by its consumer"
+    assert stopped < 5, stopped
+    with pytest.raises(Exception, match="stopped"):
+        for _ in unread:
+            pass

@@ -126,6 +126,7 @@ void run_decoupled(ModelState* ms, TRITONBACKEND_Request** requests, uint32_t co
     }
   }
   TRITONSERVER_Error* fail = NULL;
+  t_hold_back = 1; /* a consumer that is behind holds the generators back (streams.h) */
   while (open > 0 && fail == NULL) {
     for (uint32_t i = 0; i < count; i++) {
       bool cancelled = false;
@@ -173,6 +174,7 @@ void run_decoupled(ModelState* ms, TRITONBACKEND_Request** requests, uint32_t co
     }
     Py_DECREF(step);
   }
+  t_hold_back = 0;
   PyObject* r = PyObject_CallMethod(steps, "close", NULL); /* a no-op once exhausted */
   if (r == NULL) PyErr_Clear();
   Py_XDECREF(r);

@@ -35,12 +35,74 @@ static void wake_stream_consumer(Call* c)
   gil_leave(entered);
 }
 
+__thread int t_hold_back = 0;
+
+/* The bytes of a response's outputs (what it holds in the queue). */
+static uint64_t response_bytes(TRITONSERVER_InferenceResponse* response)
+{
+  uint32_t n = 0;
+  uint64_t total = 0;
+  TRITONSERVER_Error* err = api.TRITONSERVER_InferenceResponseOutputCount(response, &n);
+  if (err) return api.TRITONSERVER_ErrorDelete(err), 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const char* name;
+    TRITONSERVER_DataType dtype;
+    const int64_t* shape;
+    uint64_t ndim, size = 0;
+    const void* base;
+    TRITONSERVER_MemoryType mtype;
+    int64_t mtype_id;
+    void* userp;
+    err = api.TRITONSERVER_InferenceResponseOutput(response, i, &name, &dtype, &shape, &ndim, &base,
+                                                   &size, &mtype, &mtype_id, &userp);
+    if (err) api.TRITONSERVER_ErrorDelete(err);
+    else total += size;
+  }
+  return total;
+}
+
+static int over(StreamCall* s, size_t responses, uint64_t bytes)
+{
+  return s->queued > responses || s->bytes > bytes;
+}
+
+/* On a t_hold_back thread, after queueing: while the consumer is behind, wait (without the GIL)
+ * until it has taken the queue down to half, let go, or the stream ended. A consumer that never
+ * reads holds the model back as a generator would be; stop() ends the stream (stream_wake). */
+static void hold_back(StreamCall* s)
+{
+  pthread_mutex_lock(&s->mu);
+  if (!over(s, STREAM_HOLD_RESPONSES, STREAM_HOLD_BYTES)) {
+    pthread_mutex_unlock(&s->mu);
+    return;
+  }
+  pthread_mutex_unlock(&s->mu);
+  PyThreadState* saved = PyGILState_Check() ? PyEval_SaveThread() : NULL;
+  pthread_mutex_lock(&s->mu);
+  while (!s->closed && !s->finished && !s->c.aborted &&
+         over(s, STREAM_HOLD_RESPONSES / 2, STREAM_HOLD_BYTES / 2)) {
+    s->held = 1;
+    pthread_cond_wait(&s->room, &s->mu);
+  }
+  s->held = 0;
+  pthread_mutex_unlock(&s->mu);
+  if (saved) PyEval_RestoreThread(saved);
+}
+
+/* Under mu: the consumer took responses, let go, or the stream ended: a held producer may go on. */
+static void make_room(StreamCall* s)
+{
+  if (s->held &&
+      (s->closed || s->finished || !over(s, STREAM_HOLD_RESPONSES / 2, STREAM_HOLD_BYTES / 2)))
+    pthread_cond_broadcast(&s->room);
+}
+
 /* Triton's response callback for a stream: queue the response for the consumer. */
 static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, uint32_t flags)
 {
   StreamCall* s = (StreamCall*)c;
   Queued* q = response ? malloc(sizeof(Queued)) : NULL;
-  if (q) q->next = NULL, q->response = response;
+  if (q) q->next = NULL, q->response = response, q->bytes = response_bytes(response);
   int final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
   pthread_mutex_lock(&s->mu);
   int notify = !s->closed && !c->aborted && c->to.wake != NULL;
@@ -48,6 +110,8 @@ static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, u
     if (s->tail) s->tail->next = q;
     else s->head = q;
     s->tail = q;
+    s->queued++;
+    s->bytes += q->bytes;
     q = NULL;
   }
   if (final) {
@@ -61,7 +125,8 @@ static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, u
     free(q);
   }
   if (notify) wake_stream_consumer(c);
-  if (final) call_unref(c); /* Triton's final response */
+  if (final) call_unref(c);           /* Triton's final response */
+  else if (t_hold_back) hold_back(s); /* (the consumer was woken first: it may take the queue) */
 }
 
 /* With the GIL: the stream was completed here, not by Triton (claimed): it ends. */
@@ -71,6 +136,7 @@ static void stream_wake(Call* c)
   pthread_mutex_lock(&s->mu);
   s->finished = 1;
   pthread_cond_signal(&s->cv);
+  make_room(s);
   int notify = !s->closed && c->to.wake != NULL;
   pthread_mutex_unlock(&s->mu);
   if (notify) wake_stream_consumer(c);
@@ -110,6 +176,7 @@ static void stream_destroy(Call* c)
   }
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
+  pthread_cond_destroy(&s->room);
 }
 
 /* A new stream's queue (its call allocated as a StreamCall). */
@@ -118,6 +185,7 @@ void stream_init(Call* c)
   StreamCall* s = (StreamCall*)c;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
+  pthread_cond_init(&s->room, NULL);
 }
 
 const CallOps stream_ops = {
@@ -168,6 +236,9 @@ PyObject* py_stream_next(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   if (q != NULL) {
     s->head = q->next;
     if (s->head == NULL) s->tail = NULL;
+    s->queued--;
+    s->bytes -= q->bytes;
+    make_room(s);
   }
   finished = s->finished;
   pthread_mutex_unlock(&s->mu);
@@ -231,6 +302,7 @@ PyObject* py_stream_close(PyObject* self, PyObject* capsule)
   if (PyCapsule_SetName(capsule, "embedtriton.closed-stream") < 0) return NULL;
   pthread_mutex_lock(&s->mu);
   s->closed = 1;
+  make_room(s);
   int cancel = !s->finished;
   pthread_mutex_unlock(&s->mu);
   if (cancel) call_cancel(c);
