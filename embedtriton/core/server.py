@@ -139,10 +139,10 @@ class CoreServer(ModelsMixin):
             self._handle = None
             live_servers.discard(self)
             self._repositories.stop()
-            for name in [
-                *self._repository_models,
-                *reversed(list(self._bound)),
-            ]:  # ensembles before the models they use
+            # the repositories' models together, as Triton's own stop unloads them; then the
+            # bound ones, ensembles before the models they use
+            control.unload_models(handle, list(self._repository_models), deadline, native.delete_released)
+            for name in reversed(list(self._bound)):
                 self._unload(handle, name, deadline)
             self._repository_models.clear()
             everything = [

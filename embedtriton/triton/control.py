@@ -111,13 +111,26 @@ def unload_model(handle: int, name: str, deadline: float, delete_released: Calla
     Unload returns before it is done; Triton's stop() waits in 1 s steps for models still
     unloading, so wait here. Released requests hold the model until they are deleted:
     ``delete_released`` deletes them meanwhile."""
-    capi.api().ServerUnloadModel(handle, name.encode())
-    while time.monotonic() < deadline:
+    unload_models(handle, [name], deadline, delete_released)
+
+
+def unload_models(handle: int, names: list[str], deadline: float, delete_released: Callable[[], Any]) -> None:
+    """Unload several models at once, as Triton's own stop does, and wait until all are gone (or
+    ``deadline``): a python-backend model's stub takes about a second to exit, so a repository of
+    11 of them took 16 s to stop one by one. The wait polls Triton's index every 0.5 ms at first,
+    then less often (up to every 20 ms), so that it leaves the CPU to what is unloading."""
+    api = capi.api()
+    for name in names:
+        api.ServerUnloadModel(handle, name.encode())
+    waiting, pause = set(names), 0.0005
+    while waiting and time.monotonic() < deadline:
         delete_released()
         try:
             index = model_index(handle)
         except TritonError:
             break
-        if all(entry.get("state") not in ("READY", "LOADING", "UNLOADING") for entry in index if entry["name"] == name):
-            break
-        time.sleep(0.0005)
+        busy = {e["name"] for e in index if e.get("state") in ("READY", "LOADING", "UNLOADING")}
+        waiting &= busy
+        if waiting:
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.02)
