@@ -264,7 +264,7 @@ def test_stop_ends_running_streams_with_an_error():
 
 
 def test_a_consumer_that_is_behind_holds_the_generator_back():
-    """A generator that yields faster than its consumer reads waits once 256 responses (or
+    """A generator that yields faster than its consumer reads waits once 1,024 responses (or
     16 MiB) are queued for it, as a generator would, instead of queueing without bound (an
     unread OpenAI stream grew the process by 600 MB/s); it goes on as the consumer reads, and
     stop() ends a stream whose consumer reads nothing."""
@@ -285,11 +285,11 @@ def test_a_consumer_that_is_behind_holds_the_generator_back():
     with srv:
         stream = iter(srv.model("Flood").stream(count_to(1)))
         next(stream)
-        assert wait_for(lambda: made[0] >= 256)
+        assert wait_for(lambda: made[0] >= 1024)
         time.sleep(0.3)  # (the generator would go on yielding here if it were not held back)
         held = made[0]
-        assert held <= 300, f"{held} responses queued for a consumer that read one"
-        for _ in range(200):  # reading takes the queue down to half: the generator goes on
+        assert held <= 1100, f"{held} responses queued for a consumer that read one"
+        for _ in range(600):  # reading takes the queue down to half: the generator goes on
             next(stream)
         assert wait_for(lambda: made[0] > held + 100), (held, made[0])
         stream.close()
@@ -298,7 +298,7 @@ def test_a_consumer_that_is_behind_holds_the_generator_back():
         before = made[0]
         unread = iter(srv.model("Flood").stream(count_to(1)))
         next(unread)
-        assert wait_for(lambda: made[0] >= before + 256)
+        assert wait_for(lambda: made[0] >= before + 1024)
         started = time.monotonic()
     stopped = time.monotonic() - started
     assert len(closed) == 2, "stop() did not end the stream held back by its consumer"

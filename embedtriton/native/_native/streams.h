@@ -30,7 +30,7 @@ typedef struct StreamCall {
  * t_hold_back (a decoupled model's generators, modes.c): the response over the limit waits
  * there, the GIL let go, until the consumer has taken the queue down to half. Elsewhere (an
  * iterative model's shared iteration, Triton's own backends) responses queue as they come. */
-#define STREAM_HOLD_RESPONSES 256
+#define STREAM_HOLD_RESPONSES 1024
 #define STREAM_HOLD_BYTES ((uint64_t)16 << 20)
 extern __thread int t_hold_back;
 
