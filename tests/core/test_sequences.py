@@ -140,7 +140,7 @@ def iterative_server(step_seconds=0.0, closed=None, idle_us=1_000_000, slow_step
         """An iterative model's function takes one request and yields its outputs step by step."""
         try:
             for i in range(int(request["n"][0, 0])):
-                time.sleep(step_seconds if i != slow_step else 0.5)
+                time.sleep(step_seconds if i != slow_step else 1.0)
                 yield {"token": np.array([[i]], np.int32)}
         finally:
             if closed is not None:
@@ -205,7 +205,7 @@ def test_an_iteration_longer_than_the_idle_limit_fails_its_sequence_instead_of_l
     it runs): Triton's reaper ends the sequence and refuses its RESCHEDULE, leaving the request
     with the backend. Its caller gets what was sent and then an error saying what to change; it
     used to wait forever (CI: an OpenAI step model's first prefill took over 1 s under load)."""
-    server = iterative_server(idle_us=50_000, slow_step=1)
+    server = iterative_server(idle_us=200_000, slow_step=1)  # (reaped within 0.4 s of the slow step)
     got: list = []
     failed: list = []
 
