@@ -242,6 +242,14 @@ static PyObject* step_item(ModelState* ms, TRITONBACKEND_ModelInstance* instance
   return Py_BuildValue("(NN)", key, req);
 }
 
+/* The binding lets go of an iterative request (its generator or state): it is done here. */
+static void forget(ModelState* ms, TRITONBACKEND_Request* request)
+{
+  PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(request));
+  Py_XDECREF(r);
+  PyErr_Clear();
+}
+
 /* One request's answer to an iteration, through a response factory: its error, its outputs (out,
  * a dict; None: no response this time) or, done, the end of its stream. A request whose stream
  * was closed or that was cancelled is forgotten and done; so is one whose response failed (*errp:
@@ -255,9 +263,7 @@ static int answer_step(ModelState* ms, TRITONBACKEND_Request* request, PyObject*
   bool cancelled = false;
   if (!done && (take_stream_closed(request) ||
                 (api.TRITONBACKEND_RequestIsCancelled(request, &cancelled) == NULL && cancelled))) {
-    PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(request));
-    Py_XDECREF(r);
-    PyErr_Clear();
+    forget(ms, request);
     done = 1;
   }
   if (err != NULL) {
@@ -268,9 +274,7 @@ static int answer_step(ModelState* ms, TRITONBACKEND_Request* request, PyObject*
     if (err == NULL) err = fill_response(ms, request, response, out, batch_size, index);
     if (err != NULL) {
       if (response) send_final(response, err);
-      PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(request));
-      Py_XDECREF(r);
-      PyErr_Clear();
+      forget(ms, request);
       done = 1;
     } else {
       TRITONSERVER_Error* send_err = api.TRITONBACKEND_ResponseSend(
@@ -299,9 +303,7 @@ static void reschedule(ModelState* ms, TRITONBACKEND_ModelInstance* instance,
 {
   TRITONSERVER_Error* refused = api.TRITONBACKEND_RequestRelease(request, RELEASE_RESCHEDULE);
   if (refused == NULL) return;
-  PyObject* r = PyObject_CallMethod(ms->binding, "_forget", "N", PyLong_FromVoidPtr(request));
-  Py_XDECREF(r);
-  PyErr_Clear();
+  forget(ms, request);
   TRITONBACKEND_ResponseFactory* factory = NULL;
   if (api.TRITONBACKEND_ResponseFactoryNew(&factory, request) == NULL) {
     TRITONSERVER_Error* err = new_error(
