@@ -102,7 +102,8 @@ static void stream_response(Call* c, TRITONSERVER_InferenceResponse* response, u
 {
   StreamCall* s = (StreamCall*)c;
   Queued* q = response ? malloc(sizeof(Queued)) : NULL;
-  if (q) q->next = NULL, q->response = response, q->bytes = response_bytes(response);
+  if (q) /* (its bytes count only on a thread that holds back: elsewhere the bound never applies) */
+    q->next = NULL, q->response = response, q->bytes = t_hold_back ? response_bytes(response) : 0;
   int final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
   pthread_mutex_lock(&s->mu);
   int notify = !s->closed && !c->aborted && c->to.wake != NULL;
