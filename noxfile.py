@@ -77,6 +77,9 @@ def tests(session: nox.Session) -> None:
         session, *TEST_TOOLS, *PYTRITON_CLIENT_DEPS, "onnx", "numpy>=2",
         extras="examples,ray",  # what the README's Install section installs for the examples
     )  # fmt: skip
+    # torch's CPU build where this machine has its wheel (the torch example and DLPack tests; the
+    # python backend's stub environment reads it from here too): best effort, never the CUDA build
+    session.run("python", "-m", "pip", "install", "-q", "torch==2.13.0+cpu", success_codes=[0, 1])
     # Current tritonclient wheels ship no perf_analyzer: its tests skip here and run in tests-oldest
     # (CI's EMBEDTRITON_REQUIRE_PERF_ANALYZER is for that session).
     session.run(*PYTEST, *session.posargs, env={"EMBEDTRITON_REQUIRE_PERF_ANALYZER": ""})

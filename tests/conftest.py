@@ -19,6 +19,10 @@ import pytest
 from embedtriton import DynamicBatcher, ModelConfig, Server, Tensor, batch
 
 F32 = np.float32
+# Set where no package index can be reached (tests/gpu/run_on_gpu.sh on the GPU machine): the
+# tests that would pip-install something skip with this reason instead of failing.
+OFFLINE = os.environ.get("EMBEDTRITON_TESTS_OFFLINE", "") not in ("", "0")
+OFFLINE_REASON = "EMBEDTRITON_TESTS_OFFLINE is set: this machine reaches no package index to install from"
 
 
 @batch
@@ -154,8 +158,9 @@ def _python_backend_missing() -> str | None:
 def stub_python(tmp_path_factory):
     """A virtual environment for the stub of Triton's python backend (its models run in a
     process embedding the system's libpython, on the first virtual environment's python3 on
-    PATH), with what Triton 2.51's examples need: numpy<2, and torch (CPU) where this machine has
-    its wheel. Made once per session; ``{"bin": <venv>/bin, "torch": bool}``. Put ``bin`` first
+    PATH), with what Triton 2.51's examples need: numpy<2, and torch: the test session's own where
+    it has one (read through a .pth file), else torch's CPU wheel where this machine has it. Made
+    once per session; ``{"bin": <venv>/bin, "torch": bool}``. Put ``bin`` first
     on PATH for a server whose python-backend models should run on it. Skips where the runtime
     cannot run python-backend models at all (no stub for this Python, or no system libpython)."""
     reason = _python_backend_missing()
@@ -164,6 +169,8 @@ def stub_python(tmp_path_factory):
     import venv
     from pathlib import Path
 
+    if OFFLINE and not os.environ.get("EMBEDTRITON_TEST_STUB_VENV"):
+        pytest.skip(f"the python backend's stub environment needs numpy<2 and torch installed: {OFFLINE_REASON}")
     root = Path(os.environ.get("EMBEDTRITON_TEST_STUB_VENV") or tmp_path_factory.mktemp("stub") / "venv")
     python = root / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
@@ -172,11 +179,29 @@ def stub_python(tmp_path_factory):
     if subprocess.run([str(python), "-c", "import numpy"], capture_output=True).returncode:
         done = subprocess.run([*pip, "numpy<2"], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"installing numpy<2 for the python backend's stub failed: {done.stderr[-2000:]}"
-    # torch's CPU build only ('+cpu' is a local version: never the multi-GB CUDA build from PyPI)
     torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
-    if not torch:
+    here = _torch_site_packages()
+    if not torch and here is not None:  # the test session's own torch, read after the stub's own numpy<2
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        Path(site, "embedtriton_tests_torch.pth").write_text(f"{here}\n")
+        torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
+    if not torch:  # torch's CPU build only ('+cpu': never the multi-GB CUDA build from PyPI)
         torch = subprocess.run([*pip, "torch==2.13.0+cpu"], capture_output=True, timeout=900).returncode == 0
     return {"bin": str(root / "bin"), "torch": torch}
+
+
+def _torch_site_packages() -> str | None:
+    """The site-packages folder of the torch this test session could import, or None: the
+    stub's environment (the same Python version) reads torch from there instead of installing
+    a second copy (~35 s)."""
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    spec = find_spec("torch")
+    return None if spec is None or spec.origin is None else str(Path(spec.origin).parent.parent)
 
 
 def _python_backend_example(root, name: str, model: str, config: str | None = None) -> None:

@@ -244,3 +244,14 @@ def test_gpu_example_says_what_it_needs_without_a_gpu(tmp_path):
         pytest.skip("this machine has a GPU: tests/gpu/test_gpu.py runs the example")
     out = run_example("gpu_zero_copy.py", tmp_path)
     assert out.startswith("this example needs a CUDA GPU and cupy: ")
+
+
+def test_torch_model_example(tmp_path):
+    pytest.importorskip("torch", reason="the example needs torch (nox's tests session installs its CPU build)")
+    out = run_example("torch_model.py", tmp_path)
+    assert "device: cpu" in out or "device: cuda" in out, out
+    labels = out.split("labels: ")[1].splitlines()[0]
+    assert len(json.loads(labels)) == 16 and len(set(json.loads(labels))) > 1, out  # the classes differ by image
+    executions = int(out.split("16 requests in ")[1].split(" executions")[0])
+    assert executions < 16, out  # Triton batched the 16 threads' requests
+    assert "the module's own logits" in out
