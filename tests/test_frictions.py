@@ -234,7 +234,7 @@ def test_the_first_two_commands_install_nothing_outside_a_virtual_environment():
     ci = (ROOT / ".ci" / "run").read_text().rstrip().splitlines()
     assert ci[-3:] == [
         "./dev tests tests-oldest tests-newest tests-asan lint docs",
-        "./dev fuzz -- --seconds 20",
+        "./dev fuzz -- --seconds 15",
         "./dev wheels -- --python 3.11 --test quick",
     ]
 
@@ -246,6 +246,8 @@ def test_the_first_two_commands_install_nothing_outside_a_virtual_environment():
 def test_dev_runs_nox_with_an_externally_managed_system_python(tmp_path):
     """Debian 12's own python3 refuses `python3 -m pip install nox`; ./dev makes a virtual
     environment for nox instead."""
+    if os.environ.get("EMBEDTRITON_TESTS_OFFLINE", "") not in ("", "0"):
+        pytest.skip("./dev installs nox from PyPI: EMBEDTRITON_TESTS_OFFLINE says no package index is reachable")
     shutil.copy(ROOT / "dev", tmp_path / "dev")
     shutil.copy(ROOT / "noxfile.py", tmp_path / "noxfile.py")
     env = {**os.environ, "PATH": "/usr/bin:/bin"}

@@ -4,6 +4,7 @@ types them, in this test environment (which has the runtime and the native modul
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -36,7 +37,9 @@ def test_doctor_says_what_is_missing_and_fails_without_a_runtime(tmp_path):
         text=True,
         timeout=120,
         cwd="/",
-        env={"EMBEDTRITON_TRITON_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        # (PYTHONPATH kept: where embedtriton is imported from a checkout, as on the GPU machine)
+        env={"EMBEDTRITON_TRITON_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        | ({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
     )
     assert done.returncode == 1
     assert "problem: no Triton runtime: run `embedtriton install-runtime`" in done.stderr

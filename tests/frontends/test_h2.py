@@ -362,7 +362,7 @@ def test_bad_arguments():
 def _wheel_nghttp2():
     import site
 
-    for d in site.getsitepackages():
+    for d in [*site.getsitepackages(), *sys.path]:  # (sys.path: a wheel installed --target, on PYTHONPATH)
         found = glob.glob(os.path.join(d, "nvidia_pytriton.libs", "libnghttp2-*.so*"))
         if found:
             return found[0]
