@@ -14,7 +14,7 @@ tests/fuzz/<dict>.dict. What a run learns goes to build/fuzz/corpus/<name>/, a c
 sanitizer report to build/fuzz/findings/<name>/ (and the run fails). At the end a table gives each
 target's executions, edges covered (libFuzzer's "cov") and time.
 
-    python tests/fuzz/fuzz.py --seconds 20                  # every target, 20 s each (CI)
+    python tests/fuzz/fuzz.py --seconds 15                  # every target, 15 s each (CI)
     python tests/fuzz/fuzz.py --seconds 1200 --runs 10000000 --jobs 2   # a campaign
     python tests/fuzz/fuzz.py --target http1_conn --seconds 60
     python tests/fuzz/fuzz.py --merge                       # fold what runs found into the seeds
