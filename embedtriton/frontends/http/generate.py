@@ -107,8 +107,12 @@ def answer(name: str, version: str, outputs: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-async def generate(model: Model, name: str, version: str, body: bytes, stream: bool, draining: bool) -> Any:
-    """The answer of ``/generate`` (a dict) or ``/generate_stream`` (an :class:`EventStream`)."""
+async def generate(
+    model: Model, name: str, version: str, body: bytes, stream: bool, draining: bool, stall_timeout_s: float | None
+) -> Any:
+    """The answer of ``/generate`` (a dict) or ``/generate_stream`` (an :class:`EventStream`
+    whose client is disconnected, and its request cancelled, after ``stall_timeout_s`` without
+    reading)."""
     if draining:
         raise UnavailableError(SERVER_STOPPING)
     decoded = decode(model, body)
@@ -131,7 +135,7 @@ async def generate(model: Model, name: str, version: str, body: bytes, stream: b
     except BaseException:
         await responses.aclose()
         raise
-    return EventStream(_events(name, version, first, responses))
+    return EventStream(_events(name, version, first, responses), stall_timeout_s)
 
 
 async def _events(

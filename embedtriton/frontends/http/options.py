@@ -33,7 +33,8 @@ class HttpOptions:
     counts up to twice its size while it arrives (its buffer doubles as it grows): keep
     ``max_buffered_bytes`` above twice ``max_body_bytes``.
     ``max_connections``, ``idle_timeout_s`` and ``request_timeout_s`` bound what a client may
-    hold (a request not whole in time gets 408). ``max_connections`` is lowered to fit the
+    hold (a request not whole in time gets 408; a ``/generate_stream`` or OpenAI stream whose
+    client reads nothing that long is closed and its request cancelled). ``max_connections`` is lowered to fit the
     process's descriptor limit (``min(max_connections, (limit - descriptors open - 64) // 2)``;
     the soft limit is raised to the hard one first); at the cap, or out of descriptors, an idle
     connection (no request arriving, queued or being answered) is closed to admit the new one,

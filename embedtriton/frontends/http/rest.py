@@ -235,7 +235,8 @@ class RestApi:
         model = kserve.model_of(self.server, name, version)
         if action in (["generate"], ["generate_stream"]):
             stream = action == ["generate_stream"]
-            return 200, await generate(model, name, version, body, stream, self.draining)
+            stall = self.options.request_timeout_s  # a stream's client that reads nothing this long is let go
+            return 200, await generate(model, name, version, body, stream, self.draining, stall)
         if method != "GET":
             raise Refused(405, "Method Not Allowed")
         if action == []:
