@@ -23,6 +23,19 @@ from helpers import wait_for  # noqa: F401  (the adversarial tests import it fro
 SANITIZED = bool(os.environ.get("EMBEDTRITON_SANITIZED"))
 
 
+def unread_posts(port: int, path: str, body: bytes, count: int) -> list[socket.socket]:
+    """``count`` connections that each POST ``body`` to ``path`` and then read nothing (a 4 KiB
+    receive buffer, so the server's writes stall at once). The caller closes them."""
+    request = b"POST %s HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
+    socks = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(request)
+        socks.append(s)
+    return socks
+
+
 def read_all(s: socket.socket, limit: float = 10.0) -> bytes:
     """What the server sends until it closes (a close with bytes it did not read is a reset)."""
     s.settimeout(limit)

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import threading
 
 import numpy as np
 import pytest
-from helpers import wait_for
+from serving import unread_posts, wait_for
 
 from embedtriton import InstanceGroup, ModelConfig, Server, Tensor, batch
 
@@ -52,14 +51,7 @@ def served():
 
 def test_a_generate_stream_whose_client_reads_nothing_is_let_go(served):
     port, flags = served
-    body = json.dumps({"text_input": "go"}).encode()
-    request = b"POST /v2/models/Flood/generate_stream HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-    socks = []
-    for _ in range(2):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.sendall(request)
-        socks.append(s)
+    socks = unread_posts(port, "/v2/models/Flood/generate_stream", json.dumps({"text_input": "go"}).encode(), 2)
     try:
         assert wait_for(lambda: flags.open == 2), f"{flags.open} of 2 streams started"
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # the others are served meanwhile

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 import pytest
-from helpers import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serving import unread_posts, wait_for
 
 from embedtriton import Server  # noqa: E402
 from embedtriton.openai import bind_chat, bind_completion, bind_embedding  # noqa: E402
@@ -229,12 +229,7 @@ def test_a_body_stalled_mid_way_gets_408_while_others_are_served(served):
 def test_a_stream_whose_client_reads_nothing_is_let_go(served):
     port, flags = served
     body = json.dumps({"model": "flood", "messages": [{"role": "user", "content": "a"}], "stream": True}).encode()
-    socks = []
-    for _ in range(4):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        socks.append(s)
+    socks = unread_posts(port, "/v1/chat/completions", body, 4)
     assert wait_for(lambda: flags.flooding >= 4), f"{flags.flooding} of 4 floods started"
     wait_for(lambda: not flags.flooding, 20)  # the buffers fill, then request_timeout_s (0.5 s) passes
     assert flags.flooding == 0, "a stream nobody reads kept its generator running"
@@ -249,13 +244,7 @@ def test_a_stream_whose_client_reads_nothing_is_let_go(served):
 def test_a_flood_of_streams_that_read_nothing(served):
     port, flags = served
     body = json.dumps({"model": "endless", "messages": [{"role": "user", "content": "a"}], "stream": True}).encode()
-    request = b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-    socks = []
-    for _ in range(40):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.sendall(request)
-        socks.append(s)
+    socks = unread_posts(port, "/v1/chat/completions", body, 40)
     # each of the generator's instances (bind_chat gives it 8) runs a stream nobody reads; the rest wait in the queue
     assert wait_for(lambda: flags.open == 8), flags.open
     healthy(port)  # the others are served while 40 streams sit unread
