@@ -15,14 +15,11 @@ import tempfile
 
 import numpy as np
 import pytest
+from helpers import OFFLINE, OFFLINE_REASON
 
 from embedtriton import DynamicBatcher, ModelConfig, Server, Tensor, batch
 
 F32 = np.float32
-# Set where no package index can be reached (tests/gpu/run_on_gpu.sh on the GPU machine): the
-# tests that would pip-install something skip with this reason instead of failing.
-OFFLINE = os.environ.get("EMBEDTRITON_TESTS_OFFLINE", "") not in ("", "0")
-OFFLINE_REASON = "EMBEDTRITON_TESTS_OFFLINE is set: this machine reaches no package index to install from"
 
 
 @batch

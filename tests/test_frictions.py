@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import OFFLINE, OFFLINE_REASON
 
 from embedtriton import InvalidArgumentError
 
@@ -246,8 +247,8 @@ def test_the_first_two_commands_install_nothing_outside_a_virtual_environment():
 def test_dev_runs_nox_with_an_externally_managed_system_python(tmp_path):
     """Debian 12's own python3 refuses `python3 -m pip install nox`; ./dev makes a virtual
     environment for nox instead."""
-    if os.environ.get("EMBEDTRITON_TESTS_OFFLINE", "") not in ("", "0"):
-        pytest.skip("./dev installs nox from PyPI: EMBEDTRITON_TESTS_OFFLINE says no package index is reachable")
+    if OFFLINE:
+        pytest.skip(f"./dev installs nox from PyPI: {OFFLINE_REASON}")
     shutil.copy(ROOT / "dev", tmp_path / "dev")
     shutil.copy(ROOT / "noxfile.py", tmp_path / "noxfile.py")
     env = {**os.environ, "PATH": "/usr/bin:/bin"}
