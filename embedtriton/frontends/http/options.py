@@ -34,13 +34,13 @@ class HttpOptions:
     ``max_buffered_bytes`` above twice ``max_body_bytes``.
     ``max_connections``, ``idle_timeout_s`` and ``request_timeout_s`` bound what a client may
     hold (a request not whole in time gets 408; a ``/generate_stream`` or OpenAI stream whose
-    client reads nothing that long is closed and its request cancelled). ``max_connections`` is lowered to fit the
-    process's descriptor limit (``min(max_connections, (limit - descriptors open - 64) // 2)``;
-    the soft limit is raised to the hard one first); at the cap, or out of descriptors, an idle
-    connection (no request arriving, queued or being answered) is closed to admit the new one,
-    one that never sent anything first, then the longest idle; the new one is refused only when
-    every connection has a request in flight. ``tls_cert``/``tls_key`` (PEM files) serve
-    HTTPS; ``tls_client_ca`` also requires client certificates signed by that CA.
+    client reads nothing that long is closed and its request cancelled). ``max_connections`` is
+    lowered to fit the process's descriptor limit (``min(max_connections, (limit - descriptors
+    open - 64) // 2)``; the soft limit is raised to the hard one first); at the cap, or out of
+    descriptors, an idle connection (no request arriving, queued or being answered) is closed to
+    admit the new one, one that never sent anything first, then the longest idle; the new one is
+    refused only when every connection has a request in flight. ``tls_cert``/``tls_key`` (PEM
+    files) serve HTTPS; ``tls_client_ca`` also requires client certificates signed by that CA.
 
     ``restricted_api`` (Triton's ``--http-restricted-api``): specs
     ``"<group>,<group>,...:<header>=<value>"`` (one string or a list; each group in one spec
