@@ -35,7 +35,9 @@ import textwrap
 import threading
 import time
 import venv
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -98,101 +100,96 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-# ---- the gRPC client, in a process of its own -------------------------------------------------
+# ---- callers in threads -----------------------------------------------------------------------
+
+
+Opened = tuple[Callable[[], Any], Callable[[], None]]  # a thread's call and what closes it
+
+
+def in_threads(open_call: Callable[[int], Opened], clients: int, seconds: float) -> dict:
+    """``clients`` threads; thread k calls the ``call`` of ``open_call(k) -> (call, close)`` once
+    outside the clock, then, from when all are ready, for ``seconds``, then closes it. Every
+    call's latency (us), the calls counted, the seconds taken and the errors met."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    barrier = threading.Barrier(clients + 1)
+    errors: list[str] = []
+
+    def worker(k: int) -> None:
+        mine, clock = latencies[k], time.perf_counter
+        try:
+            call, close = open_call(k)
+        except Exception as exc:  # reported, not hidden; the others are let go
+            errors.append(f"{type(exc).__name__}: {exc}")
+            barrier.abort()
+            return
+        try:
+            call()
+            barrier.wait()
+            end = clock() + seconds
+            while (start := clock()) < end:
+                call()
+                mine.append((clock() - start) * 1e6)
+        except threading.BrokenBarrierError:
+            pass
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            close()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    flat = [x for per in latencies for x in per]
+    return {"latencies": flat, "calls": len(flat), "seconds": time.perf_counter() - began, "errors": errors}
+
+
+def shared(call: Callable[[], Any]) -> Callable[[int], Opened]:
+    """``in_threads``' ``open_call`` for a call every thread makes as it is."""
+    return lambda k: (call, lambda: None)
 
 
 def grpc_client(port: int, model: str, clients: int, seconds: float, cuda_shm: bool) -> dict:
-    """``clients`` threads, each with its own connection, calling ``model`` with one image for
-    ``seconds``: every call's latency (us) and the calls counted."""
+    """The gRPC ways' client, in a process of its own: ``clients`` threads, each with its own
+    connection, calling ``model`` with one image for ``seconds`` (``in_threads``' answer)."""
     import tritonclient.grpc as grpcclient
     from torch_model import IMAGE
 
     image = np.random.default_rng(1).standard_normal((1, *IMAGE), dtype=np.float32)
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    barrier = threading.Barrier(clients + 1)
-    deadline = [0.0]
-    errors: list[str] = []
 
-    def worker(k: int) -> None:
+    def open_call(k: int) -> Opened:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         inputs = [grpcclient.InferInput("image", list(image.shape), "FP32")]
         outputs = [grpcclient.InferRequestedOutput("logits"), grpcclient.InferRequestedOutput("label")]
-        regions = []
+        regions: list[tuple[str, Any]] = []
         if cuda_shm:  # the image and both outputs in the GPU memory of this client (as Triton's cudashm clients do)
             import tritonclient.utils.cuda_shared_memory as cudashm
 
-            for name, size in (("image", image.nbytes), ("logits", 10 * 4), ("label", 8)):
-                region = f"c{k}_{name}"
+            for tensor, size in ((inputs[0], image.nbytes), (outputs[0], 10 * 4), (outputs[1], 8)):
+                region = f"c{k}_{tensor.name()}"
                 handle = cudashm.create_shared_memory_region(region, size, 0)
                 client.register_cuda_shared_memory(region, cudashm.get_raw_handle(handle), 0, size)
+                tensor.set_shared_memory(region, size)
                 regions.append((region, handle))
             cudashm.set_shared_memory_region(regions[0][1], [image])
-            inputs[0].set_shared_memory(f"c{k}_image", image.nbytes)
-            outputs[0].set_shared_memory(f"c{k}_logits", 10 * 4)
-            outputs[1].set_shared_memory(f"c{k}_label", 8)
         else:
             inputs[0].set_data_from_numpy(image)
-        client.infer(model, inputs, outputs=outputs)  # (a first call outside the clock)
-        mine = latencies[k]
-        barrier.wait()
-        clock = time.perf_counter
-        try:
-            while True:
-                start = clock()
-                if start >= deadline[0]:
-                    break
-                client.infer(model, inputs, outputs=outputs)
-                mine.append((clock() - start) * 1e6)
-        except Exception as exc:  # reported, not hidden
-            errors.append(f"{type(exc).__name__}: {exc}")
-        finally:
+
+        def close() -> None:
             for region, handle in regions:
                 client.unregister_cuda_shared_memory(region)
                 cudashm.destroy_shared_memory_region(handle)
             client.close()
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    deadline[0] = time.perf_counter() + seconds + 0.05
-    barrier.wait()
-    began = time.perf_counter()
-    for t in threads:
-        t.join()
-    took = time.perf_counter() - began
-    flat = [x for per in latencies for x in per]
-    return {"latencies": flat, "calls": len(flat), "seconds": took, "errors": errors}
+        return lambda: client.infer(model, inputs, outputs=outputs), close
 
-
-# ---- in process ------------------------------------------------------------------------------
-
-
-def in_threads(call, clients: int, seconds: float) -> dict:
-    """``clients`` threads calling ``call()`` for ``seconds``: latencies (us) and calls."""
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    barrier = threading.Barrier(clients + 1)
-    deadline = [0.0]
-
-    def worker(k: int) -> None:
-        mine, clock = latencies[k], time.perf_counter
-        barrier.wait()
-        while True:
-            start = clock()
-            if start >= deadline[0]:
-                return
-            call()
-            mine.append((clock() - start) * 1e6)
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    deadline[0] = time.perf_counter() + seconds
-    barrier.wait()
-    began = time.perf_counter()
-    for t in threads:
-        t.join()
-    flat = [x for per in latencies for x in per]
-    return {"latencies": flat, "calls": len(flat), "seconds": time.perf_counter() - began, "errors": []}
+    return in_threads(open_call, clients, seconds)
 
 
 def stub_environment(path: str | None) -> Path:
@@ -313,14 +310,14 @@ def main() -> int:
             return json.loads(done.stdout.strip().splitlines()[-1])
 
         ways: list[tuple[str, object]] = [
-            ("direct, batch 1", lambda: in_threads(direct, 1, seconds)),
-            (f"direct, batch {clients}", lambda: in_threads(direct_batch, 1, seconds)),
+            ("direct, batch 1", lambda: in_threads(shared(direct), 1, seconds)),
+            (f"direct, batch {clients}", lambda: in_threads(shared(direct_batch), 1, seconds)),
         ]
         for name in served:
             label = "embedtriton" if name == "classifier" else "python backend"
             ways += [
-                (f"{label}, in process, 1 caller", lambda name=name: in_threads(in_process(name), 1, seconds)),
-                (f"{label}, in process, {clients} callers", lambda name=name: in_threads(in_process(name), clients, seconds)),
+                (f"{label}, in process, 1 caller", lambda name=name: in_threads(shared(in_process(name)), 1, seconds)),
+                (f"{label}, in process, {clients} callers", lambda name=name: in_threads(shared(in_process(name)), clients, seconds)),
                 (f"{label}, gRPC, 1 client", lambda name=name: over_grpc(name, 1)),
                 (f"{label}, gRPC, {clients} clients", lambda name=name: over_grpc(name, clients)),
             ]  # fmt: skip
